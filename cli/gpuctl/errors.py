@@ -1,0 +1,40 @@
+"""Errors users can act on.
+
+Everything a user can fix (bad YAML, a missing file, a type without EFA) is a
+`UserError`: the CLI prints its one-line message and exits 2, with no
+traceback, before anything is provisioned. Failures of the job itself (a rank
+exiting non-zero) are `JobFailed`, which exits 1.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input: one clear line naming the field or file and what to do."""
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class JobFailed(Exception):
+    """The job ran but some stage or rank failed; the message names them."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ProvisionError(Exception):
+    """Terraform or the cloud refused; the message carries the tool's reason."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, insufficient_capacity: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.insufficient_capacity = insufficient_capacity

@@ -1,0 +1,57 @@
+"""`resources.infra` strings: `local`, `ssh/PATH`, `aws`, `aws/REGION`, `aws/REGION/ZONE`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuctl.errors import UserError
+
+SUPPORTED_CLOUDS = ("local", "ssh", "aws")
+_REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+_ZONE_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$|^[a-z]{2}-[a-z]+-\d-[a-z]+-\d[a-z]$")
+
+
+@dataclass(frozen=True)
+class Infra:
+    cloud: str
+    region: str | None = None
+    zone: str | None = None
+    path: str | None = None  # ssh: the hand-written inventory
+
+
+def parse_infra(value: str, *, field: str = "resources.infra") -> Infra:
+    """Parse an infra string; `field` names where it came from for the error line."""
+    text = str(value).strip()
+    cloud, _, rest = text.partition("/")
+    cloud = cloud.lower()
+    if cloud == "k8s" or cloud == "kubernetes":
+        raise UserError(f"{field} '{text}': Kubernetes is not supported; use one of {', '.join(SUPPORTED_CLOUDS)}")
+    if cloud not in SUPPORTED_CLOUDS:
+        raise UserError(f"{field} '{text}': unknown infra '{cloud}'; use one of {', '.join(SUPPORTED_CLOUDS)}")
+    if cloud == "ssh":
+        return Infra(cloud="ssh", path=rest or None)
+    if cloud == "local":
+        if rest:
+            raise UserError(f"{field} '{text}': 'local' takes no region; write infra: local")
+        return Infra(cloud="local")
+    region, _, zone = rest.partition("/")
+    region = region or None
+    zone = zone or None
+    if region in ("*",):
+        region = None
+    if region and not _REGION_RE.match(region):
+        raise UserError(f"{field} '{text}': '{region}' is not an AWS region name such as us-east-1")
+    if zone and not (_ZONE_RE.match(zone) and region and zone.startswith(region)):
+        raise UserError(f"{field} '{text}': '{zone}' is not a zone of {region} (e.g. {region}a)")
+    return Infra(cloud=cloud, region=region, zone=zone)
+
+
+def infra_from_legacy(cloud: str | None, region: str | None, zone: str | None, *, field: str = "resources") -> Infra:
+    """SkyPilot's older `cloud`/`region`/`zone` triple, checked the same way as `infra`."""
+    parts = [p for p in (cloud, region, zone) if p]
+    if not cloud:
+        if region or zone:
+            raise UserError(f"{field}.region/zone need {field}.cloud (or write {field}.infra: aws/REGION/ZONE)")
+        return Infra(cloud="local")
+    return parse_infra("/".join(parts), field=f"{field}.cloud")
