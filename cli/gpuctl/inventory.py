@@ -211,7 +211,7 @@ def load_inventory(path: Path, *, cluster: str | None = None, default_key: str |
                 ssh_host=str(host),
                 ssh_port=int(hv.get("ansible_port") or 22),
                 ssh_user=str(hv.get("ansible_user") or "root"),
-                ssh_key=hv.get("ansible_ssh_private_key_file") or default_key,
+                ssh_key=_expand(hv.get("ansible_ssh_private_key_file")) or default_key,
                 gpus=int(hv.get("gpuctl_gpus") or 0),
                 proxy_jump=proxy,
             )
@@ -228,6 +228,10 @@ def load_inventory(path: Path, *, cluster: str | None = None, default_key: str |
         zone=tv.get("gpuctl_zone"),
         nodes=tuple(nodes),
     )
+
+
+def _expand(path: Any) -> str | None:
+    return str(Path(str(path)).expanduser()) if path else None
 
 
 def with_key(inv: Inventory, key: str) -> Inventory:
