@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from gpuctl import sshconfig
+from gpuctl.inventory import Inventory, Node
+
+
+def test_ssh_resolves_every_alias_to_its_node(tmp_path: Path):
+    nodes = (
+        Node("head", 0, "i-0", "10.0.0.10", "3.3.3.3", 22, "ubuntu", "/keys/k", 8),
+        Node("worker1", 1, "i-1", "10.0.0.11", "10.0.0.11", 2222, "ubuntu", "/keys/k", 8, proxy_jump="ubuntu@3.3.3.3"),
+    )
+    inv = Inventory(cluster="train", cloud="aws", nodes=nodes)
+    path = sshconfig.write(inv, tmp_path / "train.conf")
+
+    def resolved(alias: str) -> dict[str, str]:
+        out = subprocess.run(["ssh", "-G", "-F", str(path), alias], capture_output=True, text=True, check=True).stdout
+        return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+    head = resolved("train")
+    assert (head["hostname"], head["port"], head["user"]) == ("3.3.3.3", "22", "ubuntu")
+    assert head["identityfile"] == "/keys/k"
+    worker = resolved("train-worker1")
+    assert (worker["hostname"], worker["port"], worker["proxyjump"]) == ("10.0.0.11", "2222", "ubuntu@[3.3.3.3]")
+    assert worker["stricthostkeychecking"] == "false"
