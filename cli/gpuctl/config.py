@@ -1,0 +1,146 @@
+"""The user's gpuctl config: `$GPUCTL_STATE_DIR/config.yaml` (optional).
+
+```yaml
+aws:
+  profile: training            # AWS profile for boto3 and Terraform (default: the usual chain)
+  ssh_ingress_cidrs: [203.0.113.7/32]   # who may SSH in; default: nobody
+  endpoint_url: http://127.0.0.1:5000   # an EC2 emulator (moto); unset for real AWS
+  placement: auto              # auto | cluster | none
+  efa: true                    # false only for emulators without EFA
+```
+
+Environment variables override the file, key by key:
+`GPUCTL_AWS_ENDPOINT_URL`, `GPUCTL_SSH_INGRESS_CIDRS` (comma-separated),
+`GPUCTL_AWS_PROFILE`, `GPUCTL_AWS_PLACEMENT`, `GPUCTL_AWS_EFA`.
+
+The endpoint override exists for emulators and is used only when set. It does
+not switch anything else off by itself: placement groups and EFA stay as the
+task asks unless `placement: none` / `efa: false` say otherwise, so a real-AWS
+setup that routes EC2 through a private endpoint keeps its EFA fabric.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from gpuctl.errors import UserError
+from gpuctl.paths import state_root
+
+CONFIG_NAME = "config.yaml"
+ENDPOINT_ENV = "GPUCTL_AWS_ENDPOINT_URL"
+CIDRS_ENV = "GPUCTL_SSH_INGRESS_CIDRS"
+PROFILE_ENV = "GPUCTL_AWS_PROFILE"
+PLACEMENT_ENV = "GPUCTL_AWS_PLACEMENT"
+EFA_ENV = "GPUCTL_AWS_EFA"
+PLACEMENT_CHOICES = ("auto", "cluster", "none")
+_AWS_KEYS = ("profile", "ssh_ingress_cidrs", "endpoint_url", "placement", "efa")
+
+
+@dataclass(frozen=True)
+class AwsSettings:
+    """AWS settings after merging the config file and the environment.
+
+    `source` maps each key that was set to where it came from (for messages).
+    """
+
+    endpoint_url: str | None = None
+    profile: str | None = None
+    ssh_ingress_cidrs: tuple[str, ...] = ()
+    placement: str = "auto"  # auto: a cluster placement group when EFA is on
+    efa: bool = True  # False: never attach EFA (emulators only)
+    source: Mapping[str, str] = None  # type: ignore[assignment]
+
+    def origin(self, key: str) -> str:
+        return (self.source or {}).get(key, "default")
+
+
+def config_path() -> Path:
+    return state_root() / CONFIG_NAME
+
+
+def load_config(path: Path | None = None) -> dict[str, Any]:
+    """The parsed config file, `{}` when there is none."""
+    path = path or config_path()
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        pos = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}: YAML syntax error{pos}; fix the gpuctl config file") from None
+    if not isinstance(data, Mapping):
+        raise UserError(f"{path}: the gpuctl config must be a mapping such as 'aws: {{profile: NAME}}'")
+    return dict(data)
+
+
+def _bool(value: Any, *, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise UserError(f"{where} '{value}': use true or false")
+
+
+def _cidrs(value: Any, *, where: str) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise UserError(f"{where}: give a list of CIDR blocks such as [203.0.113.7/32]")
+    out = []
+    for item in items:
+        text = str(item).strip()
+        if not text:
+            continue
+        try:
+            out.append(str(ipaddress.ip_network(text, strict=False)))
+        except ValueError:
+            raise UserError(f"{where} '{text}': not a CIDR block such as 203.0.113.7/32") from None
+    return tuple(out)
+
+
+def aws_settings(env: Mapping[str, str] | None = None, *, path: Path | None = None) -> AwsSettings:
+    """Merge `aws:` from the config file with the GPUCTL_* environment variables."""
+    env = os.environ if env is None else env
+    path = path or config_path()
+    raw = load_config(path).get("aws") or {}
+    if not isinstance(raw, Mapping):
+        raise UserError(f"{path}: 'aws' must be a mapping of {', '.join(_AWS_KEYS)}")
+    unknown = sorted(set(raw) - set(_AWS_KEYS))
+    if unknown:
+        raise UserError(f"{path}: unknown key aws.{unknown[0]}; known keys: {', '.join(_AWS_KEYS)}")
+    values: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for key in _AWS_KEYS:
+        if raw.get(key) is not None:
+            values[key] = raw[key]
+            source[key] = f"aws.{key} in {path}"
+    for key, var in (("endpoint_url", ENDPOINT_ENV), ("ssh_ingress_cidrs", CIDRS_ENV), ("profile", PROFILE_ENV),
+                     ("placement", PLACEMENT_ENV), ("efa", EFA_ENV)):
+        if env.get(var):
+            values[key] = env[var]
+            source[key] = var
+    placement = str(values.get("placement", "auto")).strip().lower()
+    if placement not in PLACEMENT_CHOICES:
+        raise UserError(f"{source['placement']} '{placement}': use one of {', '.join(PLACEMENT_CHOICES)}")
+    endpoint = str(values["endpoint_url"]).strip() if values.get("endpoint_url") else None
+    if endpoint and not endpoint.startswith(("http://", "https://")):
+        raise UserError(f"{source['endpoint_url']} '{endpoint}': give a URL such as http://127.0.0.1:5000")
+    return AwsSettings(
+        endpoint_url=endpoint.rstrip("/") if endpoint else None,
+        profile=str(values["profile"]) if values.get("profile") else None,
+        ssh_ingress_cidrs=_cidrs(values.get("ssh_ingress_cidrs"), where=source.get("ssh_ingress_cidrs", "")),
+        placement=placement,
+        efa=_bool(values["efa"], where=source["efa"]) if "efa" in values else True,
+        source=source,
+    )
