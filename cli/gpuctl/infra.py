@@ -10,6 +10,7 @@ from gpuctl.errors import UserError
 SUPPORTED_CLOUDS = ("local", "ssh", "aws")
 _REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _ZONE_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$|^[a-z]{2}-[a-z]+-\d-[a-z]+-\d[a-z]$")
+_REGION_PREFIX_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,12 @@ def parse_infra(value: str, *, field: str = "resources.infra") -> Infra:
     zone = zone or None
     if region in ("*",):
         region = None
+    if zone and not region:
+        # SkyPilot's `aws/*/ZONE` (and legacy `zone:` without `region:`): the zone names its region.
+        derived = _REGION_PREFIX_RE.match(zone) if _ZONE_RE.match(zone) else None
+        if not derived:
+            raise UserError(f"{field} '{text}': '{zone}' is not an AWS zone name such as us-east-1a")
+        region = derived.group(0)
     if region and not _REGION_RE.match(region):
         raise UserError(f"{field} '{text}': '{region}' is not an AWS region name such as us-east-1")
     if zone and not (_ZONE_RE.match(zone) and region and zone.startswith(region)):
@@ -49,7 +56,7 @@ def parse_infra(value: str, *, field: str = "resources.infra") -> Infra:
 
 def infra_from_legacy(cloud: str | None, region: str | None, zone: str | None, *, field: str = "resources") -> Infra:
     """SkyPilot's older `cloud`/`region`/`zone` triple, checked the same way as `infra`."""
-    parts = [p for p in (cloud, region, zone) if p]
+    parts = [p for p in (cloud, region or ("*" if zone else None), zone) if p]
     if not cloud:
         if region or zone:
             raise UserError(f"{field}.region/zone need {field}.cloud (or write {field}.infra: aws/REGION/ZONE)")

@@ -1,0 +1,827 @@
+"""cluster.yaml: SkyPilot's task YAML as a typed, validated model.
+
+`load_task` composes the YAML with a loader that remembers every key's line,
+validates it with the pydantic models below and turns the first problem into
+one `UserError` line that names the file, the line and the dotted field:
+
+    cluster.yaml:7: resources.accelerators: 'A100:x' is not a valid accelerator; write NAME:COUNT such as A100:8
+
+Task YAMLs written for SkyPilot (0.14) load unchanged. Where gpuctl differs, on purpose:
+
+- Relative `workdir` and `file_mounts` sources resolve against the directory of
+  the YAML file (SkyPilot: the current directory), so a task means the same
+  thing wherever `gpuctl` is started from. `~` expands to your home.
+- `${VAR}` / `$VAR` in `workdir` and `file_mounts` expand from `envs` and
+  `secrets`, as in SkyPilot; unknown names stay as written.
+- `envs`/`secrets` values written as numbers or booleans keep their text as
+  written (`VERSION: 1.10` is "1.10", `DEBUG: true` is "true"); SkyPilot would
+  give "1.1" and "True".
+- `resources.any_of` / `ordered`: gpuctl does not shop across alternatives.
+  `Task.resources` is the first alternative merged over the shared fields (an
+  alternative that names a location replaces the shared one); the lists stay
+  as written. Of several `accelerators` options, the first is provisioned.
+- Kept but not acted on yet: `resources.ports`, `labels`, `disk_tier`, top-level `config`.
+- Accepted and ignored, kept verbatim in `.ignored` so the CLI can say so:
+  `Task.IGNORED_FIELDS` and `Resources.IGNORED_FIELDS` (e.g. `service`,
+  `resources.autostop`, `resources.job_recovery`, `resources.accelerator_args`).
+- Refused with a "not supported yet" line: cloud-bucket file mounts (a mapping,
+  or an `s3://`, `gs://`, ... URL), a git `workdir` (url/ref), managed secrets
+  (`secrets:NAME`, `managed_secrets`) and `volumes`, because the job would run
+  without its data.
+- A key given twice in one mapping is an error (YAML would keep the last silently).
+
+Secret values never appear in an error message or in `repr(task)`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from gpuctl.errors import UserError
+from gpuctl.infra import Infra, infra_from_legacy, parse_infra
+
+__all__ = ["ENV_NAME_RE", "Resources", "Task", "load_task", "parse_env_assignments"]
+
+ENV_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_ENV_NAME_RULE = "use letters, digits and '_', not starting with a digit"
+_ACCEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ACCEL_HINT = "write NAME:COUNT such as A100:8"
+_CPUS_RE = re.compile(r"^(\d+(?:\.\d+)?)\+?$")
+_MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:[kmgtp][bi]?)?[+x]?$", re.IGNORECASE)
+_DISK_RE = re.compile(r"^(\d+)\s*([kmgtp][bi]?)?$", re.IGNORECASE)
+_GB_PER_UNIT = {"k": 2.0**-20, "m": 2.0**-10, "g": 1.0, "t": 2.0**10, "p": 2.0**20}
+_PORT_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+# A Path that also validates from a str, so a task dumped to JSON loads back.
+_LocalPath = Annotated[Path, Strict(False)]
+_WHERE_FIELDS = ("infra", "cloud", "region", "zone")
+_MANAGED_SECRETS = (
+    "managed secret references (secrets:NAME) need SkyPilot's API server and are not supported; "
+    "write NAME: value, or NAME: null and pass --secret NAME"
+)
+# Words people type for a field, when difflib's spelling match cannot know them.
+_SYNONYMS = {"nodes": "num_nodes", "gpus": "accelerators", "gpu": "accelerators", "env": "envs",
+             "environment": "envs", "command": "run", "cmd": "run", "image": "image_id", "spot": "use_spot",
+             "disk": "disk_size"}
+
+
+def _bad(message: str, *at: str | int) -> PydanticCustomError:
+    """A validation error; `at` names the key below the field being validated
+    (an env name, a mount destination) so the error line can point at it."""
+    return PydanticCustomError("gpuctl", "{message}", {"message": message, "at": tuple(str(a) for a in at)})
+
+
+def _kind(value: Any) -> str:
+    """What a value is, in YAML words, for messages that must not echo it."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return "true/false"
+    for types, word in ((dict, "a mapping"), (list, "a list"), (str, "a string"), (int, "a whole number"),
+                        (float, "a number")):
+        if isinstance(value, types):
+            return word
+    return type(value).__name__
+
+
+def _show(value: Any) -> str:
+    """A short quote of a scalar, or its kind for containers."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= 40 else value[:37] + "...")
+    if isinstance(value, (dict, list)) or value is None:
+        return _kind(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _number_text(value: int | float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _expand(text: str, variables: Mapping[str, str]) -> str:
+    """SkyPilot's `${VAR}`/`$VAR` substitution in paths; unknown names stay as written."""
+    return _VAR_RE.sub(lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), text)
+
+
+def _local_path(text: str, info: ValidationInfo) -> Path:
+    """A local path: `~` expanded, relative ones against the YAML file's directory."""
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        base = (info.context or {}).get("base_dir") or Path.cwd()
+        path = Path(base) / path
+    return Path(os.path.normpath(path))
+
+
+def _infra_problem(value: str, field: str) -> str | None:
+    """parse_infra's complaint about `value`, without its leading field name."""
+    try:
+        parse_infra(value, field=field)
+    except UserError as err:
+        return err.message.removeprefix(f"{field} ")
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Field parsers (raise `_bad`, return the normalised value)
+
+
+def _accelerator_options(value: Any) -> list[tuple[str, Any, str]]:
+    """(name, count, as written) for each option SkyPilot accepts: "A100:8",
+    "{A100:8, H100:8}", {A100: 8}, {A100:8: null} and ["A100:8", "H100:8"]."""
+
+    def split(text: str) -> tuple[str, Any, str]:
+        name, sep, count = text.strip().partition(":")
+        return name.strip(), (count.strip() if sep else 1), text.strip()
+
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in ("{", "[") and text[-1:] in ("}", "]"):
+            return [split(item) for item in text[1:-1].split(",")]
+        return [split(text)]
+    if isinstance(value, list):
+        if not all(isinstance(item, str) for item in value):
+            raise _bad(f"each choice must be a string; {_ACCEL_HINT}")
+        return [split(item) for item in value]
+    if isinstance(value, dict):
+        return [split(str(k)) if v is None else (str(k), v, f"{k}: {_show(v)}") for k, v in value.items()]
+    raise _bad(f"expected NAME:COUNT or a mapping, got {_kind(value)}; {_ACCEL_HINT}")
+
+
+def _accelerator_count(count: Any, written: str) -> float:
+    """Counts are positive; fractions only below 1 (a share of one GPU), as in SkyPilot."""
+    if isinstance(count, str):
+        try:
+            count = float(count)
+        except ValueError:
+            raise _bad(f"'{written}' is not a valid accelerator; {_ACCEL_HINT}") from None
+    if isinstance(count, bool) or not isinstance(count, (int, float)):
+        raise _bad(f"'{written}' is not a valid accelerator; {_ACCEL_HINT}")
+    if not math.isfinite(count) or count <= 0:
+        raise _bad(f"'{written}': accelerator count must be a positive number")
+    if count > 1 and not float(count).is_integer():
+        raise _bad(f"'{written}': a fractional accelerator count must be below 1 (such as 0.5); "
+                   "above 1 write a whole number")
+    return float(count)
+
+
+def _accelerators(value: Any) -> dict[str, float] | None:
+    if value is None:
+        return None
+    out: dict[str, float] = {}
+    for name, count, written in _accelerator_options(value):
+        if not _ACCEL_NAME_RE.match(name) or (isinstance(count, str) and ":" in count):
+            raise _bad(f"'{written}' is not a valid accelerator; {_ACCEL_HINT}")
+        out[name] = _accelerator_count(count, written)
+    if not out:
+        raise _bad(f"no accelerator given; {_ACCEL_HINT}")
+    return out
+
+
+def _quantity(value: Any, pattern: re.Pattern[str], example: str) -> str | None:
+    """`cpus`/`memory`: a positive number, or a string such as "8" or "8+" (at least 8)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = _number_text(value)
+    elif isinstance(value, str):
+        text = value.strip()
+    else:
+        raise _bad(f"expected a number or N+ such as {example}, got {_kind(value)}")
+    match = pattern.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise _bad(f"{_show(value)} is not a positive number or N+ such as {example}")
+    return text
+
+
+def _disk_size(value: Any) -> int | None:
+    """GB as an int; SkyPilot also takes "256GB", "1TB"."""
+    if value is None:
+        return None
+    gigabytes: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        gigabytes = float(value)
+    elif isinstance(value, str) and (match := _DISK_RE.match(value.strip())):
+        unit = (match.group(2) or "g")[0].lower()
+        gigabytes = int(match.group(1)) * _GB_PER_UNIT[unit]
+    if gigabytes is None or gigabytes < 1 or not gigabytes.is_integer():
+        raise _bad(f"{_show(value)} is not a positive whole number of GB; write a size such as 256")
+    return int(gigabytes)
+
+
+def _network_tier(value: Any) -> str | None:
+    if value is None:
+        return None
+    tier = value.strip().lower() if isinstance(value, str) else None
+    if tier not in ("standard", "best"):
+        raise _bad(f"{_show(value)} is not a network tier; use standard or best")
+    return tier
+
+
+def _ports(value: Any) -> list[str] | None:
+    """8080, "8080", "10020-10040" or a list of those."""
+    if value is None:
+        return None
+    many = isinstance(value, list)
+    out: list[str] = []
+    for index, item in enumerate(value if many else [value]):
+        at = (index,) if many else ()
+        text = str(item).strip() if isinstance(item, (int, str)) and not isinstance(item, bool) else ""
+        match = _PORT_RE.match(text)
+        low, high = (int(match.group(1)), int(match.group(2) or match.group(1))) if match else (0, 0)
+        if not (1 <= low <= high <= 65535):
+            raise _bad(f"{_show(item)} is not a port or range such as 8080 or 10020-10040", *at)
+        out.append(text)
+    return out
+
+
+def _scalar_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _labels(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad(f"expected a mapping of label: value, got {_kind(value)}")
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        if item is None or isinstance(item, (dict, list)):
+            raise _bad(f"a label value must be a string, got {_kind(item)}", key)
+        out[str(key)] = _scalar_text(item)
+    return out
+
+
+def _variables(value: Any, *, secret: bool) -> dict[str, str]:
+    """`envs` / `secrets`: valid names, string values. A secret's value is never quoted."""
+    section, flag = ("secrets", "--secret") if secret else ("envs", "--env")
+    if value is None:
+        return {}
+    if secret and isinstance(value, list):
+        raise _bad(_MANAGED_SECRETS)
+    if not isinstance(value, dict):
+        raise _bad(f"expected a mapping of NAME: value, got {_kind(value)}")
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        name = str(key)
+        if secret and name.startswith("secrets:"):
+            raise _bad(_MANAGED_SECRETS, name)
+        if not ENV_NAME_RE.match(name):
+            raise _bad(f"'{name}' is not a valid variable name; {_ENV_NAME_RULE}", name)
+        if item is None:
+            raise _bad(f"no value; set one in {section} or pass {flag} {name}=VALUE ('' for empty)", name)
+        if isinstance(item, (dict, list)):
+            raise _bad(f"expected a string, got {_kind(item)}; quote the value", name)
+        out[name] = _scalar_text(item)
+    return out
+
+
+def _region_of(data: Mapping[str, Any]) -> str | None:
+    """The region a raw resources mapping names, if it parses (errors are reported elsewhere)."""
+    try:
+        if isinstance(data.get("infra"), str):
+            return parse_infra(data["infra"]).region
+        if isinstance(data.get("cloud"), str):
+            return infra_from_legacy(data["cloud"], data.get("region"), data.get("zone")).region
+    except (UserError, TypeError):
+        pass
+    return None
+
+
+def _image_for_region(images: dict[Any, Any], region: str | None) -> Any:
+    """SkyPilot's per-region `image_id: {us-east-1: ami-...}` -> the one image for our region."""
+    choices = ", ".join(str(k) for k in images)
+    if region is None:
+        raise _bad(f"a per-region image_id needs a region; set infra: aws/REGION with one of {choices}",
+                   "image_id")
+    if region not in images:
+        raise _bad(f"no image for region {region} (images are given for {choices})", "image_id")
+    return images[region]
+
+
+# ---------------------------------------------------------------------------
+# Models
+
+
+class _Model(BaseModel):
+    """Strict (no "2" -> 2, no true -> 1) and closed (unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset()
+    UNSUPPORTED_FIELDS: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def _set_aside(cls, data: Any, info: ValidationInfo) -> Any:
+        """Move SkyPilot fields gpuctl does not act on into `ignored`; refuse unsupported ones.
+        `ignored` itself is input only when re-validating a dumped model, never in a YAML file."""
+        if not isinstance(data, dict):
+            return data
+        if "ignored" in data and (info.context or {}).get("from_yaml"):
+            raise _bad("unknown field", "ignored")
+        for key, why in cls.UNSUPPORTED_FIELDS.items():
+            if key in data:
+                raise _bad(why, key)
+        ignored = {k: v for k, v in data.items() if k in cls.IGNORED_FIELDS}
+        if not ignored:
+            return data
+        kept = {k: v for k, v in data.items() if k not in ignored}
+        return {**kept, "ignored": {**(kept.get("ignored") or {}), **ignored}}
+
+
+class Resources(_Model):
+    """`resources:` of a task: where, what machine, how many accelerators."""
+
+    IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset({
+        "accelerator_args", "job_recovery", "autostop", "local_disk", "max_hourly_cost", "priority",
+        "priority_class", "ephemeral_storage", "_no_missing_accel_warnings", "_docker_login_config",
+        "_is_image_managed", "_requires_fuse", "_cluster_config_overrides",
+    })
+    UNSUPPORTED_FIELDS: ClassVar[dict[str, str]] = {
+        "volumes": "volumes are not supported yet; use file_mounts from a local path",
+    }
+
+    infra: str | None = None
+    cloud: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    accelerators: dict[str, float] | None = None  # name as written -> count; first = provisioned
+    cpus: str | None = None  # "8", "8+", "0.5"
+    memory: str | None = None  # "32", "32+", "32GB+"
+    instance_type: str | None = None
+    use_spot: bool = False
+    disk_size: int | None = None  # GB
+    disk_tier: str | None = None
+    image_id: str | None = None
+    network_tier: Literal["standard", "best"] | None = None
+    ports: list[str] | None = None
+    labels: dict[str, str] | None = None
+    any_of: list[Resources] | None = None
+    ordered: list[Resources] | None = None
+    ignored: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prepare(cls, data: Any, info: ValidationInfo) -> Any:
+        data = cls._set_aside(data, info)
+        if isinstance(data, dict) and isinstance(data.get("image_id"), dict):
+            data = {**data, "image_id": _image_for_region(data["image_id"], _region_of(data))}
+        return data
+
+    @field_validator("accelerators", mode="before")
+    @classmethod
+    def _check_accelerators(cls, value: Any) -> dict[str, float] | None:
+        return _accelerators(value)
+
+    @field_validator("cpus", mode="before")
+    @classmethod
+    def _check_cpus(cls, value: Any) -> str | None:
+        return _quantity(value, _CPUS_RE, "8 or 8+")
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _check_memory(cls, value: Any) -> str | None:
+        return _quantity(value, _MEMORY_RE, "32 or 32+ (GB)")
+
+    @field_validator("use_spot", mode="before")
+    @classmethod
+    def _check_use_spot(cls, value: Any) -> Any:
+        return False if value is None else value
+
+    @field_validator("disk_size", mode="before")
+    @classmethod
+    def _check_disk_size(cls, value: Any) -> int | None:
+        return _disk_size(value)
+
+    @field_validator("network_tier", mode="before")
+    @classmethod
+    def _check_network_tier(cls, value: Any) -> str | None:
+        return _network_tier(value)
+
+    @field_validator("ports", mode="before")
+    @classmethod
+    def _check_ports(cls, value: Any) -> list[str] | None:
+        return _ports(value)
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _check_labels(cls, value: Any) -> dict[str, str] | None:
+        return _labels(value)
+
+    @model_validator(mode="after")
+    def _check_location_and_choices(self) -> Resources:
+        legacy = [f for f in ("cloud", "region", "zone") if getattr(self, f)]
+        if self.infra and legacy:
+            raise _bad(f"give either infra or cloud/region/zone, not both (infra is '{self.infra}')", legacy[0])
+        if self.infra:
+            if problem := _infra_problem(self.infra, "infra"):
+                raise _bad(problem, "infra")
+        elif legacy and not self.cloud:
+            raise _bad(f"{legacy[0]} needs cloud: aws (or write infra: aws/REGION/ZONE)", legacy[0])
+        elif self.cloud:
+            # One step at a time, so the error points at the part that is wrong.
+            steps = [("cloud", self.cloud)]
+            if self.region:
+                steps.append(("region", f"{self.cloud}/{self.region}"))
+            if self.zone:
+                steps.append(("zone", f"{self.cloud}/{self.region or '*'}/{self.zone}"))
+            for field, text in steps:
+                if problem := _infra_problem(text, field):
+                    raise _bad(problem, field)
+        if self.any_of and self.ordered:
+            raise _bad("give either any_of or ordered, not both", "ordered")
+        for group in ("any_of", "ordered"):
+            for index, choice in enumerate(getattr(self, group) or []):
+                if choice.any_of or choice.ordered:
+                    raise _bad("an alternative cannot hold any_of/ordered itself", group, index)
+        return self
+
+    def infra_spec(self) -> Infra:
+        """Where to provision: `infra`, else legacy cloud/region/zone, else local."""
+        if self.infra:
+            return parse_infra(self.infra)
+        return infra_from_legacy(self.cloud, self.region, self.zone)
+
+    def accelerator_pair(self) -> tuple[str | None, float]:
+        """("A100", 8.0) for the accelerator that is provisioned; (None, 0.0) if none."""
+        if not self.accelerators:
+            return None, 0.0
+        name, count = next(iter(self.accelerators.items()))
+        return name, float(count)
+
+    def with_choice(self, choice: Resources) -> Resources:
+        """This resources' shared fields with `choice`'s fields on top (SkyPilot's
+        any_of/ordered merge). Only fields the choice sets to something other than
+        the default count, so a re-validated dump merges the same way. A choice
+        that names a location replaces the whole shared location, so `infra` and
+        `cloud` never end up mixed."""
+        update = {
+            k: getattr(choice, k)
+            for k in choice.model_fields_set - {"any_of", "ordered", "ignored"}
+            if getattr(choice, k) != Resources.model_fields[k].get_default(call_default_factory=True)
+        }
+        if any(k in update for k in _WHERE_FIELDS):
+            update.update({k: update.get(k) for k in _WHERE_FIELDS})
+        update["ignored"] = {**self.ignored, **choice.ignored}
+        return self.model_copy(update=update)
+
+
+class Task(_Model):
+    """One task YAML: what to provision (`resources`, `num_nodes`) and what to run."""
+
+    IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset({
+        "service", "pool", "event_callback", "inputs", "outputs", "file_mounts_mapping", "volume_mounts",
+        "api_server_access", "_metadata",
+    })
+    UNSUPPORTED_FIELDS: ClassVar[dict[str, str]] = {
+        "volumes": "volumes are not supported yet; use file_mounts from a local path",
+        "managed_secrets": _MANAGED_SECRETS,
+    }
+
+    # Order matters: envs and secrets are validated before the paths that expand them.
+    name: str | None = None
+    envs: dict[str, str] = Field(default_factory=dict)
+    secrets: dict[str, str] = Field(default_factory=dict, repr=False)
+    workdir: _LocalPath | None = None  # absolute
+    num_nodes: int = 1
+    resources: Resources = Field(default_factory=Resources)
+    file_mounts: dict[str, _LocalPath] = Field(default_factory=dict)  # remote dest -> absolute local source
+    setup: str | None = None
+    run: str | None = None
+    config: dict[str, Any] | None = None
+    ignored: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prepare(cls, data: Any, info: ValidationInfo) -> Any:
+        return cls._set_aside(data, info)
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _check_envs(cls, value: Any) -> dict[str, str]:
+        return _variables(value, secret=False)
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _check_secrets(cls, value: Any) -> dict[str, str]:
+        return _variables(value, secret=True)
+
+    @staticmethod
+    def _substitutions(info: ValidationInfo) -> dict[str, str]:
+        return {**info.data.get("envs", {}), **info.data.get("secrets", {})}
+
+    @field_validator("workdir", mode="before")
+    @classmethod
+    def _check_workdir(cls, value: Any, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            raise _bad("a git workdir (url/ref) is not supported yet; clone the repository in setup")
+        if not isinstance(value, (str, Path)):
+            raise _bad(f"expected a directory path, got {_kind(value)}")
+        path = _local_path(_expand(str(value), cls._substitutions(info)), info)
+        if not path.is_dir():
+            raise _bad(f"must be a valid directory; {path} is not one")
+        return str(path)  # a str, which the field turns into a Path in both Python and JSON mode
+
+    @field_validator("num_nodes", mode="before")
+    @classmethod
+    def _check_num_nodes(cls, value: Any) -> int:
+        if value is None:
+            return 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _bad(f"must be a positive int, got {_show(value)}"
+                       + (" (a string; remove the quotes)" if isinstance(value, str) else ""))
+        return value
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _check_resources(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @field_validator("file_mounts", mode="before")
+    @classmethod
+    def _check_file_mounts(cls, value: Any, info: ValidationInfo) -> dict[str, str]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise _bad(f"expected a mapping of /remote/path: local/path, got {_kind(value)}")
+        variables = cls._substitutions(info)
+        out: dict[str, str] = {}
+        for dest, src in value.items():
+            key = str(dest)
+            if isinstance(src, dict):
+                raise _bad("cloud storage mounts (name/source/store/mode) are not supported yet; "
+                           "use a local path, or fetch the data in setup", key)
+            if not isinstance(src, (str, Path)):
+                raise _bad(f"expected a local path, got {_kind(src)}", key)
+            source = _expand(str(src), variables)
+            if "://" in source:
+                scheme = source.split("://", 1)[0]
+                raise _bad(f"{scheme}:// sources are not supported yet; "
+                           "use a local path, or fetch the data in setup", key)
+            remote = _expand(key, variables)
+            if not remote.startswith(("/", "~")):
+                raise _bad(f"File mount destination must be an absolute path (start with \"/\" or \"~\"), "
+                           f"not '{remote}'", key)
+            path = _local_path(source, info)
+            if not path.exists():
+                raise _bad(f"File mount source {path} does not exist locally", key)
+            out[remote] = str(path)
+        return out
+
+    @field_validator("setup", "run", mode="before")
+    @classmethod
+    def _check_script(cls, value: Any, info: ValidationInfo) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        raise _bad(f"expected a shell script as a string, got {_kind(value)}; "
+                   f"write '{info.field_name}: |' and the commands on the lines below")
+
+    @model_validator(mode="after")
+    def _choose_resources(self) -> Task:
+        choices = self.resources.any_of or self.resources.ordered
+        if choices:
+            self.resources = self.resources.with_choice(choices[0])
+        return self
+
+
+# ---------------------------------------------------------------------------
+# YAML with line numbers
+
+_Path = tuple[str, ...]
+
+
+def _compose(text: str, source: str) -> tuple[Any, dict[_Path, int], dict[_Path, str]]:
+    """Parse `text`; return the data, the line of every key/item (by dotted path),
+    and the written text of every plain non-string scalar (for envs values)."""
+    loader = yaml.SafeLoader(text)
+    lines: dict[_Path, int] = {(): 1}
+    texts: dict[_Path, str] = {}
+    active: set[int] = set()
+
+    def line(node: yaml.Node) -> int:
+        return node.start_mark.line + 1
+
+    def key_of(node: yaml.Node) -> Any:
+        key = loader.construct_object(node, deep=True)
+        if isinstance(key, (dict, list, set)):
+            raise UserError(f"{source}:{line(node)}: a key must be a plain name, not {_kind(key)}")
+        return key
+
+    def build(node: yaml.Node, path: _Path) -> Any:
+        if isinstance(node, yaml.ScalarNode):
+            value = loader.construct_object(node, deep=True)
+            if node.style is None and value is not None and not isinstance(value, str):
+                texts[path] = node.value
+            return value
+        if id(node) in active:
+            raise UserError(f"{source}:{line(node)}: a YAML alias refers to itself")
+        active.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                items = []
+                for index, item in enumerate(node.value):
+                    lines[path + (str(index),)] = line(item)
+                    items.append(build(item, path + (str(index),)))
+                return items
+            first_seen: dict[str, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` keys may be overridden; only repeats of written keys are errors
+                name = str(key_of(key_node))
+                if name in first_seen:
+                    raise UserError(f"{source}:{line(key_node)}: {'.'.join(path + (name,))}: duplicate key "
+                                    f"(first on line {first_seen[name]}); give each field once")
+                first_seen[name] = line(key_node)
+            loader.flatten_mapping(node)
+            mapping: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = key_of(key_node)
+                lines[path + (str(key),)] = line(key_node)
+                mapping[key] = build(value_node, path + (str(key),))
+            return mapping
+        finally:
+            active.discard(id(node))
+
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None, lines, texts
+        lines[()] = line(root)
+        return build(root, ()), lines, texts
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        if isinstance(err, yaml.composer.ComposerError) and "single document" in str(err.context):
+            raise UserError(f"{where}: more than one YAML document (---); gpuctl runs one task per file") from None
+        hint = "; indent with spaces, not tabs" if "\\t" in str(err.problem) else ""
+        raise UserError(f"{where}: YAML syntax error: {err.problem or err.context}{hint}") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{source}: YAML error: {err}") from None
+    finally:
+        loader.dispose()
+
+
+# ---------------------------------------------------------------------------
+# Errors -> one line
+
+
+def _public_fields(model: type[_Model]) -> list[str]:
+    names = [*model.model_fields, *model.IGNORED_FIELDS, *model.UNSUPPORTED_FIELDS]
+    return [n for n in names if n != "ignored" and not n.startswith("_")]
+
+
+def _suggestion(key: str, in_resources: bool) -> str | None:
+    """The field the user probably meant, at this level or at the other one."""
+    task_fields, resource_fields = _public_fields(Task), _public_fields(Resources)
+    levels = [(resource_fields, "'{}'"), (task_fields, "the top-level '{}'")] if in_resources else \
+             [(task_fields, "'{}'"), (resource_fields, "'resources.{}'")]
+    wanted = _SYNONYMS.get(key.lower(), key)
+    for fields, label in levels:
+        if wanted in fields:
+            return label.format(wanted)
+    for fields, label in levels:
+        close = difflib.get_close_matches(key.lower(), fields, n=1, cutoff=0.6)
+        if close:
+            return label.format(close[0])
+    return None
+
+
+def _message(error: Mapping[str, Any], loc: _Path) -> str:
+    kind = error["type"]
+    if kind == "gpuctl":
+        return error["ctx"]["message"]
+    if kind == "extra_forbidden":
+        guess = _suggestion(loc[-1], in_resources=len(loc) > 1)
+        return f"unknown field; did you mean {guess}?" if guess else "unknown field"
+    expected = {"string_type": "expected a string", "bool_type": "expected true or false",
+                "int_type": "expected a whole number", "float_type": "expected a number",
+                "dict_type": "expected a mapping (key: value)", "model_type": "expected a mapping (key: value)",
+                "list_type": "expected a list"}.get(kind)
+    if expected is None:
+        return str(error["msg"])
+    shown = _kind(error["input"]) if loc[:1] == ("secrets",) else _show(error["input"])
+    return f"{expected}, got {shown}"
+
+
+def _one_line(err: pydantic.ValidationError, source: str, lines: Mapping[_Path, int]) -> str:
+    """The first problem in file order, as `FILE:LINE: FIELD: MESSAGE`."""
+    problems = []
+    for error in err.errors(include_url=False):
+        loc = tuple(str(p) for p in error["loc"]) + tuple((error.get("ctx") or {}).get("at", ()))
+        line = next(lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines)
+        problems.append((line, loc, _message(error, loc)))
+    problems.sort(key=lambda p: p[0])
+    line, loc, message = problems[0]
+    more = len(problems) - 1
+    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    field = f"{'.'.join(loc)}: " if loc else ""
+    return f"{source}:{line}: {field}{message}{tail}"
+
+
+def _redact(message: str, secret_values: Iterable[str]) -> str:
+    """Belt and braces: no secret value leaves in a message, even through a path that expanded it."""
+    for value in sorted(secret_values, key=len, reverse=True):
+        if len(value) >= 4:
+            message = message.replace(value, "***")
+    return message
+
+
+# ---------------------------------------------------------------------------
+# Public entry points
+
+
+def _merge_overrides(data: dict[str, Any], section: str, overrides: Mapping[str, str] | None, flag: str) -> None:
+    """`--env`/`--secret` values replace or extend the file's, validated like them."""
+    if not overrides:
+        return
+    for name in overrides:
+        if not ENV_NAME_RE.match(name):
+            raise UserError(f"{flag} {name}: not a valid variable name; {_ENV_NAME_RULE}")
+    current = data.get(section)
+    if current is None or isinstance(current, dict):
+        data[section] = {**(current or {}), **{k: str(v) for k, v in overrides.items()}}
+
+
+def load_task(
+    path: str | Path,
+    *,
+    env_overrides: Mapping[str, str] | None = None,
+    secret_overrides: Mapping[str, str] | None = None,
+) -> Task:
+    """Read and validate a SkyPilot-format task YAML.
+
+    Relative `workdir` and `file_mounts` sources resolve against the YAML
+    file's directory (not the current one). `env_overrides` (from `--env K=V`)
+    and `secret_overrides` (from `--secret K=V`) replace or extend `envs` and
+    `secrets` before validation, so they fill `null` values and are checked
+    the same way. Any problem raises `UserError` with one line
+    `FILE:LINE: FIELD: MESSAGE` (`FILE:LINE:COLUMN: ...` for YAML syntax).
+    """
+    source = str(path)
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{source}: is a directory; give the task YAML file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{source}: not a UTF-8 text file") from None
+    except OSError as err:
+        raise UserError(f"{source}: cannot read it ({err.strerror})") from None
+
+    data, lines, texts = _compose(text, source)
+    if data is None:
+        data = {}  # an empty file is an empty task, as in SkyPilot
+    if not isinstance(data, dict):
+        raise UserError(f"{source}:{lines[()]}: the top level must be a mapping of task fields "
+                        f"(name, resources, run, ...), not {_kind(data)}")
+    for section in ("envs", "secrets"):
+        if isinstance(data.get(section), dict):
+            data[section] = {k: texts.get((section, str(k)), v) for k, v in data[section].items()}
+    raw_secrets = data.get("secrets") if isinstance(data.get("secrets"), dict) else {}
+    secret_values = [str(v) for v in [*raw_secrets.values(), *(secret_overrides or {}).values()] if v is not None]
+
+    _merge_overrides(data, "envs", env_overrides, "--env")
+    _merge_overrides(data, "secrets", secret_overrides, "--secret")
+    try:
+        return Task.model_validate(data, context={"base_dir": file.absolute().parent, "from_yaml": True})
+    except pydantic.ValidationError as err:
+        raise UserError(_redact(_one_line(err, source, lines), secret_values)) from None
+
+
+def parse_env_assignments(
+    items: Iterable[str], *, flag: str = "--env", secret: bool = False, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The CLI's repeated `--env K=V` (later ones win). A bare `--env K` takes K's
+    value from the current environment, as SkyPilot does. With `secret=True`
+    (for `--secret`) a malformed item is named by its position, never quoted,
+    since it may be the secret itself."""
+    env = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for position, item in enumerate(items, start=1):
+        name, sep, value = item.partition("=")
+        label = f"{flag} #{position}" if secret else f"{flag} {item}"
+        if not name:
+            raise UserError(f"{label}: missing NAME before '='; write {flag} NAME=VALUE")
+        if not ENV_NAME_RE.match(name):
+            raise UserError(f"{label}: not NAME=VALUE with a valid NAME; {_ENV_NAME_RULE}")
+        if not sep:
+            if name not in env:
+                raise UserError(f"{flag} {name}: {name} is not set in your environment; write {flag} {name}=VALUE")
+            value = env[name]
+        out[name] = value
+    return out

@@ -1,0 +1,474 @@
+"""cluster.yaml -> Task: SkyPilot task YAMLs load, and every mistake is one line
+naming the file, the line, the dotted field and what to write instead."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuctl.cluster import request_from_task
+from gpuctl.errors import UserError
+from gpuctl.infra import Infra
+from gpuctl.spec import Resources, Task, load_task, parse_env_assignments
+
+SPECS = Path(__file__).resolve().parents[1] / "data" / "specs"
+
+
+def write(tmp_path: Path, text: str, name: str = "cluster.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return path
+
+
+def error_of(path: Path, **kwargs: object) -> str:
+    with pytest.raises(UserError) as info:
+        load_task(path, **kwargs)  # type: ignore[arg-type]
+    message = info.value.message
+    assert "\n" not in message
+    return message
+
+
+# ---------------------------------------------------------------------------
+# Valid task YAMLs, as SkyPilot's docs write them
+
+
+def test_minimal_task_runs_locally() -> None:
+    task = load_task(SPECS / "minimal.yaml")
+    assert task.run == "echo hi"
+    assert (task.name, task.num_nodes, task.workdir, task.setup) == (None, 1, None, None)
+    assert task.envs == {} and task.secrets == {} and task.file_mounts == {}
+    assert task.resources.infra_spec() == Infra("local")
+    assert task.resources.accelerator_pair() == (None, 0.0)
+
+
+def test_distributed_torchrun_example(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # `workdir: .` is the YAML's directory, not the current one
+    task = load_task(SPECS / "distributed.yaml")
+    assert task.name == "minGPT-ddp"
+    assert task.num_nodes == 2
+    assert task.workdir == SPECS
+    assert task.resources.accelerator_pair() == ("A100", 8.0)
+    assert task.resources.cpus == "4+"
+    assert "${SKYPILOT_NODE_RANK}" in (task.run or "")
+    assert task.setup is not None and task.setup.startswith("git clone")
+
+
+def test_infra_with_zone_and_best_network() -> None:
+    res = load_task(SPECS / "infra_zone.yaml").resources
+    assert res.infra_spec() == Infra("aws", "us-east-1", "us-east-1a")
+    assert (res.network_tier, res.instance_type, res.use_spot, res.disk_size) == ("best", "p4d.24xlarge", False, 512)
+    assert res.image_id == "ami-0123456789abcdef0"
+
+
+def test_legacy_cloud_and_region() -> None:
+    res = load_task(SPECS / "legacy_cloud.yaml").resources
+    assert res.infra_spec() == Infra("aws", "us-west-2")
+    assert res.accelerator_pair() == ("V100", 4.0)
+    assert res.memory == "32+"
+
+
+def test_accelerator_mapping_any_of_ports_and_numeric_envs() -> None:
+    task = load_task(SPECS / "h100_any_of.yaml", secret_overrides={"HF_TOKEN": "hf_abc"})
+    res = task.resources
+    # gpuctl provisions the first alternative, merged over the shared fields.
+    assert res.infra_spec() == Infra("aws", "us-east-1")
+    assert res.accelerator_pair() == ("H100", 8.0)
+    assert [alt.infra for alt in res.any_of or []] == ["aws/us-east-1", "aws/us-west-2"]
+    assert res.ports == ["8080"]
+    # Numbers and booleans keep their text as written.
+    assert task.envs == {"MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct", "MAX_MODEL_LEN": "8192",
+                         "TEMPERATURE": "0.70", "DEBUG": "true"}
+    assert task.secrets == {"HF_TOKEN": "hf_abc"}
+
+
+def test_skypilot_extras_are_kept_or_ignored_not_refused() -> None:
+    task = load_task(SPECS / "skypilot_extras.yaml")
+    res = task.resources
+    assert res.instance_type == "g6.xlarge"  # first of `ordered`
+    assert res.infra_spec() == Infra("aws")
+    assert res.labels == {"team": "ml", "cost-center": "1234"}
+    assert res.disk_tier == "high"
+    assert set(res.ignored) == {"accelerator_args", "autostop", "job_recovery"}
+    assert res.ignored["autostop"] == {"idle_minutes": 10, "down": True}
+    assert set(task.ignored) == {"service"}
+    assert task.config == {"docker": {"run_options": ["--cap-add=SYS_ADMIN"]}}
+    assert task.file_mounts == {"~/.config/extras.yaml": SPECS / "skypilot_extras.yaml", "/data/specs": SPECS}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SPECS.glob("*.yaml")))
+def test_every_example_feeds_the_cluster_request(name: str) -> None:
+    """The contract cluster.py relies on: every example becomes a ClusterRequest."""
+    task = load_task(SPECS / name, secret_overrides={"HF_TOKEN": "x"})
+    request = request_from_task(task)
+    assert request.num_nodes == task.num_nodes
+    assert request.gpus_per_node == int(task.resources.accelerator_pair()[1])
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SPECS.glob("*.yaml")))
+def test_a_dumped_task_validates_back_to_itself(name: str) -> None:
+    """Others may store a Task as JSON (state db); reloading must not re-merge or drop fields."""
+    task = load_task(SPECS / name, secret_overrides={"HF_TOKEN": "x"})
+    assert Task.model_validate(task.model_dump()) == task
+    assert Task.model_validate_json(task.model_dump_json()) == task
+
+
+def test_empty_file_is_an_empty_task(tmp_path: Path) -> None:
+    task = load_task(write(tmp_path, ""))
+    assert task.run is None and task.resources.infra_spec() == Infra("local")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("A100:8", {"A100": 8.0}),
+        ("a100:8", {"a100": 8.0}),  # case kept as written
+        ("H100", {"H100": 1.0}),
+        ("A100:0.5", {"A100": 0.5}),
+        ("{A100: 8}", {"A100": 8.0}),
+        ("{A100:8}", {"A100": 8.0}),  # YAML reads this as the key 'A100:8' with no value
+        ("[V100:1, A100:1]", {"V100": 1.0, "A100": 1.0}),
+        ("'{V100:1, A100:1}'", {"V100": 1.0, "A100": 1.0}),
+        ("A100-80GB:8", {"A100-80GB": 8.0}),
+    ],
+)
+def test_accelerator_forms(tmp_path: Path, value: str, expected: dict[str, float]) -> None:
+    res = load_task(write(tmp_path, f"resources:\n  accelerators: {value}\n")).resources
+    assert res.accelerators == expected
+    name, count = res.accelerator_pair()
+    assert (name, count) == next(iter(expected.items()))
+    assert isinstance(count, float)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("cpus", "8", "8"), ("cpus", "'8+'", "8+"), ("cpus", "0.5", "0.5"), ("cpus", "4.0", "4"),
+        ("memory", "32", "32"), ("memory", "32+", "32+"), ("memory", "64GB+", "64GB+"),
+        ("disk_size", "256", 256), ("disk_size", "256GB", 256), ("disk_size", "1TB", 1024),
+        ("network_tier", "BEST", "best"), ("use_spot", "null", False),
+        ("ports", "[8080, '10020-10040']", ["8080", "10020-10040"]),
+    ],
+)
+def test_resource_value_forms(tmp_path: Path, field: str, value: str, expected: object) -> None:
+    res = load_task(write(tmp_path, f"resources:\n  {field}: {value}\n")).resources
+    assert getattr(res, field) == expected
+
+
+def test_any_of_choice_with_its_own_location_replaces_the_shared_one(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        resources:
+          cloud: aws
+          region: us-east-1
+          accelerators: A100:8
+          ordered:
+            - infra: aws/us-west-2
+            - accelerators: H100:8
+        """)
+    res = load_task(path).resources
+    assert (res.infra, res.cloud, res.region) == ("aws/us-west-2", None, None)
+    assert res.infra_spec() == Infra("aws", "us-west-2")
+    assert res.accelerator_pair() == ("A100", 8.0)
+
+
+def test_per_region_image_id_picks_the_region(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        resources:
+          infra: aws/us-west-2
+          image_id:
+            us-east-1: ami-east
+            us-west-2: ami-west
+        """)
+    assert load_task(path).resources.image_id == "ami-west"
+
+
+def test_relative_paths_resolve_against_the_yaml_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "data.txt").write_text("x")
+    path = write(project, """
+        workdir: src
+        file_mounts:
+          /remote/data.txt: data.txt
+          ~/here: ../project/./src
+        """)
+    monkeypatch.chdir(tmp_path)
+    task = load_task("project/cluster.yaml")
+    assert task.workdir == project / "src"
+    assert task.file_mounts == {"/remote/data.txt": project / "data.txt", "~/here": project / "src"}
+    assert all(p.is_absolute() for p in task.file_mounts.values())
+    assert path.exists()
+
+
+def test_envs_expand_in_workdir_and_file_mounts(tmp_path: Path) -> None:
+    (tmp_path / "run-7").mkdir()
+    path = write(tmp_path, """
+        envs:
+          RUN: run-7
+        workdir: ${RUN}
+        file_mounts:
+          /mnt/$RUN: ./$RUN
+        """)
+    task = load_task(path)
+    assert task.workdir == tmp_path / "run-7"
+    assert task.file_mounts == {"/mnt/run-7": tmp_path / "run-7"}
+
+
+def test_yaml_anchors_and_merge_keys_are_allowed(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        envs: &common
+          A: "1"
+        secrets:
+          <<: *common
+          A: "2"
+        """)
+    task = load_task(path)
+    assert task.envs == {"A": "1"} and task.secrets == {"A": "2"}
+
+
+def test_task_and_resources_can_be_built_in_code() -> None:
+    task = Task(name="t", num_nodes=2, resources=Resources(accelerators="A100:8", infra="aws/us-east-1"), run="x")
+    assert task.resources.accelerator_pair() == ("A100", 8.0)
+    assert task.resources.infra_spec() == Infra("aws", "us-east-1")
+
+
+# ---------------------------------------------------------------------------
+# Each mistake: the line, the dotted field, and what to write instead
+
+ERRORS = [
+    # (id, yaml, line, field, expected text in the message)
+    ("unknown-field", "name: x\nnodes: 2\n", 2, "nodes", "unknown field; did you mean 'num_nodes'?"),
+    ("unknown-in-resources", "resources:\n  infra: aws\n  accelerator: A100:8\n", 3,
+     "resources.accelerator", "did you mean 'accelerators'?"),
+    ("gpus-synonym", "resources:\n  gpus: 8\n", 2, "resources.gpus", "did you mean 'accelerators'?"),
+    ("resources-field-at-top", "accelerators: A100:8\n", 1, "accelerators", "did you mean 'resources.accelerators'?"),
+    ("top-field-in-resources", "resources:\n  num_nodes: 2\n", 2, "resources.num_nodes",
+     "did you mean the top-level 'num_nodes'?"),
+    ("unknown-without-guess", "zzzz: 1\n", 1, "zzzz", "unknown field"),
+    ("num-nodes-zero", "run: x\nnum_nodes: 0\n", 2, "num_nodes", "must be a positive int, got 0"),
+    ("num-nodes-negative", "num_nodes: -3\n", 1, "num_nodes", "must be a positive int, got -3"),
+    ("num-nodes-bool", "num_nodes: true\n", 1, "num_nodes", "must be a positive int, got true"),
+    ("num-nodes-string", "num_nodes: '2'\n", 1, "num_nodes", "got '2' (a string; remove the quotes)"),
+    ("num-nodes-float", "num_nodes: 2.5\n", 1, "num_nodes", "must be a positive int, got 2.5"),
+    ("accel-not-a-number", "name: x\nrun: y\nresources:\n  infra: aws\n  cpus: 8\n  accelerators: A100:x\n", 6,
+     "resources.accelerators", "'A100:x' is not a valid accelerator; write NAME:COUNT such as A100:8"),
+    ("accel-zero", "resources:\n  accelerators: A100:0\n", 2, "resources.accelerators",
+     "'A100:0': accelerator count must be a positive number"),
+    ("accel-negative", "resources:\n  accelerators: {A100: -2}\n", 2, "resources.accelerators",
+     "accelerator count must be a positive number"),
+    ("accel-fraction-above-one", "resources:\n  accelerators: A100:1.5\n", 2, "resources.accelerators",
+     "'A100:1.5': a fractional accelerator count must be below 1"),
+    ("accel-two-colons", "resources:\n  accelerators: A100:8:2\n", 2, "resources.accelerators",
+     "is not a valid accelerator"),
+    ("accel-empty-name", "resources:\n  accelerators: ':8'\n", 2, "resources.accelerators",
+     "is not a valid accelerator"),
+    ("accel-number", "resources:\n  accelerators: 8\n", 2, "resources.accelerators", "write NAME:COUNT"),
+    ("workdir-missing", "workdir: ./nope\n", 1, "workdir", "must be a valid directory"),
+    ("workdir-is-file", "workdir: cluster.yaml\n", 1, "workdir", "must be a valid directory"),
+    ("workdir-git", "workdir:\n  url: https://github.com/x/y\n", 1, "workdir", "not supported yet"),
+    ("mount-source-missing", "run: x\nfile_mounts:\n  /data: ./missing\n", 3, "file_mounts./data",
+     "does not exist locally"),
+    ("mount-relative-destination", "file_mounts:\n  /ok: .\n  data: .\n", 3, "file_mounts.data",
+     "must be an absolute path (start with \"/\" or \"~\")"),
+    ("mount-s3", "file_mounts:\n  /data: s3://bucket/path\n", 2, "file_mounts./data", "s3:// sources are not supported yet"),
+    ("mount-gs", "file_mounts:\n  /data: gs://bucket\n", 2, "file_mounts./data", "gs:// sources are not supported yet"),
+    ("mount-bucket", "file_mounts:\n  /data:\n    name: bkt\n    mode: MOUNT\n", 2, "file_mounts./data",
+     "cloud storage mounts (name/source/store/mode) are not supported yet"),
+    ("env-key-digit", "envs:\n  OK: 1\n  1BAD: x\n", 3, "envs.1BAD", "'1BAD' is not a valid variable name"),
+    ("env-key-dash", "envs:\n  MY-VAR: x\n", 2, "envs.MY-VAR", "not a valid variable name"),
+    ("env-null", "envs:\n  DATA_DIR:\n", 2, "envs.DATA_DIR", "no value; set one in envs or pass --env DATA_DIR=VALUE"),
+    ("env-list-value", "envs:\n  X: [1, 2]\n", 2, "envs.X", "expected a string, got a list"),
+    ("envs-not-mapping", "envs:\n  - A=1\n", 1, "envs", "expected a mapping of NAME: value"),
+    ("run-list", "run:\n  - echo hi\n", 1, "run", "expected a shell script as a string, got a list; write 'run: |'"),
+    ("setup-number", "setup: 5\n", 1, "setup", "expected a shell script as a string"),
+    ("network-tier", "resources:\n  network_tier: fastest\n", 2, "resources.network_tier",
+     "'fastest' is not a network tier; use standard or best"),
+    ("infra-bad-region", "resources:\n  infra: aws/moon-1\n", 2, "resources.infra",
+     "'moon-1' is not an AWS region name"),
+    ("infra-unknown-cloud", "resources:\n  infra: gcp/us-central1\n", 2, "resources.infra", "unknown infra 'gcp'"),
+    ("infra-kubernetes", "resources:\n  infra: k8s/my-context\n", 2, "resources.infra", "Kubernetes is not supported"),
+    ("infra-wrong-zone", "resources:\n  infra: aws/us-east-1/us-west-2a\n", 2, "resources.infra",
+     "is not a zone of us-east-1"),
+    ("infra-and-cloud", "resources:\n  infra: aws\n  cloud: aws\n", 3, "resources.cloud",
+     "give either infra or cloud/region/zone, not both"),
+    ("legacy-bad-region", "resources:\n  cloud: aws\n  region: mars-1\n", 3, "resources.region",
+     "'mars-1' is not an AWS region name"),
+    ("legacy-region-without-cloud", "resources:\n  region: us-east-1\n", 2, "resources.region", "needs cloud"),
+    ("alternative-bad-infra", "resources:\n  any_of:\n    - infra: aws\n    - infra: gcp\n", 4,
+     "resources.any_of.1.infra", "unknown infra 'gcp'"),
+    ("any-of-and-ordered", "resources:\n  any_of: [{infra: aws}]\n  ordered: [{infra: aws}]\n", 3,
+     "resources.ordered", "not both"),
+    ("disk-zero", "resources:\n  disk_size: 0\n", 2, "resources.disk_size", "0 is not a positive whole number of GB"),
+    ("disk-negative", "resources:\n  disk_size: -10\n", 2, "resources.disk_size", "not a positive whole number of GB"),
+    ("disk-words", "resources:\n  disk_size: big\n", 2, "resources.disk_size", "not a positive whole number of GB"),
+    ("cpus-words", "resources:\n  cpus: lots\n", 2, "resources.cpus", "'lots' is not a positive number or N+"),
+    ("cpus-zero", "resources:\n  cpus: 0\n", 2, "resources.cpus", "not a positive number or N+"),
+    ("memory-words", "resources:\n  memory: plenty+\n", 2, "resources.memory", "not a positive number or N+"),
+    ("memory-list", "resources:\n  memory: [1]\n", 2, "resources.memory", "expected a number or N+"),
+    ("use-spot-string", "resources:\n  use_spot: 'yes'\n", 2, "resources.use_spot", "expected true or false"),
+    ("port-out-of-range", "resources:\n  ports: [8080, 70000]\n", 2, "resources.ports.1", "70000 is not a port"),
+    ("image-without-region", "resources:\n  image_id: {us-east-1: ami-1}\n", 2, "resources.image_id",
+     "a per-region image_id needs a region"),
+    ("name-number", "name: 5\n", 1, "name", "expected a string, got 5"),
+    ("resources-list", "resources:\n  - infra: aws\n", 1, "resources", "expected a mapping"),
+    ("volumes", "run: x\nvolumes:\n  /v: vol\n", 2, "volumes", "not supported yet"),
+    ("managed-secrets", "managed_secrets: [HF]\n", 1, "managed_secrets", "need SkyPilot's API server"),
+    ("ignored-is-not-a-yaml-field", "run: x\nignored: {}\n", 2, "ignored", "unknown field"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "field", "expected"), [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
+def test_error_names_line_field_and_fix(tmp_path: Path, text: str, line: int, field: str, expected: str) -> None:
+    message = error_of(write(tmp_path, text))
+    assert message.startswith(f"{tmp_path / 'cluster.yaml'}:{line}: {field}: "), message
+    assert expected in message
+
+
+def test_message_shape_matches_the_issue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "name: x\nnum_nodes: 2\nresources:\n  infra: aws\n  cpus: 8+\n\n  accelerators: A100:x\n")
+    assert error_of(Path("cluster.yaml")) == (
+        "cluster.yaml:7: resources.accelerators: 'A100:x' is not a valid accelerator; write NAME:COUNT such as A100:8"
+    )
+
+
+def test_several_problems_report_the_first_by_line(tmp_path: Path) -> None:
+    message = error_of(write(tmp_path, "run: 5\nnum_nodes: 0\nfoo: 1\n"))
+    assert message.startswith(f"{tmp_path / 'cluster.yaml'}:1: run: ")
+    assert message.endswith("(and 2 more problems)")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    assert error_of(tmp_path / "nope.yaml") == f"{tmp_path / 'nope.yaml'}: no such file"
+
+
+def test_directory_instead_of_file(tmp_path: Path) -> None:
+    assert "is a directory" in error_of(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "expected"),
+    [
+        ("name: x\nrun: [echo\n", "3:1", "YAML syntax error"),
+        ("name: x\n  bad: y\n", "2:6", "YAML syntax error: mapping values are not allowed here"),
+        ("name: x\n\trun: y\n", "2:1", "indent with spaces, not tabs"),
+        ("run: a\n---\nrun: b\n", "2:1", "more than one YAML document"),
+        ("run: !Ref x\n", "1:6", "could not determine a constructor"),
+    ],
+)
+def test_yaml_errors_give_line_and_column(tmp_path: Path, text: str, where: str, expected: str) -> None:
+    message = error_of(write(tmp_path, text))
+    assert message.startswith(f"{tmp_path / 'cluster.yaml'}:{where}: ")
+    assert expected in message
+
+
+@pytest.mark.parametrize(("text", "kind"), [("- run: x\n", "a list"), ("just words\n", "a string"), ("42\n", "a whole number")])
+def test_top_level_must_be_a_mapping(tmp_path: Path, text: str, kind: str) -> None:
+    assert error_of(write(tmp_path, text)) == (
+        f"{tmp_path / 'cluster.yaml'}:1: the top level must be a mapping of task fields "
+        f"(name, resources, run, ...), not {kind}"
+    )
+
+
+def test_duplicate_key_is_an_error(tmp_path: Path) -> None:
+    message = error_of(write(tmp_path, "run: a\nname: b\nrun: c\n"))
+    assert message == f"{tmp_path / 'cluster.yaml'}:3: run: duplicate key (first on line 1); give each field once"
+
+
+# ---------------------------------------------------------------------------
+# --env / --secret overrides
+
+
+def test_env_overrides_fill_replace_and_extend(tmp_path: Path) -> None:
+    path = write(tmp_path, "envs:\n  NEEDED: null\n  KEPT: a\n  REPLACED: b\n")
+    task = load_task(path, env_overrides={"NEEDED": "1", "REPLACED": "c", "EXTRA": ""})
+    assert task.envs == {"NEEDED": "1", "KEPT": "a", "REPLACED": "c", "EXTRA": ""}
+
+
+def test_env_overrides_without_envs_section(tmp_path: Path) -> None:
+    assert load_task(write(tmp_path, "run: x\n"), env_overrides={"A": "1"}).envs == {"A": "1"}
+
+
+def test_env_override_name_is_validated(tmp_path: Path) -> None:
+    message = error_of(write(tmp_path, "run: x\n"), env_overrides={"BAD-NAME": "1"})
+    assert message.startswith("--env BAD-NAME: not a valid variable name")
+
+
+def test_secret_override_fills_null_secret(tmp_path: Path) -> None:
+    path = write(tmp_path, "secrets:\n  HF_TOKEN: null\n")
+    assert load_task(path, secret_overrides={"HF_TOKEN": "hf_x"}).secrets == {"HF_TOKEN": "hf_x"}
+    assert "pass --secret HF_TOKEN=VALUE" in error_of(path)
+
+
+@pytest.mark.parametrize("name", ["A", "_x", "PATH_2", "lower_case"])
+def test_valid_env_names(tmp_path: Path, name: str) -> None:
+    assert load_task(write(tmp_path, f"envs:\n  {name}: v\n")).envs == {name: "v"}
+
+
+@pytest.mark.parametrize("name", ["2X", "A-B", "A.B", "A B", "'É'", "''"])
+def test_invalid_env_names(tmp_path: Path, name: str) -> None:
+    assert "not a valid variable name" in error_of(write(tmp_path, f"envs:\n  {name}: v\n"))
+
+
+def test_parse_env_assignments() -> None:
+    environ = {"HOME_DIR": "/home/me"}
+    items = ["A=1", "B=", "C=x=y", "HOME_DIR", "A=2"]
+    assert parse_env_assignments(items, environ=environ) == {"A": "2", "B": "", "C": "x=y", "HOME_DIR": "/home/me"}
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        ("=1", "--env =1: missing NAME before '='"),
+        ("1A=x", "--env 1A=x: not NAME=VALUE with a valid NAME"),
+        ("UNSET_VAR", "--env UNSET_VAR: UNSET_VAR is not set in your environment; write --env UNSET_VAR=VALUE"),
+    ],
+)
+def test_parse_env_assignments_errors(item: str, expected: str) -> None:
+    with pytest.raises(UserError) as info:
+        parse_env_assignments([item], environ={})
+    assert info.value.message.startswith(expected)
+
+
+# ---------------------------------------------------------------------------
+# Secrets never appear in messages
+
+SECRET = "hf_s3cr3t_VALUE"
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (f"secrets:\n  HF_TOKEN: {SECRET}\n  BAD-NAME: {SECRET}\n", "secrets.BAD-NAME"),
+        (f"secrets:\n  HF_TOKEN: [{SECRET}]\n", "secrets.HF_TOKEN"),
+        (f"secrets:\n  HF_TOKEN: {{v: {SECRET}}}\n", "secrets.HF_TOKEN"),
+        (f"secrets:\n  TOK: {SECRET}\nfile_mounts:\n  /x: /nonexistent/${{TOK}}\n", "file_mounts./x"),
+        (f"secrets:\n  TOK: {SECRET}\nworkdir: /nonexistent/$TOK\n", "workdir"),
+        (f"secrets:\n  - secrets:{SECRET}\n", "secrets"),
+    ],
+    ids=["bad-name", "list-value", "mapping-value", "expanded-in-file-mount", "expanded-in-workdir", "managed-ref"],
+)
+def test_secret_values_are_never_echoed(tmp_path: Path, text: str, field: str) -> None:
+    message = error_of(write(tmp_path, text))
+    assert f": {field}: " in message
+    assert SECRET not in message
+
+
+def test_secret_override_value_is_never_echoed(tmp_path: Path) -> None:
+    path = write(tmp_path, "file_mounts:\n  /x: /nonexistent/$TOK\n")
+    message = error_of(path, secret_overrides={"TOK": SECRET})
+    assert "file_mounts./x" in message and SECRET not in message
+
+
+def test_secret_not_in_repr(tmp_path: Path) -> None:
+    task = load_task(write(tmp_path, f"secrets:\n  HF_TOKEN: {SECRET}\n"))
+    assert task.secrets == {"HF_TOKEN": SECRET}
+    assert SECRET not in repr(task) and SECRET not in str(task)
+
+
+def test_malformed_secret_flag_is_not_quoted() -> None:
+    with pytest.raises(UserError) as info:
+        parse_env_assignments([SECRET.replace("_", "-")], flag="--secret", secret=True, environ={})
+    assert info.value.message.startswith("--secret #1: ")
+    assert SECRET.replace("_", "-") not in info.value.message
