@@ -32,8 +32,9 @@ app = typer.Typer(
 FileArg = typer.Argument(..., help="Task YAML in SkyPilot's format (cluster.yaml).", show_default=False)
 
 
-def _load(file: Path, env: list[str] | None) -> Task:
-    return load_task(file, env_overrides=parse_env_assignments(env or []))
+def _load(file: Path, env: list[str] | None, secret: list[str] | None = None) -> Task:
+    return load_task(file, env_overrides=parse_env_assignments(env or []),
+                     secret_overrides=parse_env_assignments(secret or [], flag="--secret", secret=True))
 
 
 def _request(task: Task, file: Path, *, cluster: str | None, infra: str | None,
@@ -64,13 +65,14 @@ def apply(
     infra: Optional[str] = typer.Option(None, "--infra", help="Override resources.infra (local, ssh/PATH, aws/REGION[/ZONE])."),
     num_nodes: Optional[int] = typer.Option(None, "--num-nodes", help="Override num_nodes."),
     env: Optional[List[str]] = typer.Option(None, "--env", help="K=V (or K to take it from your environment); repeatable."),
+    secret: Optional[List[str]] = typer.Option(None, "--secret", help="K=V (or K from your environment) for secrets; never printed."),
     no_setup: bool = typer.Option(False, "--no-setup", help="Skip the setup stage."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the Terraform plan; create nothing."),
     provision_only: bool = typer.Option(False, "--provision-only", help="Stop after provisioning and writing the inventory."),
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
     reporter = Reporter()
-    task = _load(file, env)
+    task = _load(file, env, secret)
     req = _request(task, file, cluster=cluster, infra=infra, num_nodes=num_nodes)
     if dry_run:
         summary = provision.plan(req)
