@@ -29,6 +29,7 @@ from gpuctl.config import CIDRS_ENV, AwsSettings, aws_settings, config_path
 from gpuctl.errors import ProvisionError, UserError
 from gpuctl.paths import terraform_dir
 from gpuctl.preflight import MAX_ZONE_ATTEMPTS, check_aws, failover_line, next_zone
+from gpuctl.providers import BaseProvider
 
 MODULE_NAME = "aws-gpu-instance-group"
 MODULE_KEY = "cluster"  # module "cluster" { ... } in the rendered root
@@ -220,10 +221,11 @@ def with_capacity_failover(req: ClusterRequest, attempt: Callable[[ClusterReques
             req = nxt
 
 
-class AwsProvider:
-    """The provider-registry object for `infra: aws`."""
+class AwsProvider(BaseProvider):
+    """The provider-registry object for `infra: aws` (`PROVIDER` below)."""
 
     name = "aws"
+    module_name = MODULE_NAME
 
     def __init__(self, settings: AwsSettings | None = None) -> None:
         self._settings = settings
@@ -232,9 +234,6 @@ class AwsProvider:
     def settings(self) -> AwsSettings:
         """Given settings, else the config file and environment as they are now."""
         return self._settings if self._settings is not None else aws_settings()
-
-    def module_dir(self) -> Path:
-        return module_source()
 
     def prepare(self, req: ClusterRequest) -> ClusterRequest:
         """Preflight (credentials, region, type, zone, EFA); UserError on the first problem."""
@@ -261,3 +260,5 @@ class AwsProvider:
     def retry_zone(self, req: ClusterRequest, error: BaseException) -> tuple[ClusterRequest | None, str | None]:
         return retry_zone(req, error)
 
+
+PROVIDER = AwsProvider()
