@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The cluster's bridge for netns-mode local nodes. `bridge.sh up` creates it
+# with the cluster's first address (.1/24), `bridge.sh down` deletes it.
+# Terraform runs this from local-exec with LN_BRIDGE, LN_BRIDGE_ADDR and
+# LN_STATE_DIR set; LN_STATE_DIR/bridge.env records the name so that a bridge
+# whose creation was interrupted can still be found and removed.
+set -euo pipefail
+umask 077
+
+die() { echo "local-nodes: bridge ${LN_BRIDGE:-?}: $*" >&2; exit 1; }
+
+exists() { ip link show dev "$LN_BRIDGE" >/dev/null 2>&1; }
+
+up() {
+  [[ $(id -u) == 0 ]] || die "netns mode needs root; run as root or use mode = \"loopback\""
+  command -v ip >/dev/null || die "netns mode needs iproute2 (apt-get install iproute2) or use mode = \"loopback\""
+  # A bridge of this name is a leftover of an earlier failed run of this same
+  # cluster (the name hashes the cluster name and state_dir): start clean.
+  if exists; then ip link del dev "$LN_BRIDGE"; fi
+  local net="${LN_BRIDGE_ADDR%.*/*}.0/${LN_BRIDGE_ADDR#*/}" used
+  used=$(ip -o -4 addr show to "$net" 2>/dev/null | awk '{print $2 " " $4}' | head -n 3 | tr '\n' ' ')
+  [[ -z $used ]] || die "subnet $net is already used on this machine ($used); choose another subnet_cidr"
+  mkdir -p "$LN_STATE_DIR"
+  printf 'LN_BRIDGE=%s\nLN_STATE_DIR=%s\n' "$LN_BRIDGE" "$LN_STATE_DIR" >"$LN_STATE_DIR/bridge.env"
+  ip link add name "$LN_BRIDGE" type bridge
+  if ! { ip addr add "$LN_BRIDGE_ADDR" dev "$LN_BRIDGE" && ip link set dev "$LN_BRIDGE" up; }; then
+    ip link del dev "$LN_BRIDGE" 2>/dev/null || true
+    die "could not configure $LN_BRIDGE_ADDR on the bridge"
+  fi
+}
+
+down() {
+  if exists; then ip link del dev "$LN_BRIDGE"; fi
+  if exists; then die "still present after 'ip link del'; delete it by hand (ip link del $LN_BRIDGE)"; fi
+  if [[ -n ${LN_STATE_DIR:-} ]]; then
+    rm -f -- "$LN_STATE_DIR/bridge.env"
+    rmdir -- "$LN_STATE_DIR" 2>/dev/null || true # once the nodes are gone too
+  fi
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  *) die "usage: bridge.sh up|down" ;;
+esac

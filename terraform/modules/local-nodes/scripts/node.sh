@@ -1,0 +1,304 @@
+#!/usr/bin/env bash
+# One node of the local-nodes module: `node.sh up` starts it, `node.sh down`
+# removes every trace of it (safe to run again after a partial failure).
+# Terraform runs this from local-exec; the parameters are LN_* environment
+# variables (see main.tf).
+#
+# Everything of the node lives under LN_DIR:
+#   home/          the node's home (netns: mounted over the user's home inside
+#                  the node; loopback: HOME of its sessions)
+#   sshd/          sshd_config, host key, authorized_keys, session wrapper
+#   sshd.log       sshd's log (-e)
+#   sshd.pid       "PID STARTTIME" of the node's sshd
+#   node.env       the LN_* values `down` needs, written first, so a node whose
+#                  bring-up was interrupted can still be removed:
+#                  (set -a; . DIR/node.env; bash node.sh down)
+#
+# A node's processes are found three ways, and teardown ends exactly those:
+# the recorded sshd (PID and start time, so a reused PID is never hit), every
+# process in the node's network namespace (netns mode), and every process whose
+# environment carries GPUCTL_NODE_TAG=LN_TAG (sshd sets it in each session and
+# children inherit it through setsid/nohup/daemonizing). Never by name.
+set -euo pipefail
+umask 077
+# Started from inside a node? Then our children must not carry its tag.
+unset GPUCTL_NODE_TAG
+
+die() { echo "local-nodes: node ${LN_INDEX:-?} (${LN_DIR:-?}): $*" >&2; exit 1; }
+
+LOG="$LN_DIR/sshd.log"
+PIDFILE="$LN_DIR/sshd.pid"
+RUN_DIR="/run/gpuctl/${LN_NETNS:-}" # netns mode: where the node sees its sshd/ dir
+
+# Field 22 (start time) and field 3 (state) of /proc/PID/stat; the command
+# name may contain spaces, so split after its closing parenthesis.
+proc_stat() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  # shellcheck disable=SC2086
+  set -- $stat
+  echo "$1 ${20}"
+}
+
+# Is PID running (not a zombie) and, if given, did it start at START?
+alive() {
+  local st
+  st=$(proc_stat "$1") || return 1
+  [[ ${st%% *} != Z ]] || return 1
+  [[ -z ${2:-} || ${st#* } == "$2" ]]
+}
+
+ns_exists() { [[ -n ${LN_NETNS:-} ]] && ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$LN_NETNS"; }
+
+# This script and its ancestors, which must never be signalled (they could
+# carry the tag if Terraform itself was started from inside a node).
+self_and_ancestors() {
+  local pid=$$ stat
+  echo "$BASHPID"
+  while [[ -n $pid && $pid != 0 && $pid != 1 ]]; do
+    echo "$pid"
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || break
+    stat=${stat##*) }
+    # shellcheck disable=SC2086
+    set -- $stat
+    pid=$2
+  done
+  return 0
+}
+
+node_pids() {
+  local pid="" start="" p
+  {
+    if [[ -r $PIDFILE ]]; then
+      read -r pid start <"$PIDFILE" || true
+      if [[ -n $pid ]] && alive "$pid" "$start"; then echo "$pid"; fi
+    fi
+    if [[ ${LN_MODE:-} == netns ]] && ns_exists; then ip netns pids "$LN_NETNS" 2>/dev/null || true; fi
+    grep -lzxF "GPUCTL_NODE_TAG=$LN_TAG" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true
+  } | sort -un | { grep -vxF -f <(self_and_ancestors) || true; } | while read -r p; do
+    if alive "$p"; then echo "$p"; fi
+  done
+  return 0
+}
+
+kill_node_processes() {
+  local round pids sig
+  for round in $(seq 1 50); do
+    pids=$(node_pids | tr '\n' ' ')
+    [[ -z ${pids// /} ]] && return 0
+    sig=TERM
+    ((round > 10)) && sig=KILL
+    # shellcheck disable=SC2086
+    kill -s "$sig" $pids 2>/dev/null || true
+    sleep 0.2
+  done
+  die "processes $pids survived SIGKILL; end them by hand and run terraform destroy again"
+}
+
+down() {
+  [[ $LN_DIR == /*/*/* ]] || die "refusing to work on state directory '$LN_DIR' (too close to /)"
+  kill_node_processes
+  if [[ $LN_MODE == netns ]]; then
+    ip link del dev "$LN_VETH" 2>/dev/null || true
+    if ns_exists; then ip netns del "$LN_NETNS"; fi
+    ! ns_exists || die "network namespace $LN_NETNS is still present; delete it (ip netns del $LN_NETNS)"
+    ! ip link show dev "$LN_VETH" >/dev/null 2>&1 || die "veth $LN_VETH is still present; delete it (ip link del $LN_VETH)"
+  fi
+  # The node's bind mounts lived in its private mount namespace, which ended
+  # with its last process. A mount under LN_DIR visible here would make rm -rf
+  # delete through it into the host's files: stop instead.
+  local mounted
+  mounted=$(awk -v d="$LN_DIR" '$5 == d || index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | head -n 1)
+  [[ -z $mounted ]] || die "$mounted is mounted on this machine; unmount it (umount -R $mounted) and run destroy again"
+  rm -rf -- "$LN_DIR"
+  rmdir -- "$(dirname -- "$LN_DIR")" 2>/dev/null || true # state_dir, once the last node is gone
+  if [[ $LN_MODE == netns ]]; then
+    rmdir -- "$RUN_DIR" 2>/dev/null || true
+    rmdir -- /run/gpuctl 2>/dev/null || true
+  fi
+}
+
+find_sshd() {
+  local p
+  p=$(PATH="$PATH:/usr/sbin:/sbin:/usr/local/sbin" command -v sshd) || die "sshd not found; install openssh-server (apt-get install openssh-server)"
+  readlink -f -- "$p"
+}
+
+find_sftp_server() {
+  local p
+  for p in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server /usr/libexec/sftp-server /usr/lib/ssh/sftp-server; do
+    if [[ -x $p ]]; then echo "$p" && return 0; fi
+  done
+  echo internal-sftp
+}
+
+# Does something answer with an SSH banner on ADDR:PORT?
+banner() {
+  timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2" && IFS= read -r -t 2 line <&3 && [[ $line == SSH-* ]]' _ "$1" "$2" 2>/dev/null
+}
+
+write_sshd_config() {
+  local conf_dir=$1 home=$2 listen extra_keys="" setenv forced=""
+  if [[ $LN_MODE == netns ]]; then
+    listen=0.0.0.0 # inside the namespace: only lo and eth0
+    extra_keys=" .ssh/authorized_keys"
+    setenv="PATH=$LN_NODE_PATH GPUCTL_NODE_TAG=$LN_TAG"
+  else
+    listen=127.0.0.1
+    setenv="PATH=$LN_NODE_PATH GPUCTL_NODE_TAG=$LN_TAG HOME=$home"
+    forced="ForceCommand /bin/sh $conf_dir/session.sh"
+  fi
+  cat >"$LN_DIR/sshd/sshd_config" <<CFG
+# gpuctl local node $LN_INDEX ($LN_MODE mode), written by terraform/modules/local-nodes.
+Port $LN_PORT
+ListenAddress $listen
+AddressFamily inet
+HostKey $conf_dir/ssh_host_ed25519_key
+PidFile none
+UsePAM no
+StrictModes no
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AuthorizedKeysFile $conf_dir/authorized_keys$extra_keys
+AllowUsers $LN_USER
+PermitUserEnvironment no
+UseDNS no
+PrintMotd no
+PrintLastLog no
+X11Forwarding no
+AllowTcpForwarding yes
+LoginGraceTime 30
+ClientAliveInterval 30
+ClientAliveCountMax 6
+# Ansible's ControlMaster multiplexes many sessions over one connection, and
+# jobs open many connections at once.
+MaxSessions 256
+MaxStartups 256:30:512
+MaxAuthTries 20
+AcceptEnv LANG LC_*
+SetEnv $setenv
+Subsystem sftp $SFTP_SERVER
+$forced
+CFG
+}
+
+# loopback mode: sessions start in the node's home (sshd itself always starts
+# them in the user's real home), and sftp starts there too.
+write_session_wrapper() {
+  cat >"$LN_DIR/sshd/session.sh" <<'SH'
+# ForceCommand of a loopback-mode gpuctl local node: run the client's command
+# in the node's own home (HOME is set by sshd's SetEnv).
+cd "$HOME" || exit 1
+case "${SSH_ORIGINAL_COMMAND:-}" in
+  "") exec "${SHELL:-/bin/sh}" -l ;;
+  internal-sftp | */sftp-server) exec "$SSH_ORIGINAL_COMMAND" -d "$HOME" ;;
+  *) exec "${SHELL:-/bin/sh}" -c "$SSH_ORIGINAL_COMMAND" ;;
+esac
+SH
+}
+
+netns_up() {
+  ip link show dev "$LN_BRIDGE" >/dev/null 2>&1 || die "bridge $LN_BRIDGE is missing (terraform_data.bridge makes it); run apply again"
+  ip netns add "$LN_NETNS"
+  ip link add "$LN_VETH" type veth peer name eth0 netns "$LN_NETNS"
+  ip -n "$LN_NETNS" addr add "$LN_ADDR/$LN_PREFIX_LEN" dev eth0
+  ip -n "$LN_NETNS" link set dev eth0 up
+  ip -n "$LN_NETNS" link set dev lo up
+  ip link set dev "$LN_VETH" master "$LN_BRIDGE" up
+}
+
+up() {
+  local sshd home pid keep=() p rel
+  [[ $LN_DIR == /*/*/* ]] || die "refusing to use state directory '$LN_DIR' (too close to /)"
+  command -v ssh-keygen >/dev/null || die "ssh-keygen not found; install openssh-client"
+  sshd=$(find_sshd)
+  SFTP_SERVER=$(find_sftp_server)
+  home=$(getent passwd "$LN_USER" | cut -d: -f6) || true
+  [[ -n $home ]] || die "user '$LN_USER' does not exist on this machine; set ssh_user to an existing user"
+  if [[ $LN_MODE == netns ]]; then
+    [[ $(id -u) == 0 ]] || die "netns mode needs root; run as root or use mode = \"loopback\""
+    for p in ip unshare setsid; do command -v "$p" >/dev/null || die "netns mode needs '$p' (iproute2, util-linux) or use mode = \"loopback\""; done
+  elif [[ $(id -u) != 0 && $LN_USER != "$(id -un)" ]]; then
+    die "loopback mode without root can only accept logins for $(id -un); set ssh_user = \"$(id -un)\""
+  fi
+
+  # Leftovers of an earlier failed attempt have this node's names (they hash
+  # the cluster name and state_dir): remove them first.
+  down
+
+  trap 'rc=$?; if ((rc != 0)); then echo "local-nodes: node $LN_INDEX: bring-up failed, removing what was made" >&2; (down) >&2 || true; fi' EXIT
+
+  mkdir -p "$LN_DIR/home" "$LN_DIR/sshd"
+  chmod 700 "$LN_DIR" "$LN_DIR/sshd"
+  printf 'LN_MODE=%s\nLN_INDEX=%s\nLN_DIR=%s\nLN_NETNS=%s\nLN_VETH=%s\nLN_TAG=%s\n' \
+    "$LN_MODE" "$LN_INDEX" "$LN_DIR" "$LN_NETNS" "$LN_VETH" "$LN_TAG" >"$LN_DIR/node.env"
+  chmod 755 "$LN_DIR/home"
+  ssh-keygen -q -t ed25519 -N '' -C "gpuctl-local-node-$LN_INDEX" -f "$LN_DIR/sshd/ssh_host_ed25519_key"
+  printf '%s\n' "$LN_PUBKEY" >"$LN_DIR/sshd/authorized_keys"
+  # /etc/profile resets PATH in login shells; SetEnv covers the other sessions.
+  cat >"$LN_DIR/home/.profile" <<PROFILE
+# gpuctl local node: this machine's software, as the cluster's PATH says.
+PATH="$LN_NODE_PATH"
+export PATH
+PROFILE
+  chmod 644 "$LN_DIR/home/.profile"
+
+  if [[ $LN_MODE == netns ]]; then
+    write_sshd_config "$RUN_DIR" "$home"
+    # Paths under the home that nodes must still see (the Python installation):
+    # empty mount points in the node home, bound to the originals inside the
+    # node's mount namespace before the node home covers the real one.
+    IFS=: read -r -a keep <<<"${LN_KEEP:-}"
+    local binds=()
+    for p in "${keep[@]}"; do
+      [[ -n $p && $p == "$home"/* && -e $p ]] || continue
+      rel=${p#"$home"/}
+      if [[ -d $p ]]; then mkdir -p "$LN_DIR/home/$rel"; else mkdir -p "$(dirname "$LN_DIR/home/$rel")" && : >"$LN_DIR/home/$rel"; fi
+      binds+=("$p")
+    done
+    if [[ $LN_USER != root ]]; then chown -R "$LN_USER:" "$LN_DIR/home"; fi
+    mkdir -p /run/sshd "$RUN_DIR"
+    chmod 755 /run/sshd
+    netns_up
+    # shellcheck disable=SC2016
+    local inner='set -e
+node_home=$1 home=$2 sshd_dir=$3 run_dir=$4 sshd=$5 cfg=$6
+shift 6
+mount --bind "$sshd_dir" "$run_dir"
+for p in "$@"; do mount --rbind "$p" "$node_home/${p#"$home"/}"; done
+mount --rbind "$node_home" "$home"
+exec "$sshd" -D -e -f "$cfg"'
+    setsid env GPUCTL_NODE_TAG="$LN_TAG" ip netns exec "$LN_NETNS" unshare --mount --propagation private \
+      sh -c "$inner" gpuctl-node "$LN_DIR/home" "$home" "$LN_DIR/sshd" "$RUN_DIR" "$sshd" "$RUN_DIR/sshd_config" \
+      "${binds[@]}" </dev/null >>"$LOG" 2>&1 &
+    pid=$!
+  else
+    write_sshd_config "$LN_DIR/sshd" "$LN_DIR/home"
+    write_session_wrapper
+    if banner "$LN_ADDR" "$LN_PORT"; then die "port $LN_PORT on $LN_ADDR is already in use; choose another base_port"; fi
+    setsid env GPUCTL_NODE_TAG="$LN_TAG" "$sshd" -D -e -f "$LN_DIR/sshd/sshd_config" </dev/null >>"$LOG" 2>&1 &
+    pid=$!
+  fi
+  local start
+  start=$(proc_stat "$pid") && start=${start#* } || die "sshd (pid $pid) exited at once; its log says: $(tail -n 5 "$LOG" 2>/dev/null)"
+  echo "$pid $start" >"$PIDFILE"
+
+  local deadline=$((SECONDS + ${LN_WAIT:-30}))
+  until banner "$LN_ADDR" "$LN_PORT" && alive "$pid" "$start"; do
+    alive "$pid" "$start" || die "sshd exited during start-up; its log says: $(tail -n 5 "$LOG" 2>/dev/null)"
+    ((SECONDS < deadline)) || die "sshd (pid $pid) did not accept connections on $LN_ADDR:$LN_PORT within ${LN_WAIT:-30}s; its log says: $(tail -n 5 "$LOG" 2>/dev/null)"
+    sleep 0.1
+  done
+  [[ $(readlink -f "/proc/$pid/exe" 2>/dev/null) == "$sshd" ]] || die "pid $pid is not $sshd after start-up"
+  trap - EXIT
+  echo "local-nodes: node $LN_INDEX up: ssh -p $LN_PORT $LN_USER@$LN_ADDR (sshd pid $pid)"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  *) die "usage: node.sh up|down" ;;
+esac
