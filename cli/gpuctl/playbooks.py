@@ -1,0 +1,302 @@
+"""Run the packaged stage playbooks through ansible-runner; per-host outcome as values.
+
+Each stage (wait, sync, setup, env, run, kill) is one playbook under
+`ansible/playbooks/`, a barrier across the nodes (linear strategy). Extravars
+contract, produced by the job layer (launch.py):
+
+    gpuctl_job_id          str
+    gpuctl_workdir_src     local absolute dir, or None
+    gpuctl_file_mounts     [{src: local path, dest: "/abs" or "~/..."}]
+    gpuctl_setup_env       {NAME: value} common to all nodes in setup (no secrets)
+    gpuctl_run_env         {NAME: value} common to all nodes in run (no secrets)
+    gpuctl_setup_rank_vars names set to the host's gpuctl_rank in setup
+    gpuctl_run_rank_vars   names set to the host's gpuctl_rank in run
+    gpuctl_secrets_file    local path of a 0600 file of `export K='v'` lines, or None
+    gpuctl_setup_script    str, or None (no setup)
+    gpuctl_run_script      str, or None (nothing to run)
+    gpuctl_hostfile_lines  ["IP slots=N", ...], head first
+    gpuctl_run_hosts       inventory names of the job's nodes
+  optional: gpuctl_wait_timeout (s, default 600), gpuctl_stages / gpuctl_grace (kill.yml)
+
+Secrets never go through extravars: only the file's path does, and the copy
+task is `no_log`. Every string extravar is passed as `!unsafe`, so values and
+scripts containing `{{ }}` or `{% %}` reach the nodes literally instead of
+being templated by Ansible. The process environment that ansible-runner
+records in `artifacts/<ident>/command` is reduced to the variables gpuctl set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import ansible_runner
+import yaml
+
+from gpuctl import ssh
+from gpuctl.paths import ansible_dir
+
+PLAYBOOKS = ("wait", "sync", "setup", "env", "run", "kill")
+MAX_FORKS = 256
+KEEP_ARTIFACTS = 40
+_EXIT_CODE_RE = re.compile(r"exit code (-?\d+)")
+
+
+@dataclass(frozen=True)
+class HostFailure:
+    host: str
+    rank: int | None
+    rc: int | None
+    message: str
+
+
+@dataclass(frozen=True)
+class PlaybookResult:
+    ok: bool
+    failures: list[HostFailure] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+    # ssh's reason per unreachable host ("Permission denied (publickey)", ...)
+    unreachable_reasons: dict[str, str] = field(default_factory=dict)
+    # A failure not tied to a host (syntax error, undefined variable, timeout...)
+    error: str | None = None
+    artifact_dir: str | None = None
+
+
+class _Unsafe(str):
+    """A string Ansible must not template (YAML tag !unsafe)."""
+
+
+class _ExtravarsDumper(yaml.SafeDumper):
+    pass
+
+
+_ExtravarsDumper.add_representer(
+    _Unsafe, lambda dumper, value: dumper.represent_scalar("!unsafe", str(value), style='"'))
+
+
+def _mark_unsafe(value: Any) -> Any:
+    if isinstance(value, str):
+        return _Unsafe(value)
+    if isinstance(value, Mapping):
+        return {str(k): _mark_unsafe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_mark_unsafe(v) for v in value]
+    if isinstance(value, Path):
+        return _Unsafe(str(value))
+    return value
+
+
+def dump_extravars(extravars: Mapping[str, Any]) -> str:
+    """YAML for `-e @file`, every string tagged !unsafe."""
+    return yaml.dump(_mark_unsafe(dict(extravars)), Dumper=_ExtravarsDumper, sort_keys=True,
+                     allow_unicode=True, width=1 << 20)
+
+
+def playbook_path(name: str) -> Path:
+    stem = name[:-4] if name.endswith(".yml") else name
+    if stem not in PLAYBOOKS:
+        raise ValueError(f"unknown playbook {name!r}; one of {', '.join(PLAYBOOKS)}")
+    return ansible_dir() / "playbooks" / f"{stem}.yml"
+
+
+def inventory_ranks(inventory: Path) -> dict[str, int | None]:
+    """Host name -> gpuctl_rank from an Ansible YAML inventory (any group nesting)."""
+    data = yaml.safe_load(Path(inventory).read_text()) or {}
+    ranks: dict[str, int | None] = {}
+
+    def walk(group: Mapping[str, Any]) -> None:
+        for name, hv in (group.get("hosts") or {}).items():
+            rank = (hv or {}).get("gpuctl_rank")
+            if rank is not None or str(name) not in ranks:
+                ranks[str(name)] = int(rank) if rank is not None else None
+        for child in (group.get("children") or {}).values():
+            walk(child or {})
+
+    for top in data.values() if isinstance(data, Mapping) else ():
+        walk(top or {})
+    return ranks
+
+
+def raise_nofile_limit(wanted: int = 65536) -> int:
+    """Raise this process's soft RLIMIT_NOFILE (inherited by ansible-playbook).
+
+    With more than ~74 forks ansible-core can run out of descriptors and
+    silently skip hosts.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return target
+    return soft
+
+
+def _tail(text: str | None, lines: int = 3, chars: int = 400) -> str:
+    if not text:
+        return ""
+    kept = [ln for ln in text.strip().splitlines() if ln.strip()][-lines:]
+    return " | ".join(kept)[-chars:]
+
+
+def _failure_message(res: Mapping[str, Any], task: str) -> tuple[int | None, str]:
+    """(rc, one-line message) from a failed task result."""
+    results = res.get("results")
+    if isinstance(results, list):  # a loop: the first failed item says more
+        failed_items = [r for r in results if isinstance(r, Mapping) and r.get("failed")]
+        if failed_items:
+            return _failure_message(failed_items[0], task)
+    rc = res.get("rc")
+    msg = str(res.get("msg") or "").strip()
+    if rc is None:
+        m = _EXIT_CODE_RE.search(msg)
+        rc = int(m.group(1)) if m else None
+    if not msg or msg == "non-zero return code":
+        detail = _tail(res.get("stderr")) or _tail(res.get("stdout"))
+        msg = f"{task}: " + (f"exit code {rc}" if rc is not None else "failed") + (f": {detail}" if detail else "")
+    elif task and msg.startswith(("[Errno", "Unable", "Failed", "Could not", "MODULE FAILURE")):
+        msg = f"{task}: {msg}"
+    return (int(rc) if isinstance(rc, (int, str)) and str(rc).lstrip("-").isdigit() else None), msg
+
+
+def build_result(events: Iterable[Mapping[str, Any]], *, ranks: Mapping[str, int | None], rc: int | None,
+                 status: str, stdout_tail: str = "", artifact_dir: str | None = None) -> PlaybookResult:
+    """PlaybookResult from ansible-runner events (pure; unit-tested with recorded events)."""
+    failures: dict[str, HostFailure] = {}
+    unreachable: dict[str, str] = {}
+    stats: Mapping[str, Any] = {}
+    for ev in events:
+        kind = ev.get("event")
+        data = ev.get("event_data") or {}
+        host = data.get("host")
+        res = data.get("res") or {}
+        task = str(data.get("task") or "")
+        if kind in ("runner_on_failed", "runner_on_async_failed") and host and not data.get("ignore_errors"):
+            code, msg = _failure_message(res, task)
+            failures[host] = HostFailure(host=host, rank=ranks.get(host), rc=code, message=msg)
+        elif kind == "runner_on_unreachable" and host and not data.get("ignore_unreachable"):
+            unreachable[host] = _tail(str(res.get("msg") or "unreachable"), lines=2)
+        elif kind == "playbook_on_stats":
+            stats = data
+    # Hosts the stats count as failed but whose event we did not see (e.g. events dropped).
+    for host, count in (stats.get("failures") or {}).items():
+        if count and host not in failures:
+            failures[host] = HostFailure(host=host, rank=ranks.get(host), rc=None, message="failed")
+    for host, count in (stats.get("dark") or {}).items():
+        if count and host not in unreachable:
+            unreachable[host] = "unreachable"
+    for host in unreachable:
+        failures.pop(host, None)
+    error = None
+    if status != "successful" or (rc not in (0, None)):
+        if not failures and not unreachable:
+            error = f"ansible-playbook {status} (rc {rc})" + (f": {stdout_tail}" if stdout_tail else "")
+    ok = status == "successful" and rc in (0, None) and not failures and not unreachable
+    order = sorted(failures.values(), key=lambda f: (f.rank is None, f.rank if f.rank is not None else 0, f.host))
+    return PlaybookResult(
+        ok=ok,
+        failures=order,
+        unreachable=sorted(unreachable, key=lambda h: (ranks.get(h) is None, ranks.get(h) or 0, h)),
+        unreachable_reasons=dict(unreachable),
+        error=error,
+        artifact_dir=artifact_dir,
+    )
+
+
+def _redact_command_artifact(artifact_dir: Path, keep: Iterable[str]) -> None:
+    """ansible-runner records the whole process environment; keep only `keep` and PATH."""
+    path = artifact_dir / "command"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    allowed = set(keep) | {"PATH", "HOME", "LANG"}
+    env = data.get("env") or {}
+    data["env"] = {k: v for k, v in env.items() if k in allowed or k.startswith("ANSIBLE_")}
+    data["env_note"] = "reduced by gpuctl to the variables it set"
+    tmp = path.with_name("command.tmp")
+    tmp.write_text(json.dumps(data))
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)
+
+
+def run_playbook(
+    name: str,
+    *,
+    inventory: Path,
+    private_data_dir: Path,
+    extravars: Mapping[str, Any],
+    forks: int | None = None,
+    limit: list[str] | None = None,
+    control_dir: Path | None = None,
+    timeout: int | None = None,
+    cancel: threading.Event | None = None,
+) -> PlaybookResult:
+    """Run playbook `name` ("setup" or "setup.yml") against `inventory`.
+
+    forks defaults to the number of target hosts, capped at 256. `control_dir`
+    (default: `<private_data_dir>/../cm`, as launch.py's follow uses) holds the
+    ControlMaster sockets, shortened by ssh.control_dir_for if the path is too
+    long. `timeout` (s) and `cancel` stop ansible-playbook (not processes it
+    started on nodes: use kill.yml or ssh.kill_stage for those).
+    """
+    playbook = playbook_path(name)
+    inventory = Path(inventory).absolute()
+    ranks = inventory_ranks(inventory)
+    targets = [h for h in ranks if not limit or h in limit]
+    forks = forks or max(1, min(len(targets) or 1, MAX_FORKS))
+    raise_nofile_limit(max(4096, forks * 64))
+
+    pdd = Path(private_data_dir).absolute()
+    pdd.mkdir(parents=True, exist_ok=True, mode=0o700)
+    control = ssh.control_dir_for(control_dir if control_dir is not None else pdd.parent / "cm")
+    ident = f"{time.strftime('%Y%m%dT%H%M%S')}-{playbook.stem}-{uuid.uuid4().hex[:6]}"
+    vars_dir = pdd / "extravars"
+    vars_dir.mkdir(exist_ok=True, mode=0o700)
+    vars_file = vars_dir / f"{ident}.yml"
+    fd = os.open(vars_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(dump_extravars({**extravars, "gpuctl_control_dir": str(control)}))
+
+    envvars = {
+        "ANSIBLE_CONFIG": str(ansible_dir() / "ansible.cfg"),
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control),
+        # ansible-playbook from this interpreter's environment, even when it is not activated
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
+    }
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=str(pdd),
+            ident=ident,
+            playbook=str(playbook),
+            inventory=str(inventory),
+            cmdline=f"-e @{vars_file}",
+            envvars=envvars,
+            forks=forks,
+            limit=",".join(limit) if limit else None,
+            quiet=True,
+            rotate_artifacts=KEEP_ARTIFACTS,
+            suppress_env_files=True,
+            timeout=timeout,
+            cancel_callback=cancel.is_set if cancel is not None else None,
+        )
+    finally:
+        vars_file.unlink(missing_ok=True)
+    artifact_dir = Path(runner.config.artifact_dir)
+    _redact_command_artifact(artifact_dir, envvars)
+    stdout_tail = ""
+    if runner.status != "successful":
+        try:
+            stdout_tail = _tail((artifact_dir / "stdout").read_text(errors="replace"), lines=4, chars=800)
+        except OSError:
+            pass
+    return build_result(runner.events, ranks=ranks, rc=runner.rc, status=runner.status,
+                        stdout_tail=stdout_tail, artifact_dir=str(artifact_dir))
