@@ -1,0 +1,55 @@
+"""The cluster's SSH access key: one ed25519 key pair per cluster.
+
+Made by `ssh-keygen` (not by Python crypto code) so the private key is in the
+format every OpenSSH client reads, and kept under `clusters/<name>/ssh/` with
+mode 0600 because ssh refuses keys other users can read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from gpuctl.errors import UserError
+
+KEY_NAME = "id_ed25519"
+
+
+def ensure_cluster_key(cluster_dir: Path) -> tuple[Path, str]:
+    """Create the cluster's key pair if missing; return (private key path, public key line).
+
+    Idempotent and safe against a concurrent caller: the pair is made under a
+    lock, and an existing pair is reused as is (its public half is re-derived
+    if only that was lost).
+    """
+    ssh_dir = Path(cluster_dir) / "ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(ssh_dir, 0o700)
+    key = ssh_dir / KEY_NAME
+    pub = ssh_dir / f"{KEY_NAME}.pub"
+    keygen = shutil.which("ssh-keygen")
+    with open(ssh_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not key.exists():
+            if keygen is None:
+                raise UserError("ssh-keygen not found on PATH; install the OpenSSH client (apt-get install openssh-client)")
+            pub.unlink(missing_ok=True)
+            _run([keygen, "-q", "-t", "ed25519", "-N", "", "-C", f"gpuctl-{Path(cluster_dir).name}", "-f", str(key)])
+        elif not pub.exists():
+            if keygen is None:
+                raise UserError("ssh-keygen not found on PATH; install the OpenSSH client (apt-get install openssh-client)")
+            pub.write_text(_run([keygen, "-y", "-f", str(key)]))
+        os.chmod(key, 0o600)
+        return key, pub.read_text().strip()
+
+
+def _run(argv: list[str]) -> str:
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if proc.returncode != 0:
+        reason = (proc.stderr or proc.stdout).strip().splitlines()
+        raise UserError(f"{argv[-1]}: ssh-keygen failed ({reason[-1] if reason else f'exit {proc.returncode}'}); "
+                        "remove the cluster's ssh/ directory and try again")
+    return proc.stdout
