@@ -2,7 +2,13 @@
 
 For Terraform-backed clouds (`local`, `aws`): render the cluster's root module
 (providers.*), `terraform init` + `apply`, read the outputs, and turn them into
-`clusters/<name>/inventory.yml`, keeping every surviving node's rank. For
+`clusters/<name>/inventory.yml`, keeping every surviving node's rank.
+
+Providers may offer optional hooks, looked up by name: `describe(req)` (lines
+shown before apply and in the plan), `retry_zone(req, error)` (after a failed
+apply: the request to try next, e.g. another AWS zone on
+InsufficientInstanceCapacity, and a line to show) and `cleanup(cluster_dir)`
+(after destroy). For
 `infra: ssh/PATH` nothing is provisioned: the hand-written inventory is checked
 and copied into the cluster directory.
 
@@ -129,8 +135,26 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet) -> Invento
     _write_request(cdir, req)
     on_progress(f"terraform init ({root.workdir})")
     root.init()
-    on_progress(f"terraform apply: {req.num_nodes} {provider.name} node(s)")
-    changed = root.apply()
+    describe = getattr(provider, "describe", None)
+    for line in describe(req) if describe else ():
+        on_progress(line)
+    retry_zone = getattr(provider, "retry_zone", None)
+    while True:
+        on_progress(f"terraform apply: {req.num_nodes} {provider.name} node(s)")
+        try:
+            changed = root.apply()
+            break
+        except ProvisionError as exc:
+            # Optional provider hook (AWS): on a capacity shortage, the same
+            # request in the next zone, and a line saying so.
+            nxt, line = retry_zone(req, exc) if retry_zone else (None, None)
+            if line:
+                on_progress(line)
+            if nxt is None:
+                raise
+            req = nxt
+            root.write(provider.root_config(req, cluster_dir=cdir, ssh_public_key=public_key))
+            _write_request(cdir, req)
     on_progress("terraform apply: done" if changed else "terraform apply: no changes, reusing the existing nodes")
     outputs = root.outputs()
 
@@ -209,7 +233,13 @@ def plan(req: ClusterRequest) -> PlanSummary:
         if existing and state.is_file():
             shutil.copy2(state, root.workdir / "terraform.tfstate")
         root.init()
-        return root.plan()
+        summary = root.plan()
+    describe = getattr(provider, "describe", None)
+    if describe is None:
+        return summary
+    # Optional provider hook (AWS): what the plan means (fabric, placement, reach).
+    text = "\n".join([*describe(req), summary.text])
+    return replace(summary, text=text)
 
 
 # -- destroy -------------------------------------------------------------------

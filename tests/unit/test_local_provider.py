@@ -1,0 +1,480 @@
+"""The local provider, the Terraform driver and the cluster key, without starting nodes.
+
+Terraform runs for real where it is cheap (plan/validate of the local module,
+which needs no provider); failures are produced by a fake `terraform` script so
+the error parsing is tested against exactly the text Terraform prints.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuctl import provision
+from gpuctl.cluster import ClusterRequest
+from gpuctl.errors import ProvisionError, UserError
+from gpuctl.paths import cluster_dir, terraform_dir
+from gpuctl.providers import MODULE_NAME, get_provider, render_root
+from gpuctl.providers import local
+from gpuctl.sshkeys import ensure_cluster_key
+from gpuctl.terraform import PlanSummary, TerraformRoot, error_lines, parse_plan_json
+
+needs_terraform = pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not on PATH")
+MODULE = terraform_dir() / "modules" / "local-nodes"
+PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9wZW5zc2gta2V5LWZvci10ZXN0cy1vbmx5LXh4eHg= test"
+
+
+@pytest.fixture(autouse=True)
+def _private_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Reservations of these tests stay in tmp, not in the machine-wide registry."""
+    reg = tmp_path / "registry"
+    monkeypatch.setenv(local.REGISTRY_ENV, str(reg))
+    monkeypatch.delenv(local.POOL_ENV, raising=False)
+    return reg
+
+
+def modes() -> list[str]:
+    return ["netns", "loopback"] if os.geteuid() == 0 else ["loopback"]
+
+
+# -- root_config -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_root_config_calls_the_packaged_module_and_passes_the_contract_through(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(local.MODE_ENV, mode)
+    cdir = tmp_path / "clusters" / "demo"
+    req = ClusterRequest(name="demo", num_nodes=3, cloud="local")
+    config = get_provider("local").root_config(req, cluster_dir=cdir, ssh_public_key=PUBKEY + "\n")
+
+    call = config["module"][MODULE_NAME]
+    source = Path(call["source"])
+    assert source.is_absolute() and source == MODULE.resolve()
+    assert (source / "main.tf").is_file() and (source / "scripts" / "node.sh").is_file()
+    assert config["output"] == {
+        "nodes": {"value": "${module.cluster.nodes}"},
+        "ssh_user": {"value": "${module.cluster.ssh_user}"},
+        "bastion": {"value": "${module.cluster.bastion}"},
+    }
+    assert call["name"] == "demo" and call["node_count"] == 3 and call["mode"] == mode
+    assert call["ssh_public_key"] == PUBKEY
+    assert call["state_dir"] == str(cdir.resolve() / "nodes")
+    assert call["node_path"].split(":")[0] == os.path.dirname(os.path.abspath(sys.executable))
+    if mode == "netns":
+        assert ipaddress.ip_network(call["subnet_cidr"]).prefixlen == 24 and "base_port" not in call
+        assert call["ssh_user"] == "root"
+    else:
+        assert local.PORT_RANGE[0] <= call["base_port"] < local.PORT_RANGE[1] and "subnet_cidr" not in call
+        assert call["keep_visible_paths"] == []
+
+
+@needs_terraform
+@pytest.mark.parametrize("mode", modes())
+def test_rendered_root_validates_and_plans_the_nodes(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(local.MODE_ENV, mode)
+    req = ClusterRequest(name="demo", num_nodes=2, cloud="local")
+    root = TerraformRoot(tmp_path / "root")
+    root.write(get_provider("local").root_config(req, cluster_dir=tmp_path / "c", ssh_public_key=PUBKEY))
+    root.init()
+    subprocess.run(["terraform", "validate", "-no-color"], cwd=root.workdir, check=True, capture_output=True)
+    summary = root.plan()
+    assert summary == PlanSummary(add=3 if mode == "netns" else 2, change=0, destroy=0, text=summary.text)
+    assert "module.cluster.terraform_data.node[1]: Plan to create" in summary.text
+
+
+def test_root_config_is_stable_across_renders(tmp_path: Path) -> None:
+    provider = get_provider("local")
+    cdir = tmp_path / "clusters" / "demo"
+    req = ClusterRequest(name="demo", num_nodes=2, cloud="local")
+    first = provider.root_config(req, cluster_dir=cdir, ssh_public_key=PUBKEY)
+    again = provider.root_config(req, cluster_dir=cdir, ssh_public_key=PUBKEY)
+    bigger = provider.root_config(ClusterRequest(name="demo", num_nodes=4, cloud="local"),
+                                  cluster_dir=cdir, ssh_public_key=PUBKEY)
+    assert again == first
+    assert (cdir / local.ALLOCATION_FILE).is_file()
+    # Only the node count changes when the cluster grows: Terraform adds nodes, keeps the rest.
+    diff = {k for k in first["module"][MODULE_NAME] if first["module"][MODULE_NAME][k] != bigger["module"][MODULE_NAME][k]}
+    assert diff == {"node_count"}
+
+
+def test_render_root_merges_extra_blocks() -> None:
+    config = render_root(MODULE, {"name": "x"}, extra={"provider": {"aws": {"region": "us-east-1"}},
+                                                       "terraform": {"required_providers": {"aws": {}}}})
+    assert config["terraform"] == {"required_version": ">= 1.5", "required_providers": {"aws": {}}}
+    assert config["provider"] == {"aws": {"region": "us-east-1"}}
+
+
+def test_get_provider_names_unknown_clouds() -> None:
+    with pytest.raises(UserError, match="infra 'gcp' has no Terraform provider"):
+        get_provider("gcp")
+    assert get_provider("local").name == "local"
+
+
+def test_local_prepare_rejects_too_many_nodes() -> None:
+    with pytest.raises(UserError, match="num_nodes 254: infra local supports 1 to 253 nodes"):
+        get_provider("local").prepare(ClusterRequest(name="big", num_nodes=254, cloud="local"))
+
+
+def test_state_dir_with_spaces_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="set GPUCTL_STATE_DIR"):
+        get_provider("local").root_config(ClusterRequest(name="d", num_nodes=1, cloud="local"),
+                                          cluster_dir=tmp_path / "my state" / "d", ssh_public_key=PUBKEY)
+
+
+# -- allocation --------------------------------------------------------------------
+
+
+def net(text: str) -> ipaddress.IPv4Network:
+    return ipaddress.IPv4Network(text)
+
+
+def test_subnet_allocation_skips_used_networks_and_other_clusters(tmp_path: Path, _private_registry: Path) -> None:
+    used = [net("10.213.0.0/24"), net("10.213.1.128/25"), net("192.168.0.0/16")]
+    a = local.allocate(tmp_path / "a", num_nodes=2, mode="netns", used=used)
+    b = local.allocate(tmp_path / "b", num_nodes=2, mode="netns", used=used)
+    assert a.subnet_cidr == "10.213.2.0/24"  # .0 used, .1 overlaps a /25 route
+    assert b.subnet_cidr == "10.213.3.0/24"  # .2 is reserved by cluster a
+    # Stable: the same cluster gets the same subnet even when the world changed.
+    assert local.allocate(tmp_path / "a", num_nodes=5, mode="netns", used=[]) == a
+    assert json.loads((tmp_path / "a" / "local.json").read_text())["subnet_cidr"] == "10.213.2.0/24"
+    # A cluster that is gone frees its subnet.
+    shutil.rmtree(tmp_path / "a")
+    c = local.allocate(tmp_path / "c", num_nodes=2, mode="netns", used=used)
+    assert c.subnet_cidr == "10.213.2.0/24"
+    # release() frees it at once.
+    local.release(tmp_path / "c")
+    d = local.allocate(tmp_path / "d", num_nodes=2, mode="netns", used=used)
+    assert d.subnet_cidr == "10.213.2.0/24"
+
+
+def test_subnet_pool_exhaustion_and_bad_pool_are_user_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(local.POOL_ENV, "10.99.0.0/23")
+    local.allocate(tmp_path / "a", num_nodes=1, mode="netns", used=[net("10.99.1.0/24")])
+    with pytest.raises(UserError, match=r"no free /24 left in 10.99.0.0/23"):
+        local.allocate(tmp_path / "b", num_nodes=1, mode="netns", used=[net("10.99.1.0/24")])
+    monkeypatch.setenv(local.POOL_ENV, "8.8.0.0/16")
+    with pytest.raises(UserError, match="GPUCTL_LOCAL_SUBNET_POOL=8.8.0.0/16: use a private IPv4 range"):
+        local.allocate(tmp_path / "c", num_nodes=1, mode="netns", used=[])
+
+
+def test_used_networks_reads_this_machine() -> None:
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 is not installed")
+    nets = local.used_networks()
+    assert any(n.overlaps(net("127.0.0.0/8")) for n in nets)
+
+
+def test_loopback_allocation_skips_busy_ports(tmp_path: Path) -> None:
+    first = local.PORT_RANGE[0]
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            busy.bind(("127.0.0.1", first + 1))
+            busy.listen()
+        except OSError:
+            pass  # someone else holds it: the allocator must skip it all the same
+        a = local.allocate(tmp_path / "a", num_nodes=3, mode="loopback")
+    assert a.base_port is not None and a.base_port >= first + local.PORT_BLOCK
+    assert (a.base_port - first) % local.PORT_BLOCK == 0
+    b = local.allocate(tmp_path / "b", num_nodes=3, mode="loopback")
+    assert b.base_port != a.base_port
+
+
+def test_keep_visible_paths_are_python_prefixes_under_home(tmp_path: Path) -> None:
+    base = Path(os.path.realpath(sys.base_prefix))
+    assert str(base) in local.keep_visible_paths(base.parent)
+    assert local.keep_visible_paths(tmp_path) == []
+
+
+def test_keep_visible_paths_for_a_pyenv_venv_in_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    base = home / ".pyenv" / "versions" / "3.11.7"
+    venv = home / "work" / "venv"
+    (base / "bin").mkdir(parents=True)
+    (venv / "bin").mkdir(parents=True)
+    (base / "bin" / "python3").write_text("")
+    (venv / "bin" / "python").symlink_to(base / "bin" / "python3")
+    monkeypatch.setattr(sys, "base_prefix", str(base))
+    monkeypatch.setattr(sys, "base_exec_prefix", str(base))
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setattr(sys, "exec_prefix", str(venv))
+    monkeypatch.setattr(sys, "executable", str(venv / "bin" / "python"))
+    assert local.keep_visible_paths(home) == [str(base), str(venv)]
+    assert local.node_path().split(":")[0] == str(venv / "bin")  # the venv, not its symlink's target
+    # A prefix inside another one is covered by the outer bind.
+    monkeypatch.setattr(sys, "prefix", str(base / "envs" / "inner"))
+    monkeypatch.setattr(sys, "exec_prefix", str(base / "envs" / "inner"))
+    assert local.keep_visible_paths(home) == [str(base)]
+
+
+def test_forced_mode_must_be_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(local.MODE_ENV, "docker")
+    with pytest.raises(UserError, match="GPUCTL_LOCAL_MODE=docker: use netns or loopback"):
+        local.detect_mode()
+
+
+# -- cluster key ---------------------------------------------------------------------
+
+
+def test_cluster_key_is_made_once_and_private(tmp_path: Path) -> None:
+    key, pub = ensure_cluster_key(tmp_path)
+    assert key == tmp_path / "ssh" / "id_ed25519"
+    assert pub.startswith("ssh-ed25519 ") and "\n" not in pub
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
+    before = key.stat()
+    key2, pub2 = ensure_cluster_key(tmp_path)
+    assert (key2, pub2) == (key, pub)
+    assert (key.stat().st_ino, key.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    # Lost public half: derived again from the private key, not a new pair.
+    (tmp_path / "ssh" / "id_ed25519.pub").unlink()
+    assert ensure_cluster_key(tmp_path)[1].split()[:2] == pub.split()[:2]
+    # The key really is the pair ssh-keygen reads.
+    derived = subprocess.run(["ssh-keygen", "-y", "-f", str(key)], capture_output=True, text=True, check=True).stdout
+    assert derived.split()[:2] == pub.split()[:2]
+
+
+# -- TerraformRoot against a fake terraform ------------------------------------------
+
+FAKE_TF = """#!/bin/sh
+# Fake terraform: records its argv, prints canned output, exits with a canned code.
+printf '%s\\n' "$@" > "$FAKE_TF_DIR/argv"
+[ -f "$FAKE_TF_DIR/stdout" ] && cat "$FAKE_TF_DIR/stdout"
+[ -f "$FAKE_TF_DIR/stderr" ] && cat "$FAKE_TF_DIR/stderr" >&2
+exit "$(cat "$FAKE_TF_DIR/rc" 2>/dev/null || echo 0)"
+"""
+
+CLI_CONFIG_WARNING = """There are some problems with the CLI configuration:
+╷
+│ Warning: Unable to open CLI configuration file
+│
+│ The CLI configuration file at "/root/.terraformrc" does not exist.
+╵
+
+"""
+
+CAPACITY_STDERR = CLI_CONFIG_WARNING + """╷
+│ Error: creating EC2 Instance: InsufficientInstanceCapacity: We currently do not have sufficient p5.48xlarge capacity in the Availability Zone you requested (us-east-1a).
+│ 	status code: 500, request id: 0f6c
+│
+│   with module.cluster.aws_instance.node[1],
+│   on .terraform/modules/cluster/main.tf line 88, in resource "aws_instance" "node":
+│   88: resource "aws_instance" "node" {
+│
+╵
+"""
+
+
+class FakeTerraform:
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.dir = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.bin = root / "terraform"
+        self.bin.write_text(FAKE_TF)
+        self.bin.chmod(0o755)
+        monkeypatch.setenv("FAKE_TF_DIR", str(root))
+
+    def will(self, *, rc: int = 0, stdout: str = "", stderr: str = "") -> None:
+        (self.dir / "rc").write_text(str(rc))
+        (self.dir / "stdout").write_text(stdout)
+        (self.dir / "stderr").write_text(stderr)
+
+    @property
+    def argv(self) -> list[str]:
+        return (self.dir / "argv").read_text().splitlines()
+
+
+@pytest.fixture
+def fake_tf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeTerraform:
+    return FakeTerraform(tmp_path / "faketf", monkeypatch)
+
+
+def test_capacity_error_is_flagged_and_warnings_are_dropped(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+    root = TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin))
+    fake_tf.will(rc=1, stderr=CAPACITY_STDERR)
+    with pytest.raises(ProvisionError) as info:
+        root.apply()
+    err = info.value
+    assert err.insufficient_capacity is True
+    assert "terraform apply failed" in err.message
+    assert "Error: creating EC2 Instance: InsufficientInstanceCapacity" in err.message
+    assert "status code: 500, request id: 0f6c" in err.message
+    assert "CLI configuration" not in err.message  # a warning, not the reason
+    assert "line 88" not in err.message and "│" not in err.message  # source context and box drawing
+    assert (root.workdir / "logs" / "apply.log").read_text().count("InsufficientInstanceCapacity") == 1
+
+
+def test_json_diagnostics_become_the_message(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+    diag = {"@level": "error", "@message": "Error: local-exec provisioner error", "type": "diagnostic",
+            "diagnostic": {"severity": "error", "summary": "local-exec provisioner error",
+                           "detail": "Error running command 'up': exit status 1. Output: local-nodes: node 0: "
+                                     "sshd exited during start-up",
+                           "address": "module.cluster.terraform_data.node[0]"}}
+    warn = {"@level": "warn", "type": "diagnostic", "diagnostic": {"severity": "warning", "summary": "Deprecated"}}
+    fake_tf.will(rc=1, stdout="\n".join(json.dumps(m) for m in (warn, diag)) + "\n", stderr=CLI_CONFIG_WARNING)
+    root = TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin))
+    with pytest.raises(ProvisionError) as info:
+        root.destroy()
+    assert info.value.insufficient_capacity is False
+    assert "Error: local-exec provisioner error" in info.value.message
+    assert "sshd exited during start-up" in info.value.message
+    assert "module.cluster.terraform_data.node[0]" in info.value.message
+    assert "Deprecated" not in info.value.message
+
+
+def test_commands_avoid_python_terraform_quirks(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+    root = TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin), lock_timeout="7s")
+    fake_tf.will(rc=0, stdout='{"type":"change_summary","changes":{"add":0,"change":0,"remove":2,"operation":"destroy"}}\n')
+    root.destroy()
+    argv = fake_tf.argv
+    assert argv[0] == "destroy"
+    assert {"-auto-approve", "-input=false", "-json", "-no-color", "-lock-timeout=7s"} <= set(argv)
+    assert not [a for a in argv if a.startswith(("-force", "-synchronous", "-state", "-var", "-reconfigure"))]
+    fake_tf.will(rc=0, stdout='{"type":"change_summary","changes":{"add":1,"change":0,"remove":0,"operation":"apply"}}\n')
+    assert root.apply() is True
+    assert fake_tf.argv[0] == "apply" and "-auto-approve" in fake_tf.argv
+    fake_tf.will(rc=0, stdout='{"type":"change_summary","changes":{"add":0,"change":0,"remove":0,"operation":"apply"}}\n')
+    assert root.apply() is False
+    fake_tf.will(rc=0, stdout="Terraform has been successfully initialized!\n")
+    root.init()
+    assert fake_tf.argv == ["init", "-input=false", "-no-color"]
+
+
+def test_unformatted_failure_falls_back_to_stderr_tail(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+    fake_tf.will(rc=3, stderr="panic: something odd\n\ngoroutine 1 [running]:\nmain.main()\n")
+    with pytest.raises(ProvisionError, match=r"(?s)panic: something odd.*main\.main\(\)"):
+        TerraformRoot(tmp_path / "r", terraform_bin=str(fake_tf.bin)).init()
+
+
+def test_missing_terraform_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="could not run terraform"):
+        TerraformRoot(tmp_path / "r", terraform_bin=str(tmp_path / "no-such-terraform")).init()
+
+
+def test_long_errors_keep_the_summary_and_the_end() -> None:
+    stderr = "╷\n│ Error: local-exec provisioner error\n" + "".join(f"│ line {i}\n" for i in range(40)) + "╵\n"
+    lines = error_lines("", stderr, limit=6)
+    assert lines == ["Error: local-exec provisioner error", "...", "line 36", "line 37", "line 38", "line 39"]
+
+
+# -- PlanSummary ---------------------------------------------------------------------
+
+PLAN_JSON = textwrap.dedent("""\
+    {"@level":"info","@message":"Terraform 1.11.4","type":"version","terraform":"1.11.4"}
+    {"@level":"info","@message":"module.cluster.terraform_data.node[2]: Plan to create","type":"planned_change","change":{"action":"create"}}
+    {"@level":"info","@message":"module.cluster.terraform_data.node[1]: Plan to replace","type":"planned_change","change":{"action":"replace"}}
+    {"@level":"info","@message":"module.cluster.terraform_data.x: Plan to update","type":"planned_change","change":{"action":"update"}}
+    {"@level":"info","@message":"Plan: 2 to add, 1 to change, 1 to destroy.","type":"change_summary","changes":{"add":2,"change":1,"import":0,"remove":1,"operation":"plan"}}
+    {"@level":"info","@message":"Outputs: 3","type":"outputs","outputs":{}}
+    """)
+
+
+def test_plan_summary_from_json(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+    fake_tf.will(rc=2, stdout=PLAN_JSON)  # -detailed-exitcode: 2 = changes
+    summary = TerraformRoot(tmp_path / "r", terraform_bin=str(fake_tf.bin)).plan()
+    assert (summary.add, summary.change, summary.destroy, summary.changed) == (2, 1, 1, True)
+    assert "-detailed-exitcode" in fake_tf.argv and "-json" in fake_tf.argv
+    assert summary.describe() == [
+        "module.cluster.terraform_data.node[2]: Plan to create",
+        "module.cluster.terraform_data.node[1]: Plan to replace",
+        "module.cluster.terraform_data.x: Plan to update",
+        "Plan: 2 to add, 1 to change, 1 to destroy.",
+    ]
+    assert "Terraform 1.11.4" not in summary.text and "Outputs" not in summary.text
+
+
+def test_plan_without_summary_is_an_error(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+    assert parse_plan_json('{"type":"version"}\nnot json\n') is None
+    fake_tf.will(rc=0, stdout='{"type":"version"}\n')
+    with pytest.raises(ProvisionError, match="printed no change summary"):
+        TerraformRoot(tmp_path / "r", terraform_bin=str(fake_tf.bin)).plan()
+
+
+def test_no_changes_describes_itself() -> None:
+    assert PlanSummary(0, 0, 0, "").describe() == ["No changes."]
+    assert not PlanSummary(0, 0, 0, "").changed
+
+
+@needs_terraform
+def test_terraform_root_end_to_end_without_providers(tmp_path: Path) -> None:
+    """Real terraform on a root of built-ins: plan counts, apply, re-apply is a no-op, outputs, destroy."""
+    root = TerraformRoot(tmp_path / "root")
+    root.write({"resource": {"terraform_data": {"x": {"input": "hello"}}},
+                "output": {"greeting": {"value": "${terraform_data.x.output}"}, "nothing": {"value": None}}})
+    root.init()
+    assert (root.plan().add, root.plan().changed) == (1, True)
+    assert root.apply() is True
+    assert root.has_state()
+    assert root.plan().changed is False
+    assert root.apply() is False
+    # Terraform leaves null outputs out of state: consumers must treat "absent" as null.
+    assert root.outputs() == {"greeting": "hello"}
+    root.destroy()
+    assert not root.has_state()
+    root.destroy()  # idempotent
+
+
+@needs_terraform
+def test_module_is_formatted_and_its_terraform_tests_pass(tmp_path: Path) -> None:
+    subprocess.run(["terraform", "fmt", "-check", "-recursive", str(MODULE)], check=True, capture_output=True)
+    copy = tmp_path / "local-nodes"
+    shutil.copytree(MODULE, copy, ignore=shutil.ignore_patterns(".terraform*"))
+    subprocess.run(["terraform", "init", "-backend=false", "-no-color"], cwd=copy, check=True, capture_output=True)
+    test = subprocess.run(["terraform", "test", "-no-color"], cwd=copy, capture_output=True, text=True)
+    assert test.returncode == 0, test.stdout + test.stderr
+    assert "0 failed" in test.stdout
+
+
+# -- provision layer without nodes -------------------------------------------------------
+
+
+@needs_terraform
+def test_dry_run_of_a_new_cluster_registers_nothing() -> None:
+    req = ClusterRequest(name="dry", num_nodes=2, cloud="local")
+    summary = provision.plan(req)
+    assert summary.add >= 2 and summary.destroy == 0
+    assert not cluster_dir("dry").exists()
+    assert not provision.cluster_exists("dry")
+
+
+def test_destroy_of_an_unknown_cluster_names_it() -> None:
+    with pytest.raises(UserError, match="cluster 'nope' not found"):
+        provision.destroy("nope")
+    with pytest.raises(UserError, match="cluster 'nope' not found"):
+        provision.load_cluster("nope")
+
+
+def test_ssh_infra_adopts_a_hand_written_inventory(tmp_path: Path) -> None:
+    inv_file = tmp_path / "hosts.yml"
+    inv_file.write_text(textwrap.dedent("""\
+        all:
+          hosts:
+            a: {ansible_host: 10.1.0.5, ansible_user: ubuntu}
+            b: {ansible_host: 10.1.0.6, ansible_user: ubuntu, gpuctl_gpus: 4}
+        """))
+    req = ClusterRequest(name="mine", num_nodes=2, cloud="ssh", gpus_per_node=8, inventory_path=inv_file)
+    assert provision.plan(req).describe()[0].startswith("infra ssh: would use 2 existing host(s)")
+    assert not provision.cluster_exists("mine")
+    inv = provision.provision(req)
+    assert [(n.rank, n.address, n.gpus) for n in inv.nodes] == [(0, "10.1.0.5", 8), (1, "10.1.0.6", 4)]
+    request, loaded = provision.load_cluster("mine")
+    assert request["cloud"] == "ssh" and request["inventory_path"] == str(inv_file)
+    assert loaded.nodes == inv.nodes
+    with pytest.raises(UserError, match="already exists on ssh"):
+        provision.provision(ClusterRequest(name="mine", num_nodes=1, cloud="local"))
+    provision.destroy("mine")
+    assert not provision.cluster_exists("mine")
+    with pytest.raises(UserError, match="lists 2 host\\(s\\) but num_nodes is 3"):
+        provision.provision(ClusterRequest(name="mine", num_nodes=3, cloud="ssh", inventory_path=inv_file))
