@@ -1,0 +1,223 @@
+"""Real local nodes through real Terraform: bring-up, isolation, reuse, teardown.
+
+netns tests need root with iproute2 (as on CI); the loopback test runs anywhere
+sshd is installed. Subnets and ports come from the machine-wide registry, so
+these tests can run beside other test runs on the same machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuctl import provision
+from gpuctl.cluster import ClusterRequest
+from gpuctl.inventory import Inventory, Node
+from gpuctl.paths import cluster_dir
+from gpuctl.providers import local
+
+pytestmark = pytest.mark.integration
+
+HAVE_TOOLS = all(shutil.which(t) for t in ("terraform", "ssh", "ssh-keygen")) and (
+    shutil.which("sshd") or os.path.exists("/usr/sbin/sshd"))
+needs_tools = pytest.mark.skipif(not HAVE_TOOLS, reason="needs terraform, ssh and sshd (apt-get install openssh-server)")
+needs_netns = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="netns nodes need root and iproute2")
+
+
+def ssh(node: Node, command: str, *, check: bool = True, timeout: int = 20) -> subprocess.CompletedProcess[str]:
+    assert node.ssh_key
+    argv = ["ssh", "-i", node.ssh_key, "-p", str(node.ssh_port), "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+            "-o", "LogLevel=ERROR", f"{node.ssh_user}@{node.ssh_host}", command]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if check:
+        assert proc.returncode == 0, f"ssh {node.name}: {command!r} -> {proc.returncode}: {proc.stderr}"
+    return proc
+
+
+def node_envs(name: str) -> list[dict[str, str]]:
+    """Each node's teardown record (node.env), as the module wrote it."""
+    envs = []
+    for f in sorted((cluster_dir(name) / "nodes").glob("node*/node.env")):
+        envs.append(dict(line.split("=", 1) for line in f.read_text().splitlines() if "=" in line))
+    return envs
+
+
+def recorded_sshd(name: str) -> list[tuple[int, str]]:
+    pids = []
+    for f in sorted((cluster_dir(name) / "nodes").glob("node*/sshd.pid")):
+        pid, start = f.read_text().split()
+        pids.append((int(pid), start))
+    return pids
+
+
+def running(pid: int, start: str | None = None) -> bool:
+    """A live process (zombies are dead: PID 1 here may reap late)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] != "Z" and (start is None or fields[19] == start)
+
+
+def tagged_pids(tag: str) -> list[int]:
+    found = []
+    needle = f"GPUCTL_NODE_TAG={tag}".encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if needle in (proc / "environ").read_bytes().split(b"\0") and running(int(proc.name)):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def netns_list() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True).returncode == 0
+
+
+def assert_gone(name: str, envs: list[dict[str, str]], sshd: list[tuple[int, str]], extra_pids: list[int]) -> None:
+    """Nothing of the cluster is left: processes, namespaces, links, directories."""
+    assert envs and sshd
+    for pid, start in sshd:
+        assert not running(pid, start), f"sshd {pid} survived destroy"
+    for pid in extra_pids:
+        assert not running(pid), f"detached process {pid} survived destroy"
+    for env in envs:
+        assert tagged_pids(env["LN_TAG"]) == []
+        if env["LN_MODE"] == "netns":
+            assert env["LN_NETNS"] not in netns_list()
+            assert not link_exists(env["LN_VETH"])
+        assert not Path(env["LN_DIR"]).exists()
+    assert not cluster_dir(name).exists()
+
+
+@pytest.fixture
+def cleanup_clusters():
+    """Destroy whatever a failing test left behind (never leave nodes running)."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        if provision.cluster_exists(name):
+            provision.destroy(name)
+
+
+@needs_tools
+@needs_netns
+def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(local.MODE_ENV, raising=False)
+    req = ClusterRequest(name="it-two", num_nodes=2, cloud="local")
+    cleanup_clusters.append(req.name)
+    progress: list[str] = []
+    inv = provision.provision(req, on_progress=progress.append)
+    head, worker = inv.nodes
+    assert [n.rank for n in inv.nodes] == [0, 1] and [n.name for n in inv.nodes] == ["head", "worker1"]
+    assert any("terraform apply" in p for p in progress)
+    assert (cluster_dir(req.name) / "inventory.yml").is_file()
+    assert provision.load_cluster(req.name)[0]["num_nodes"] == 2
+
+    # Distinct addresses, each on the node's own eth0 in the cluster's /24.
+    assert head.address != worker.address
+    for node in inv.nodes:
+        assert ssh(node, "ip -4 -o addr show dev eth0").stdout.split()[3].split("/")[0] == node.address
+
+    # Own home: a file written to ~ on the head is not in the worker's ~.
+    assert ssh(head, "echo hello > ~/only-on-head && echo $HOME").stdout.strip() == "/root"
+    assert ssh(worker, "test ! -e ~/only-on-head && echo absent").stdout.strip() == "absent"
+    assert (cluster_dir(req.name) / "nodes" / "node0" / "home" / "only-on-head").read_text() == "hello\n"
+    assert not Path("/root/only-on-head").exists()
+
+    # The head reaches the worker's sshd over the bridge.
+    probe = (f"python3 -c \"import socket; s = socket.create_connection(('{worker.address}', 22), 5); "
+             "print(s.recv(8).decode())\"")
+    assert ssh(head, probe).stdout.startswith("SSH-2.0")
+
+    # This machine's Python and the venv gpuctl runs from work on the node.
+    out = ssh(worker, "command -v python3; python3 -c 'import sys, yaml, gpuctl; print(sys.prefix)'").stdout.split()
+    assert out == [os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "python3"), sys.prefix]
+
+    # Re-apply: nothing to change, same nodes, same ranks.
+    assert not provision.plan(req).changed
+    again = provision.provision(req)
+    assert [(n.rank, n.node_id, n.address) for n in again.nodes] == [(n.rank, n.node_id, n.address) for n in inv.nodes]
+
+    # A rank that detached from its session (new session, parent gone) must die with the cluster.
+    detached = int(ssh(worker, "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!").stdout.strip())
+    escaped = int(ssh(head, "setsid nohup env -u GPUCTL_NODE_TAG sleep 1001 </dev/null >/dev/null 2>&1 & echo $!")
+                  .stdout.strip())
+    assert running(detached) and running(escaped)
+    envs, sshd = node_envs(req.name), recorded_sshd(req.name)
+    bridge = (cluster_dir(req.name) / "nodes" / "bridge.env").read_text().split("LN_BRIDGE=")[1].split()[0]
+    assert link_exists(bridge)
+    provision.destroy(req.name)
+    assert_gone(req.name, envs, sshd, [detached, escaped])
+    assert not link_exists(bridge)
+
+
+@needs_tools
+@needs_netns
+def test_three_nodes_then_scale_down_keeps_ranks(cleanup_clusters: list[str]) -> None:
+    req = ClusterRequest(name="it-three", num_nodes=3, cloud="local")
+    cleanup_clusters.append(req.name)
+    inv = provision.provision(req)
+    assert len({n.address for n in inv.nodes}) == 3
+    for node in inv.nodes:
+        assert ssh(node, "echo $GPUCTL_NODE_TAG").stdout.strip().endswith(f"-{node.rank}")
+    envs = node_envs(req.name)
+
+    smaller = provision.provision(ClusterRequest(name="it-three", num_nodes=2, cloud="local"))
+    assert [(n.rank, n.node_id) for n in smaller.nodes] == [(n.rank, n.node_id) for n in inv.nodes[:2]]
+    assert envs[2]["LN_NETNS"] not in netns_list() and not Path(envs[2]["LN_DIR"]).exists()
+    ssh(smaller.nodes[1], "true")
+
+    sshd = recorded_sshd(req.name)
+    provision.destroy(req.name)
+    assert_gone(req.name, envs[:2], sshd, [])
+
+
+@needs_tools
+@needs_netns
+def test_down_removes_nodes_terraform_lost_track_of(cleanup_clusters: list[str]) -> None:
+    """An interrupted apply can leave a node running that the state does not
+    record; `down` still removes it (from the node.env each node writes first)."""
+    req = ClusterRequest(name="it-lost", num_nodes=1, cloud="local")
+    cleanup_clusters.append(req.name)
+    provision.provision(req)
+    envs, sshd = node_envs(req.name), recorded_sshd(req.name)
+    (cluster_dir(req.name) / "terraform" / "terraform.tfstate").unlink()  # Terraform forgets everything
+    provision.destroy(req.name)
+    assert_gone(req.name, envs, sshd, [])
+
+
+@needs_tools
+def test_loopback_nodes(cleanup_clusters: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(local.MODE_ENV, "loopback")
+    req = ClusterRequest(name="it-loop", num_nodes=2, cloud="local")
+    cleanup_clusters.append(req.name)
+    inv: Inventory = provision.provision(req)
+    head, worker = inv.nodes
+    assert head.ssh_host == worker.ssh_host == "127.0.0.1" and head.ssh_port + 1 == worker.ssh_port
+    homes = [ssh(n, "echo $HOME; pwd").stdout.split() for n in inv.nodes]
+    assert homes[0][0] == homes[0][1] == str(cluster_dir(req.name).resolve() / "nodes" / "node0" / "home")
+    assert homes[0][0] != homes[1][0]
+    ssh(head, "echo x > ~/mine")
+    assert ssh(worker, "test ! -e ~/mine && echo absent").stdout.strip() == "absent"
+    assert not provision.plan(req).changed
+
+    detached = int(ssh(worker, "setsid nohup sleep 1002 </dev/null >/dev/null 2>&1 & echo $!").stdout.strip())
+    envs, sshd = node_envs(req.name), recorded_sshd(req.name)
+    provision.destroy(req.name)
+    assert_gone(req.name, envs, sshd, [detached])
