@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,41 @@ def assert_gone(name: str, envs: list[dict[str, str]], sshd: list[tuple[int, str
     assert not cluster_dir(name).exists()
 
 
+def ssh_base(node: Node) -> list[str]:
+    assert node.ssh_key
+    return ["ssh", "-i", node.ssh_key, "-p", str(node.ssh_port), "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
+
+
+def many_sessions(node: Node, *, multiplexed: int = 60, direct: int = 25) -> None:
+    """Ansible fans out over one ControlMaster connection, and jobs open many
+    connections at once: both must work beyond sshd's defaults (10 each)."""
+    # Socket paths are limited to ~100 bytes (ssh adds a suffix while binding): keep it short.
+    control = Path(tempfile.mkdtemp(prefix="gpuctl-cm-", dir="/tmp")) / "s"
+    base = ssh_base(node)
+    master = subprocess.Popen([*base, "-o", "ControlMaster=yes", "-o", f"ControlPath={control}", "-N",
+                               f"{node.ssh_user}@{node.ssh_host}"], stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if control.exists():
+                break
+            subprocess.run(["sleep", "0.05"])
+        assert control.exists(), "ControlMaster did not come up"
+        procs = [subprocess.Popen([*base, "-o", f"ControlPath={control}", f"{node.ssh_user}@{node.ssh_host}",
+                                   "sleep 1; echo mux"], stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+                 for _ in range(multiplexed)]
+        procs += [subprocess.Popen([*base, "-o", "ControlMaster=no", "-o", "ControlPath=none",
+                                    f"{node.ssh_user}@{node.ssh_host}", "sleep 1; echo direct"],
+                                   stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+                  for _ in range(direct)]
+        outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+        assert outs.count("mux") == multiplexed and outs.count("direct") == direct
+    finally:
+        master.terminate()
+        master.wait(timeout=10)
+        shutil.rmtree(control.parent, ignore_errors=True)
+
+
 @pytest.fixture
 def cleanup_clusters():
     """Destroy whatever a failing test left behind (never leave nodes running)."""
@@ -177,6 +213,7 @@ def test_three_nodes_then_scale_down_keeps_ranks(cleanup_clusters: list[str]) ->
     for node in inv.nodes:
         assert ssh(node, "echo $GPUCTL_NODE_TAG").stdout.strip().endswith(f"-{node.rank}")
     envs = node_envs(req.name)
+    many_sessions(inv.nodes[2])
 
     smaller = provision.provision(ClusterRequest(name="it-three", num_nodes=2, cloud="local"))
     assert [(n.rank, n.node_id) for n in smaller.nodes] == [(n.rank, n.node_id) for n in inv.nodes[:2]]
