@@ -128,10 +128,16 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet) -> Invento
 
     provider = get_provider(req.cloud)
     req = provider.prepare(req)
-    cdir.mkdir(parents=True, exist_ok=True)
-    key_path, public_key = ensure_cluster_key(cdir)
+    created = not cdir.exists()
     root = TerraformRoot(cdir / "terraform")
-    root.write(provider.root_config(req, cluster_dir=cdir, ssh_public_key=public_key))
+    try:
+        cdir.mkdir(parents=True, exist_ok=True)
+        key_path, public_key = ensure_cluster_key(cdir)
+        root.write(provider.root_config(req, cluster_dir=cdir, ssh_public_key=public_key))
+    except BaseException:
+        if created:  # nothing was provisioned: leave no half-made cluster behind
+            shutil.rmtree(cdir, ignore_errors=True)
+        raise
     _write_request(cdir, req)
     on_progress(f"terraform init ({root.workdir})")
     root.init()

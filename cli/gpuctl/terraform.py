@@ -124,7 +124,11 @@ class TerraformRoot:
         return bool(counts and any(counts.get(k) for k in ("add", "change", "remove")))
 
     def outputs(self) -> dict[str, Any]:
-        """`terraform output -json`, as output name -> value."""
+        """`terraform output -json`, as output name -> value.
+
+        Terraform leaves outputs whose value is null out of the state, so a
+        null output (the local module's `bastion`) is absent here, not None.
+        """
         _, out, _ = self._run("output", no_color=IsFlagged, json=IsFlagged)
         try:
             raw = json.loads(out or "{}")

@@ -133,6 +133,13 @@ def test_state_dir_with_spaces_is_a_user_error(tmp_path: Path) -> None:
                                           cluster_dir=tmp_path / "my state" / "d", ssh_public_key=PUBKEY)
 
 
+def test_a_cluster_that_cannot_be_rendered_is_not_left_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "my state"))
+    with pytest.raises(UserError, match="set GPUCTL_STATE_DIR"):
+        provision.provision(ClusterRequest(name="d", num_nodes=1, cloud="local"))
+    assert not provision.cluster_exists("d")
+
+
 # -- allocation --------------------------------------------------------------------
 
 
