@@ -18,6 +18,7 @@ import pytest
 
 from gpuctl import provision
 from gpuctl.cluster import ClusterRequest
+from gpuctl.errors import ProvisionError
 from gpuctl.inventory import Inventory, Node
 from gpuctl.paths import cluster_dir
 from gpuctl.providers import local
@@ -258,3 +259,31 @@ def test_loopback_nodes(cleanup_clusters: list[str], monkeypatch: pytest.MonkeyP
     envs, sshd = node_envs(req.name), recorded_sshd(req.name)
     provision.destroy(req.name)
     assert_gone(req.name, envs, sshd, [detached])
+
+
+@needs_tools
+@needs_netns
+def test_failed_destroy_keeps_host_files_and_can_be_rerun(cleanup_clusters: list[str], tmp_path: Path) -> None:
+    """A mount under a node's directory makes teardown stop before rm -rf (it
+    would delete through it); after unmounting, destroy runs again and finishes."""
+    req = ClusterRequest(name="it-rerun", num_nodes=2, cloud="local")
+    cleanup_clusters.append(req.name)
+    provision.provision(req)
+    envs, sshd = node_envs(req.name), recorded_sshd(req.name)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "keep.txt").write_text("mine")
+    target = Path(envs[1]["LN_DIR"]) / "home" / "mnt"
+    target.mkdir()
+    subprocess.run(["mount", "--bind", str(precious), str(target)], check=True)
+    try:
+        with pytest.raises(ProvisionError, match="is mounted on this machine; unmount it"):
+            provision.destroy(req.name)
+        assert (precious / "keep.txt").read_text() == "mine"
+        assert provision.cluster_exists(req.name)
+        assert not Path(envs[0]["LN_DIR"]).exists()  # the other node is already gone
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+    provision.destroy(req.name)
+    assert_gone(req.name, envs, sshd, [])
+    assert (precious / "keep.txt").read_text() == "mine"
