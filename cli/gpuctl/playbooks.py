@@ -19,9 +19,11 @@ contract, produced by the job layer (launch.py):
   optional: gpuctl_wait_timeout (s, default 600), gpuctl_stages / gpuctl_grace (kill.yml)
 
 Secrets never go through extravars: only the file's path does, and the copy
-task is `no_log`. Every string extravar is passed as `!unsafe`, so values and
-scripts containing `{{ }}` or `{% %}` reach the nodes literally instead of
-being templated by Ansible. The process environment that ansible-runner
+task is `no_log`. Extravars go in a 0600 YAML file (`-e @file`, deleted after
+the run), where every string containing "{" is tagged `!unsafe`, so values and
+scripts with `{{ }}` / `{% %}` reach the nodes literally instead of being
+templated by Ansible. (Other strings stay plain: Ansible re-types an !unsafe
+scalar from its text, "" -> None.) The process environment that ansible-runner
 records in `artifacts/<ident>/command` is reduced to the variables gpuctl set.
 """
 
@@ -66,6 +68,8 @@ class PlaybookResult:
     unreachable: list[str] = field(default_factory=list)
     # ssh's reason per unreachable host ("Permission denied (publickey)", ...)
     unreachable_reasons: dict[str, str] = field(default_factory=dict)
+    # Hosts where some task reported a change (from the play recap)
+    changed: list[str] = field(default_factory=list)
     # A failure not tied to a host (syntax error, undefined variable, timeout...)
     error: str | None = None
     artifact_dir: str | None = None
@@ -84,19 +88,22 @@ _ExtravarsDumper.add_representer(
 
 
 def _mark_unsafe(value: Any) -> Any:
+    if isinstance(value, Path):
+        value = str(value)
     if isinstance(value, str):
-        return _Unsafe(value)
+        # Only strings that could hold template syntax ({{ }}, {% %}, {# #}) need
+        # the tag. Ansible resolves an !unsafe scalar's type from its text ("" ->
+        # None, "yes" -> True, "1e3" -> 1000.0), so tagging others would change them.
+        return _Unsafe(value) if "{" in value else value
     if isinstance(value, Mapping):
         return {str(k): _mark_unsafe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_mark_unsafe(v) for v in value]
-    if isinstance(value, Path):
-        return _Unsafe(str(value))
     return value
 
 
 def dump_extravars(extravars: Mapping[str, Any]) -> str:
-    """YAML for `-e @file`, every string tagged !unsafe."""
+    """YAML for `-e @file`; strings that could be templates are tagged !unsafe."""
     return yaml.dump(_mark_unsafe(dict(extravars)), Dumper=_ExtravarsDumper, sort_keys=True,
                      allow_unicode=True, width=1 << 20)
 
@@ -183,7 +190,9 @@ def build_result(events: Iterable[Mapping[str, Any]], *, ranks: Mapping[str, int
             code, msg = _failure_message(res, task)
             failures[host] = HostFailure(host=host, rank=ranks.get(host), rc=code, message=msg)
         elif kind == "runner_on_unreachable" and host and not data.get("ignore_unreachable"):
-            unreachable[host] = _tail(str(res.get("msg") or "unreachable"), lines=2)
+            items = [r for r in res.get("results") or [] if isinstance(r, Mapping) and r.get("unreachable")]
+            msg = (items[0] if items else res).get("msg") or "unreachable"
+            unreachable[host] = _tail(str(msg), lines=2)
         elif kind == "playbook_on_stats":
             stats = data
     # Hosts the stats count as failed but whose event we did not see (e.g. events dropped).
@@ -200,12 +209,14 @@ def build_result(events: Iterable[Mapping[str, Any]], *, ranks: Mapping[str, int
         if not failures and not unreachable:
             error = f"ansible-playbook {status} (rc {rc})" + (f": {stdout_tail}" if stdout_tail else "")
     ok = status == "successful" and rc in (0, None) and not failures and not unreachable
+    changed = [h for h, n in (stats.get("changed") or {}).items() if n]
     order = sorted(failures.values(), key=lambda f: (f.rank is None, f.rank if f.rank is not None else 0, f.host))
     return PlaybookResult(
         ok=ok,
         failures=order,
         unreachable=sorted(unreachable, key=lambda h: (ranks.get(h) is None, ranks.get(h) or 0, h)),
         unreachable_reasons=dict(unreachable),
+        changed=sorted(changed, key=lambda h: (ranks.get(h) is None, ranks.get(h) or 0, h)),
         error=error,
         artifact_dir=artifact_dir,
     )
