@@ -1,0 +1,95 @@
+"""Every bad input through the real `gpuctl` command: one line naming the field
+or file, exit code 2, no traceback, and nothing provisioned."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GOOD_RUN = "run: echo hi\n"
+
+
+def gpuctl(*args: str, cwd: Path, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "gpuctl", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def assert_nothing_provisioned(state: Path) -> None:
+    clusters = state / "clusters"
+    assert not clusters.exists() or not any(clusters.iterdir())
+
+
+CASES = {
+    "unknown-field": ("nodes: 2\n" + GOOD_RUN, ["cluster.yaml:1", "nodes", "did you mean 'num_nodes'"]),
+    "yaml-syntax": ("run: echo hi\nnum_nodes: [1\n", ["cluster.yaml:", "YAML"]),
+    "num-nodes-zero": ("num_nodes: 0\n" + GOOD_RUN, ["cluster.yaml:1", "num_nodes"]),
+    "num-nodes-negative": ("num_nodes: -2\n" + GOOD_RUN, ["cluster.yaml:1", "num_nodes"]),
+    "num-nodes-not-int": ("num_nodes: two\n" + GOOD_RUN, ["cluster.yaml:1", "num_nodes"]),
+    "bad-accelerator": ("resources:\n  accelerators: 'A100:x'\n" + GOOD_RUN, ["cluster.yaml:2", "resources.accelerators"]),
+    "bad-accelerator-count": ("resources:\n  accelerators: {A100: 0}\n" + GOOD_RUN, ["cluster.yaml:2", "resources.accelerators"]),
+    "missing-workdir": ("workdir: ./does-not-exist\n" + GOOD_RUN, ["cluster.yaml:1", "workdir"]),
+    "missing-mount-source": ("file_mounts:\n  /data/x: ./nope.txt\n" + GOOD_RUN, ["cluster.yaml:2", "file_mounts"]),
+    "relative-mount-dest": ("file_mounts:\n  data/x: ./cluster.yaml\n" + GOOD_RUN, ["cluster.yaml:2", "file_mounts"]),
+    "bad-env-key": ("envs:\n  1BAD: x\n" + GOOD_RUN, ["cluster.yaml:2", "envs"]),
+    "run-not-string": ("run: [echo, hi]\n", ["cluster.yaml:1", "run"]),
+    "setup-not-string": ("setup: {a: 1}\n" + GOOD_RUN, ["cluster.yaml:1", "setup"]),
+    "bad-network-tier": ("resources:\n  network_tier: fastest\n" + GOOD_RUN, ["cluster.yaml:2", "network_tier"]),
+    "bad-infra": ("resources:\n  infra: gcp\n" + GOOD_RUN, ["cluster.yaml:2", "infra"]),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "apply"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_task_file(case: str, command: str, tmp_path: Path, _isolated_state: Path):
+    text, fragments = CASES[case]
+    (tmp_path / "cluster.yaml").write_text(text)
+    proc = gpuctl(command, "cluster.yaml", cwd=tmp_path)
+    assert_user_error(proc, *fragments)
+    assert_nothing_provisioned(_isolated_state)
+
+
+def test_missing_file(tmp_path: Path, _isolated_state: Path):
+    proc = gpuctl("apply", "nope.yaml", cwd=tmp_path)
+    assert_user_error(proc, "nope.yaml")
+    assert_nothing_provisioned(_isolated_state)
+
+
+def test_bad_cli_overrides(tmp_path: Path, _isolated_state: Path):
+    (tmp_path / "cluster.yaml").write_text(GOOD_RUN)
+    assert_user_error(gpuctl("apply", "cluster.yaml", "--num-nodes", "0", cwd=tmp_path), "--num-nodes", "positive")
+    assert_user_error(gpuctl("apply", "cluster.yaml", "--infra", "azure", cwd=tmp_path), "--infra", "azure")
+    assert_user_error(gpuctl("apply", "cluster.yaml", "--env", "=x", cwd=tmp_path), "--env")
+    assert_user_error(gpuctl("apply", "cluster.yaml", "-c", "Bad_Name", cwd=tmp_path), "Bad_Name")
+    assert_nothing_provisioned(_isolated_state)
+
+
+def test_null_secret_needs_a_value(tmp_path: Path, _isolated_state: Path):
+    (tmp_path / "cluster.yaml").write_text("secrets:\n  HF_TOKEN: null\n" + GOOD_RUN)
+    assert_user_error(gpuctl("apply", "cluster.yaml", cwd=tmp_path), "cluster.yaml:2", "secrets.HF_TOKEN")
+    assert_nothing_provisioned(_isolated_state)
+
+
+def test_unknown_cluster_for_down_and_status(tmp_path: Path, _isolated_state: Path):
+    assert_user_error(gpuctl("down", "nosuch", cwd=tmp_path), "nosuch")
+    assert_user_error(gpuctl("status", "nosuch", cwd=tmp_path), "nosuch")
+
+
+def test_valid_file_validates(tmp_path: Path):
+    (tmp_path / "cluster.yaml").write_text("num_nodes: 2\nresources:\n  accelerators: A100:8\n" + GOOD_RUN)
+    proc = gpuctl("validate", "cluster.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 node(s) on local, A100:8" in proc.stdout
