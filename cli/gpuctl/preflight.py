@@ -24,6 +24,9 @@ from gpuctl.errors import UserError
 
 MAX_ZONE_ATTEMPTS = 3
 EFA_EXAMPLE_TYPE = "p5.48xlarge"
+# The node AMI when the task gives no image_id: the Deep Learning AMI (EFA installer,
+# libfabric and aws-ofi-nccl included). Passed to the module as ami_ssm_parameter.
+DLAMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,8 @@ def _call(what: str, fn: Any, settings: AwsSettings, **kwargs: Any) -> Any:
                     "SignatureDoesNotMatch", "ExpiredToken", "RequestExpired"):
             raise UserError(f"AWS rejected the credentials ({code}): {msg}") from None
         if code in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
-            raise UserError(f"AWS denied {what} ({code}); the credentials need ec2:{what}") from None
+            service = "ssm" if what == "GetParameter" else "ec2"
+            raise UserError(f"AWS denied {what} ({code}); the credentials need {service}:{what}") from None
         raise
     except botocore.exceptions.NoCredentialsError:
         raise UserError("no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
@@ -246,6 +250,32 @@ def offered_zones(ec2: Any, instance_type: str, settings: AwsSettings) -> tuple[
         kwargs["NextToken"] = token
 
 
+def check_image(ec2: Any, ssm: Any, image_id: str | None, region: str, settings: AwsSettings) -> str:
+    """The node AMI: `image_id` if it exists in the region, else the Deep Learning AMI id from SSM."""
+    import botocore.exceptions
+
+    if image_id:
+        try:
+            images = _call("DescribeImages", ec2.describe_images, settings, ImageIds=[image_id]).get("Images") or []
+        except botocore.exceptions.ClientError as exc:
+            if not exc.response.get("Error", {}).get("Code", "").startswith("InvalidAMIID"):
+                raise
+            images = []
+        if not images:
+            raise UserError(f"resources.image_id '{image_id}': no such AMI in {region} (AMIs are per region)")
+        return image_id
+    try:
+        resp = _call("GetParameter", ssm.get_parameter, settings, Name=DLAMI_SSM_PARAMETER)
+    except botocore.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "ParameterNotFound":
+            raise
+        raise UserError(
+            f"resources.image_id: none given, and the Deep Learning AMI parameter {DLAMI_SSM_PARAMETER} "
+            f"does not exist in {region}; set resources.image_id to an AMI id"
+        ) from None
+    return str(resp["Parameter"]["Value"])
+
+
 def check_aws(
     req: ClusterRequest,
     *,
@@ -270,6 +300,7 @@ def check_aws(
     check_efa(info, req.network_tier)
     zones = offered_zones(ec2, instance_type, settings)
     zone = choose_zone(zones, req.zone, instance_type=instance_type, region=region)
+    check_image(ec2, client(sess, "ssm", region, settings), req.image_id, region, settings)
     efa = req.network_tier == "best" and settings.efa
     new = replace(
         req,

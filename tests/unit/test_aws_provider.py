@@ -62,12 +62,14 @@ def test_root_module_inputs_for_p5_best() -> None:
     # 32 interfaces: EC2 refuses a public IP, so nodes are reached through the bastion
     assert mod["bastion"] == {"enabled": True}
     assert "ami_id" not in mod and "root_volume_size" not in mod
+    assert mod["ami_ssm_parameter"] == "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 
 
 def test_root_inputs_are_module_variables_and_outputs_exist() -> None:
     req = p5_request(image_id="ami-0123456789abcdef0", disk_size=500, use_spot=True)
     root = render_root(req, AwsSettings(), ssh_public_key=KEY)
     mod = root["module"]["cluster"]
+    assert "ami_ssm_parameter" not in mod
     assert mod["ami_id"] == "ami-0123456789abcdef0" and mod["root_volume_size"] == 500 and mod["market"] == "spot"
     assert set(mod) - {"source"} <= module_variables()
     assert set(root["output"]) <= module_outputs()

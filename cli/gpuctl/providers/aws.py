@@ -28,7 +28,7 @@ from gpuctl.cluster import ClusterRequest
 from gpuctl.config import CIDRS_ENV, AwsSettings, aws_settings, config_path
 from gpuctl.errors import ProvisionError, UserError
 from gpuctl.paths import terraform_dir
-from gpuctl.preflight import MAX_ZONE_ATTEMPTS, check_aws, failover_line, next_zone
+from gpuctl.preflight import DLAMI_SSM_PARAMETER, MAX_ZONE_ATTEMPTS, check_aws, failover_line, next_zone
 from gpuctl.providers import BaseProvider
 
 MODULE_NAME = "aws-gpu-instance-group"
@@ -120,6 +120,8 @@ def module_inputs(req: ClusterRequest, settings: AwsSettings, *, ssh_public_key:
     }
     if req.image_id:
         inputs["ami_id"] = req.image_id
+    else:
+        inputs["ami_ssm_parameter"] = DLAMI_SSM_PARAMETER
     if req.disk_size:
         inputs["root_volume_size"] = int(req.disk_size)
     return inputs

@@ -1,0 +1,215 @@
+"""The AWS path end to end against a real moto server on 127.0.0.1.
+
+Real terraform, the real hashicorp/aws provider (from the local mirror), the
+real aws-gpu-instance-group module and the real `gpuctl` CLI in a subprocess;
+moto stands in for EC2. Checks that:
+- `apply --provision-only` creates node_count running instances tagged with the
+  cluster, writes an inventory listing their private IPs in rank order, and
+  `down` terminates them;
+- `apply --dry-run` of the 4 x p5.48xlarge example prints the Terraform plan
+  summary, 32 EFA interfaces per node and the cluster placement group, and
+  creates nothing;
+- preflight failures are one line, exit code 2, no traceback, nothing created.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Iterator
+
+import boto3
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mototest import MotoServer, fake_aws_env, isolated_aws_env  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+GPUCTL = [sys.executable, "-m", "gpuctl"]
+REGION = "us-east-1"
+MOTO_UBUNTU_AMI = "ami-1e749f67"  # in moto's bundled image list
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    server = MotoServer(log=tmp_path_factory.mktemp("moto") / "moto.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def plugin_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One copy of the 700 MB provider for all tests' `terraform init`."""
+    return tmp_path_factory.mktemp("tf-plugin-cache")
+
+
+@pytest.fixture()
+def moto(moto_server: MotoServer) -> Iterator[MotoServer]:
+    moto_server.reset()
+    yield moto_server
+    moto_server.reset()
+
+
+@pytest.fixture()
+def aws_env(moto: MotoServer, tf_cli_config: Path, plugin_cache: Path, _isolated_state: Path) -> dict[str, str]:
+    env = fake_aws_env(moto.url)
+    env.update(TF_CLI_CONFIG_FILE=str(tf_cli_config), TF_PLUGIN_CACHE_DIR=str(plugin_cache),
+               TF_IN_AUTOMATION="1", GPUCTL_STATE_DIR=str(_isolated_state))
+    return env
+
+
+def ec2(moto: MotoServer) -> object:
+    return boto3.client("ec2", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing",
+                        aws_secret_access_key="testing")
+
+
+def instances(moto: MotoServer, cluster: str) -> list[dict]:
+    resp = ec2(moto).describe_instances(Filters=[{"Name": "tag:gpuctl-cluster", "Values": [cluster]}])
+    return [i for r in resp["Reservations"] for i in r["Instances"]]
+
+
+def running(moto: MotoServer, cluster: str) -> list[dict]:
+    return [i for i in instances(moto, cluster) if i["State"]["Name"] in ("pending", "running")]
+
+
+def assert_nothing_created(moto: MotoServer) -> None:
+    client = ec2(moto)
+    assert [r for r in client.describe_instances()["Reservations"]] == []
+    assert [v for v in client.describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []
+    assert client.describe_key_pairs()["KeyPairs"] == []
+    assert client.describe_launch_templates()["LaunchTemplates"] == []
+
+
+def gpuctl(*args: str, env: dict[str, str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GPUCTL, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def task_file(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "task.yaml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_provision_inventory_and_down(tmp_path: Path, moto: MotoServer, aws_env: dict[str, str],
+                                      _isolated_state: Path) -> None:
+    name = "moto-train"
+    task = task_file(tmp_path, f"""\
+        name: {name}
+        num_nodes: 3
+        resources:
+          infra: aws/{REGION}
+          instance_type: t3.micro
+          image_id: {MOTO_UBUNTU_AMI}
+        run: echo never runs with --provision-only
+        """)
+    env = {**aws_env, "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
+    up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
+    assert up.returncode == 0, up.stdout + up.stderr
+
+    nodes = running(moto, name)
+    assert len(nodes) == 3
+    assert {n["InstanceType"] for n in nodes} == {"t3.micro"}
+    # no zone in infra: preflight picked the first zone (sorted) that offers t3.micro
+    assert {n["Placement"]["AvailabilityZone"] for n in nodes} == {"us-east-1a"}
+    by_rank = sorted(nodes, key=lambda n: int({t["Key"]: t["Value"] for t in n["Tags"]}["gpuctl-rank"]))
+
+    inv = yaml.safe_load((_isolated_state / "clusters" / name / "inventory.yml").read_text())
+    hosts = inv["all"]["children"]["gpuctl_nodes"]["hosts"]
+    assert list(hosts) == ["head", "worker1", "worker2"]
+    assert [h["gpuctl_rank"] for h in hosts.values()] == [0, 1, 2]
+    assert [h["gpuctl_address"] for h in hosts.values()] == [n["PrivateIpAddress"] for n in by_rank]
+    assert [h["gpuctl_node_id"] for h in hosts.values()] == [n["InstanceId"] for n in by_rank]
+    assert [h["ansible_host"] for h in hosts.values()] == [n["PublicIpAddress"] for n in by_rank]
+    assert {h["ansible_user"] for h in hosts.values()} == {"ubuntu"}
+    assert inv["all"]["vars"]["gpuctl_cloud"] == "aws"
+
+    # SSH is open to the configured CIDR only (moto lists groups on the interfaces only)
+    sg_ids = {g["GroupId"] for n in nodes for eni in n["NetworkInterfaces"] for g in eni["Groups"]}
+    assert len(sg_ids) == 1
+    rules = ec2(moto).describe_security_group_rules(Filters=[{"Name": "group-id", "Values": sorted(sg_ids)}])
+    ssh_from = {r.get("CidrIpv4") for r in rules["SecurityGroupRules"]
+                if not r["IsEgress"] and r.get("FromPort") == 22}
+    assert ssh_from == {"198.51.100.7/32"}
+
+    down = gpuctl("down", name, env=env, cwd=tmp_path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert running(moto, name) == []
+    assert len(instances(moto, name)) == 3  # terminated, not forgotten by moto
+    assert [v for v in ec2(moto).describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []
+
+
+def test_dry_run_of_p5_example_shows_plan_efa_and_placement(tmp_path: Path, moto: MotoServer,
+                                                             aws_env: dict[str, str]) -> None:
+    example = REPO / "examples" / "aws-p5" / "cluster.yaml"
+    # moto has no Deep Learning AMI parameter in SSM (and refuses to create /aws/ names),
+    # so the example gets one of moto's images; everything else is as written.
+    task = yaml.safe_load(example.read_text())
+    assert (task["num_nodes"], task["resources"]["accelerators"], task["resources"]["network_tier"]) == (
+        4, "H100:8", "best")
+    task["resources"]["image_id"] = MOTO_UBUNTU_AMI
+    task["workdir"] = str(example.parent)
+    copy = tmp_path / "cluster.yaml"
+    copy.write_text(yaml.safe_dump(task, sort_keys=False))
+    out = gpuctl("apply", str(copy), "--dry-run", env=aws_env, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert "AWS us-east-1/us-east-1a: 4 x p5.48xlarge (8 x H100 each), on-demand" in text
+    assert "EFA: 32 interfaces per node" in text
+    assert "Placement group: p5-allreduce-us-east-1a (strategy cluster)" in text
+    assert "SSH: closed (no ssh_ingress_cidrs)" in text
+    assert re.search(r"^Plan: \d+ to add, 0 to change, 0 to destroy\.$", text, flags=re.M), text
+    assert "aws_placement_group" in text and "aws_instance.node[3]" in text and "aws_instance.node[4]" not in text
+    assert_nothing_created(moto)
+
+
+P4DE_ZONES = "us-east-1b, us-east-1c"  # moto's offerings for p4de.24xlarge in us-east-1
+
+
+@pytest.mark.parametrize(
+    ("resources", "creds", "message"),
+    [
+        pytest.param({"infra": "aws/us-east-1", "instance_type": "p9.huge"}, True,
+                     "error: resources.instance_type 'p9.huge': no such EC2 instance type "
+                     "(see `aws ec2 describe-instance-types`)", id="unknown-type"),
+        pytest.param({"infra": "aws/us-east-1/us-east-1a", "instance_type": "p4de.24xlarge"}, True,
+                     f"error: resources.infra: p4de.24xlarge is not offered in us-east-1a; zones of us-east-1 "
+                     f"that offer it: {P4DE_ZONES}", id="not-offered-in-zone"),
+        pytest.param({"infra": "aws/us-east-1", "instance_type": "t3.micro", "image_id": "ami-0123456789abcdef0"},
+                     True, "error: resources.image_id 'ami-0123456789abcdef0': no such AMI in us-east-1 "
+                     "(AMIs are per region)", id="unknown-image"),
+        pytest.param({"infra": "aws/us-east-1", "instance_type": "t3.micro"}, True,
+                     "error: resources.image_id: none given, and the Deep Learning AMI parameter "
+                     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id "
+                     "does not exist in us-east-1; set resources.image_id to an AMI id", id="no-default-image"),
+        pytest.param({"infra": "aws/us-east-1", "instance_type": "g4dn.xlarge", "network_tier": "best"}, True,
+                     "error: resources.network_tier: instance type g4dn.xlarge does not support EFA; "
+                     "use network_tier: standard or an EFA type such as p5.48xlarge", id="no-efa"),
+        pytest.param({"infra": "aws/us-east-1", "accelerators": "H100:8"}, False,
+                     "error: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                     "or AWS_PROFILE (aws configure / aws sso login)", id="no-credentials"),
+    ],
+)
+@pytest.mark.parametrize("mode", ["--provision-only", "--dry-run"])
+def test_preflight_errors_are_one_line_and_create_nothing(
+    tmp_path: Path, moto: MotoServer, aws_env: dict[str, str], _isolated_state: Path,
+    resources: dict, creds: bool, message: str, mode: str,
+) -> None:
+    task = tmp_path / "task.yaml"
+    task.write_text(yaml.safe_dump({"name": "bad", "num_nodes": 2, "resources": resources}))
+    env = aws_env if creds else {**isolated_aws_env(aws_env), "GPUCTL_AWS_ENDPOINT_URL": moto.url}
+    out = gpuctl("apply", str(task), mode, env=env, cwd=tmp_path, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.splitlines() == [message]
+    assert "Traceback" not in out.stdout + out.stderr
+    assert_nothing_created(moto)
+    assert not list((_isolated_state / "clusters").glob("*/terraform/terraform.tfstate"))
