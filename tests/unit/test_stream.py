@@ -138,6 +138,7 @@ def test_control_dir_is_short_enough(tmp_path: Path) -> None:
     assert len(f"{long}/{'0' * 40}.{'r' * 16}") < 108
     assert long == ssh.control_dir_for(tmp_path / ("x" * 80) / "cm")  # stable per cluster
     assert (long.stat().st_mode & 0o777) == 0o700
+    long.rmdir()
 
 
 # ------------------------------------------------ the node agent, locally
