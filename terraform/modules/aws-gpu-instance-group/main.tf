@@ -18,7 +18,7 @@ data "aws_ec2_instance_type" "node" {
   lifecycle {
     postcondition {
       condition     = var.efa != true || (self.efa_supported && self.efa_maximum_interfaces > 0)
-      error_message = "instance type ${var.instance_type} does not support EFA; use network_tier standard (efa = false) or an EFA type such as p5.48xlarge."
+      error_message = "instance type ${var.instance_type} does not support EFA; use network_tier standard or an EFA type such as p5.48xlarge (module input: efa = false or null)."
     }
   }
 }

@@ -59,3 +59,21 @@ mock_data "aws_ec2_instance_type_offerings" {
     location_types = ["availability-zone", "availability-zone"]
   }
 }
+
+# p5.48xlarge as describe-instance-types reports it; tests of other types override it.
+mock_data "aws_ec2_instance_type" {
+  defaults = {
+    efa_supported              = true
+    efa_maximum_interfaces     = 32
+    maximum_network_cards      = 32
+    maximum_network_interfaces = 64
+    network_cards              = [for i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] : { index = i, maximum_interfaces = 2, baseline_bandwidth = 100, peak_bandwidth = 100, performance = "100 Gigabit" }]
+  }
+}
+
+mock_resource "aws_launch_template" {
+  override_during = plan
+  defaults = {
+    id = "lt-0a1b2c3d4e5f60718"
+  }
+}
