@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-TORCH  ?= torch==2.13.0
+TORCH  ?= torch==2.13.0 numpy
 APT_PACKAGES := openssh-server openssh-client rsync iproute2
 PYTEST_ARGS ?=
 

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from gpuctl import provision
+from gpuctl import jobenv, provision
 from gpuctl.cluster import ClusterRequest, check_cluster_name, request_from_task
 from gpuctl.console import Reporter
 from gpuctl.errors import JobFailed, ProvisionError, UserError
@@ -46,7 +46,9 @@ def _request(task: Task, file: Path, *, cluster: str | None, infra: str | None,
 def _job_spec(task: Task, req: ClusterRequest) -> JobSpec:
     return JobSpec(name=task.name, run=task.run, setup=task.setup, workdir=task.workdir,
                    file_mounts=dict(task.file_mounts), envs=dict(task.envs), secrets=dict(task.secrets),
-                   num_nodes=req.num_nodes, gpus_per_node=req.gpus_per_node)
+                   num_nodes=req.num_nodes, gpus_per_node=req.gpus_per_node,
+                   fabric_env=jobenv.fabric_env(req.cloud, efa=req.network_tier == "best",
+                                                instance_type=req.instance_type))
 
 
 @app.command()
@@ -95,8 +97,9 @@ def apply(
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provision.inventory_path(req.name)}")
         return
-    JobRunner(inv, reporter=reporter, registry=registry).run(
-        _job_spec(task, req), run_setup=not no_setup, sync_file_mounts=True)
+    runner = JobRunner(inv, reporter=reporter, registry=registry)
+    job_id, job_nodes = runner.submit(_job_spec(task, req), run_setup=not no_setup, sync_file_mounts=True)
+    runner.watch(job_id, job_nodes)
 
 
 @app.command()

@@ -7,11 +7,17 @@ aws:
   endpoint_url: http://127.0.0.1:5000   # an EC2 emulator (moto); unset for real AWS
   placement: auto              # auto | cluster | none
   efa: true                    # false only for emulators without EFA
+  max_retries: 8               # AWS API retries per call in Terraform (see below)
 ```
 
 Environment variables override the file, key by key:
 `GPUCTL_AWS_ENDPOINT_URL`, `GPUCTL_SSH_INGRESS_CIDRS` (comma-separated),
-`GPUCTL_AWS_PROFILE`, `GPUCTL_AWS_PLACEMENT`, `GPUCTL_AWS_EFA`.
+`GPUCTL_AWS_PROFILE`, `GPUCTL_AWS_PLACEMENT`, `GPUCTL_AWS_EFA`, `GPUCTL_AWS_MAX_RETRIES`.
+
+`max_retries` goes to the Terraform provider block. hashicorp/aws 5.x retries
+`InsufficientInstanceCapacity` like a throttle, up to `max_retries` times with
+backoff (25 by default: minutes per zone), so gpuctl's default of 8 lets a
+capacity shortage surface in well under a minute and the zone failover act.
 
 The endpoint override exists for emulators and is used only when set. It does
 not switch anything else off by itself: placement groups and EFA stay as the
@@ -38,8 +44,10 @@ CIDRS_ENV = "GPUCTL_SSH_INGRESS_CIDRS"
 PROFILE_ENV = "GPUCTL_AWS_PROFILE"
 PLACEMENT_ENV = "GPUCTL_AWS_PLACEMENT"
 EFA_ENV = "GPUCTL_AWS_EFA"
+RETRIES_ENV = "GPUCTL_AWS_MAX_RETRIES"
+DEFAULT_MAX_RETRIES = 8
 PLACEMENT_CHOICES = ("auto", "cluster", "none")
-_AWS_KEYS = ("profile", "ssh_ingress_cidrs", "endpoint_url", "placement", "efa")
+_AWS_KEYS = ("profile", "ssh_ingress_cidrs", "endpoint_url", "placement", "efa", "max_retries")
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class AwsSettings:
     ssh_ingress_cidrs: tuple[str, ...] = ()
     placement: str = "auto"  # auto: a cluster placement group when EFA is on
     efa: bool = True  # False: never attach EFA (emulators only)
+    max_retries: int = DEFAULT_MAX_RETRIES  # Terraform provider's AWS API retries
     source: Mapping[str, str] = None  # type: ignore[assignment]
 
     def origin(self, key: str) -> str:
@@ -91,6 +100,16 @@ def _bool(value: Any, *, where: str) -> bool:
     raise UserError(f"{where} '{value}': use true or false")
 
 
+def _count(value: Any, *, where: str) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = -1
+    if number < 0 or isinstance(value, bool):
+        raise UserError(f"{where} '{value}': use a whole number such as {DEFAULT_MAX_RETRIES}")
+    return number
+
+
 def _cidrs(value: Any, *, where: str) -> tuple[str, ...]:
     if value is None or value == "":
         return ()
@@ -126,7 +145,7 @@ def aws_settings(env: Mapping[str, str] | None = None, *, path: Path | None = No
             values[key] = raw[key]
             source[key] = f"aws.{key} in {path}"
     for key, var in (("endpoint_url", ENDPOINT_ENV), ("ssh_ingress_cidrs", CIDRS_ENV), ("profile", PROFILE_ENV),
-                     ("placement", PLACEMENT_ENV), ("efa", EFA_ENV)):
+                     ("placement", PLACEMENT_ENV), ("efa", EFA_ENV), ("max_retries", RETRIES_ENV)):
         if env.get(var):
             values[key] = env[var]
             source[key] = var
@@ -142,5 +161,7 @@ def aws_settings(env: Mapping[str, str] | None = None, *, path: Path | None = No
         ssh_ingress_cidrs=_cidrs(values.get("ssh_ingress_cidrs"), where=source.get("ssh_ingress_cidrs", "")),
         placement=placement,
         efa=_bool(values["efa"], where=source["efa"]) if "efa" in values else True,
+        max_retries=(_count(values["max_retries"], where=source["max_retries"]) if "max_retries" in values
+                     else DEFAULT_MAX_RETRIES),
         source=source,
     )

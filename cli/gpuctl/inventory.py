@@ -10,6 +10,7 @@ re-applies (matched by Terraform's node id).
 from __future__ import annotations
 
 import ipaddress
+import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -136,7 +137,10 @@ def to_ansible(inv: Inventory) -> dict[str, Any]:
         if n.ssh_key:
             host["ansible_ssh_private_key_file"] = n.ssh_key
         if n.proxy_jump:
-            host["ansible_ssh_common_args"] = f"-o ProxyJump={n.proxy_jump}"
+            from gpuctl.ssh import proxy_command  # ssh builds on Node; imported here to keep layers one-way
+
+            host["gpuctl_proxy_jump"] = n.proxy_jump
+            host["ansible_ssh_common_args"] = f"-o ProxyCommand={shlex.quote(proxy_command(n))}"
         hosts[n.name] = host
     cluster_vars: dict[str, Any] = {"gpuctl_cluster": inv.cluster, "gpuctl_cloud": inv.cloud}
     if inv.region:
@@ -198,9 +202,9 @@ def load_inventory(path: Path, *, cluster: str | None = None, default_key: str |
             raise UserError(
                 f"{where}: host '{name}' needs an IP address in gpuctl_address or ansible_host (got '{addr}')"
             ) from None
-        proxy = None
+        proxy = hv.get("gpuctl_proxy_jump")
         common = str(hv.get("ansible_ssh_common_args") or "")
-        if "ProxyJump=" in common:
+        if not proxy and "ProxyJump=" in common:
             proxy = common.split("ProxyJump=", 1)[1].split()[0]
         nodes.append(
             Node(

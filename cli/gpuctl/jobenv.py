@@ -121,3 +121,22 @@ def secrets_script(secrets: Mapping[str, str]) -> str:
         quoted = "'" + value.replace("'", "'\"'\"'") + "'"
         lines.append(f"export {key}={quoted}")
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+# Instance families whose GPUs do GPUDirect RDMA over EFA (fabric.md).
+_RDMA_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6")
+
+
+def fabric_env(cloud: str, *, efa: bool, instance_type: str | None = None) -> dict[str, str]:
+    """NCCL/libfabric defaults for the cluster's network; the task's envs override them.
+
+    On EFA nodes NCCL must load aws-ofi-nccl (`NET/OFI`) or it silently falls
+    back to sockets; these are the awsome-distributed-training defaults.
+    """
+    if cloud != "aws" or not efa:
+        return {}
+    env = {"FI_PROVIDER": "efa", "NCCL_SOCKET_IFNAME": "^lo,docker", "FI_EFA_FORK_SAFE": "1"}
+    family = (instance_type or "").split(".", 1)[0]
+    if family.startswith(_RDMA_FAMILIES):
+        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return env

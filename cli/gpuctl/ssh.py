@@ -64,7 +64,7 @@ def control_dir_for(preferred: Path) -> Path:
     return chosen
 
 
-def _proxy_command(node: Node) -> str:
+def proxy_command(node: Node) -> str:
     """ProxyCommand for the bastion, with the same no-prompt options as the node.
 
     ProxyJump would connect to the bastion with ssh_config defaults only, so an
@@ -96,7 +96,7 @@ def ssh_options(node: Node, control_dir: Path | None, *, connect_timeout: int = 
         opts += ["-o", "ControlMaster=auto", "-o", f"ControlPersist={CONTROL_PERSIST}",
                  "-o", f"ControlPath={control_dir}/%C"]
     if node.proxy_jump:
-        opts += ["-o", f"ProxyCommand={_proxy_command(node)}"]
+        opts += ["-o", f"ProxyCommand={proxy_command(node)}"]
     return opts
 
 

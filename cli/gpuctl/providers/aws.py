@@ -16,10 +16,18 @@ function of the request and the user's AWS settings:
   with none, gpuctl opens nothing and says so.
 - The endpoint override (`GPUCTL_AWS_ENDPOINT_URL`) adds `endpoints` and the
   `skip_*` flags to the provider block, and nothing else.
+
+Zones: a new cluster without a zone in `infra` goes to the first zone (sorted)
+offering the type, and on InsufficientInstanceCapacity moves to the next one
+(at most 3): the failed attempt is destroyed first, so the retry starts clean
+(EFA cannot span zones; half a cluster in the old zone is of no use). A cluster
+that already has nodes stays in their zone -- a re-apply never moves running
+nodes -- and so does one whose zone `infra` names.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
@@ -27,7 +35,7 @@ from typing import Any, Callable, Mapping, TypeVar
 from gpuctl.cluster import ClusterRequest
 from gpuctl.config import CIDRS_ENV, AwsSettings, aws_settings, config_path
 from gpuctl.errors import ProvisionError, UserError
-from gpuctl.paths import terraform_dir
+from gpuctl.paths import cluster_dir, terraform_dir
 from gpuctl.preflight import DLAMI_SSM_PARAMETER, MAX_ZONE_ATTEMPTS, check_aws, failover_line, next_zone
 from gpuctl.providers import BaseProvider
 
@@ -44,6 +52,8 @@ X_EFA_INTERFACES = "aws.efa_interfaces"
 X_OFFERED_ZONES = "aws.offered_zones"
 X_ZONE_PINNED = "aws.zone_pinned"
 X_TRIED_ZONES = "aws.tried_zones"
+PINNED_BY_INFRA = "infra"  # X_ZONE_PINNED values; "0": gpuctl chose the zone
+PINNED_BY_NODES = "nodes"
 
 T = TypeVar("T")
 
@@ -85,7 +95,9 @@ def access_mode(req: ClusterRequest, settings: AwsSettings) -> str:
 
 
 def provider_block(region: str, settings: AwsSettings) -> dict[str, Any]:
-    block: dict[str, Any] = {"region": region}
+    # max_retries bounds how long the provider retries InsufficientInstanceCapacity
+    # before failing, i.e. how soon the zone failover can act (gpuctl.config).
+    block: dict[str, Any] = {"region": region, "max_retries": settings.max_retries}
     if settings.profile:
         block["profile"] = settings.profile
     if settings.endpoint_url:
@@ -192,8 +204,11 @@ def retry_zone(req: ClusterRequest, error: BaseException, *,
         return None, None
     zone = req.zone or "?"
     tried = [z for z in req.extra.get(X_TRIED_ZONES, "").split(",") if z] or [zone]
-    if req.extra.get(X_ZONE_PINNED) == "1":
+    pinned = req.extra.get(X_ZONE_PINNED)
+    if pinned == PINNED_BY_INFRA:
         return None, f"{zone} has no {req.instance_type} capacity; resources.infra pins that zone, so no failover"
+    if pinned == PINNED_BY_NODES:
+        return None, f"{zone} has no {req.instance_type} capacity; the cluster's nodes are in that zone, so no failover"
     offered = [z for z in req.extra.get(X_OFFERED_ZONES, "").split(",") if z]
     nxt = next_zone(offered, tried, max_attempts)
     line = failover_line(zone, req.instance_type or "", nxt, len(tried) + 1, max_attempts)
@@ -223,6 +238,26 @@ def with_capacity_failover(req: ClusterRequest, attempt: Callable[[ClusterReques
             req = nxt
 
 
+def node_zones_in_state(state_file: Path) -> set[str]:
+    """Zones of the node instances recorded in a cluster's Terraform state (empty if none)."""
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        return set()
+    zones = set()
+    for res in state.get("resources") or []:
+        if res.get("mode") == "managed" and res.get("type") == "aws_instance" and res.get("name") == "node":
+            for inst in res.get("instances") or []:
+                zone = (inst.get("attributes") or {}).get("availability_zone")
+                if zone:
+                    zones.add(str(zone))
+    return zones
+
+
+def state_file_of(name: str) -> Path:
+    return cluster_dir(name) / "terraform" / "terraform.tfstate"
+
+
 class AwsProvider(BaseProvider):
     """The provider-registry object for `infra: aws` (`PROVIDER` below)."""
 
@@ -243,12 +278,22 @@ class AwsProvider(BaseProvider):
             raise UserError(
                 f"cluster name '{req.name}': AWS clusters take at most {MODULE_NAME_MAX} characters; pass a shorter -c NAME"
             )
+        pinned = PINNED_BY_INFRA if req.zone else "0"
+        zones = node_zones_in_state(state_file_of(req.name))
+        if zones:
+            here = sorted(zones)[0]
+            if req.zone and req.zone not in zones:
+                raise UserError(
+                    f"resources.infra: cluster '{req.name}' has nodes in {here}, not {req.zone}; "
+                    f"keep the zone, or tear it down first (gpuctl down {req.name})"
+                )
+            req, pinned = replace(req, zone=here), PINNED_BY_NODES
         new, pre = check_aws(req, settings=self.settings)
         extra = {
             **new.extra,
             X_EFA_INTERFACES: str(pre.instance.efa_interfaces),
             X_OFFERED_ZONES: ",".join(pre.offered_zones),
-            X_ZONE_PINNED: "1" if pre.zone_pinned else "0",
+            X_ZONE_PINNED: pinned,
             X_TRIED_ZONES: pre.zone,
         }
         return replace(new, extra=extra)
@@ -260,7 +305,18 @@ class AwsProvider(BaseProvider):
         return describe(req, self.settings, outputs)
 
     def retry_zone(self, req: ClusterRequest, error: BaseException) -> tuple[ClusterRequest | None, str | None]:
-        return retry_zone(req, error)
+        """provision()'s hook after a failed apply: the request for the next zone, if any.
+
+        Before handing it back, destroys what the failed attempt made (a subnet,
+        perhaps some nodes in the zone without capacity), so the next apply starts
+        clean; only ever for a cluster that had no nodes before (see prepare).
+        """
+        nxt, line = retry_zone(req, error)
+        if nxt is not None:
+            from gpuctl.terraform import TerraformRoot
+
+            TerraformRoot(state_file_of(req.name).parent).destroy()
+        return nxt, line
 
 
 PROVIDER = AwsProvider()

@@ -32,6 +32,9 @@ locals {
     # also finds processes by it, e.g. ranks that detached from their session.
     tag = "gpuctl-${local.key}-${i}"
   }]
+
+  # Every node's /etc/hosts names all nodes, so peers resolve both ways.
+  hosts = join("\n", [for n in local.nodes : "${n.address} ${var.name}-${n.index}"])
 }
 
 resource "terraform_data" "bridge" {
@@ -106,6 +109,8 @@ resource "terraform_data" "node" {
       LN_NODE_PATH  = self.triggers_replace.node_path
       LN_KEEP       = self.triggers_replace.keep_visible
       LN_TAG        = self.triggers_replace.tag
+      LN_HOSTNAME   = "${var.name}-${count.index}"
+      LN_HOSTS      = local.hosts
       LN_WAIT       = var.wait_timeout_seconds
     }
   }

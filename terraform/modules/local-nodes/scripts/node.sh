@@ -263,17 +263,23 @@ PROFILE
     mkdir -p /run/sshd "$RUN_DIR"
     chmod 755 /run/sshd
     netns_up
+    # Own hostname (UTS namespace) resolving to the node's address, as on a
+    # real machine: gloo and NCCL pick their interface from it.
+    local host_name=${LN_HOSTNAME:-$LN_NETNS}
+    printf '127.0.0.1 localhost\n%s\n' "${LN_HOSTS:-$LN_ADDR $host_name}" >"$LN_DIR/hosts"
     # shellcheck disable=SC2016
     local inner='set -e
-node_home=$1 home=$2 sshd_dir=$3 run_dir=$4 sshd=$5 cfg=$6
-shift 6
+node_home=$1 home=$2 sshd_dir=$3 run_dir=$4 sshd=$5 cfg=$6 host_name=$7 hosts=$8
+shift 8
+hostname "$host_name"
+mount --bind "$hosts" /etc/hosts
 mount --bind "$sshd_dir" "$run_dir"
 for p in "$@"; do mount --rbind "$p" "$node_home/${p#"$home"/}"; done
 mount --rbind "$node_home" "$home"
 exec "$sshd" -D -e -f "$cfg"'
-    setsid env GPUCTL_NODE_TAG="$LN_TAG" ip netns exec "$LN_NETNS" unshare --mount --propagation private \
+    setsid env GPUCTL_NODE_TAG="$LN_TAG" ip netns exec "$LN_NETNS" unshare --mount --uts --propagation private \
       sh -c "$inner" gpuctl-node "$LN_DIR/home" "$home" "$LN_DIR/sshd" "$RUN_DIR" "$sshd" "$RUN_DIR/sshd_config" \
-      "${binds[@]}" </dev/null >>"$LOG" 2>&1 &
+      "$host_name" "$LN_DIR/hosts" "${binds[@]}" </dev/null >>"$LOG" 2>&1 &
     pid=$!
   else
     write_sshd_config "$LN_DIR/sshd" "$LN_DIR/home"
