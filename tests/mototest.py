@@ -1,7 +1,10 @@
 """A real moto server on loopback for tests: start, wait, reset, stop.
 
 `MotoServer` runs `python -m moto.server` as a subprocess on 127.0.0.1 at a
-free port and waits until it answers HTTP. `fake_aws_env(url)` is the
+free port and waits until it answers HTTP. `CapacityShortage` is a small
+proxy in front of it that answers EC2 `RunInstances` in chosen zones the way
+EC2 does when a zone is out of capacity (moto never is), to exercise zone
+failover end to end. `fake_aws_env(url)` is the
 environment a gpuctl subprocess needs to talk to it and to nothing else:
 fake credentials, no shared config files, no instance metadata lookups, and
 `GPUCTL_AWS_ENDPOINT_URL` pointing at the server.
@@ -13,11 +16,14 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -116,6 +122,108 @@ class MotoServer:
         self.proc = None
 
     def __enter__(self) -> "MotoServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+_ICE_BODY = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>InsufficientInstanceCapacity</Code>'
+    "<Message>We currently do not have sufficient {itype} capacity in the Availability Zone you requested "
+    "({zone}). Our system will be working on provisioning additional capacity.</Message></Error></Errors>"
+    "<RequestID>gpuctl-test-capacity</RequestID></Response>"
+)
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
+
+
+class CapacityShortage:
+    """HTTP proxy to `upstream` (a moto server): EC2 RunInstances into a subnet of one of
+    `zones` gets EC2's InsufficientInstanceCapacity answer (HTTP 500); all else passes.
+    `refused` lists the zones it refused, in order."""
+
+    def __init__(self, upstream: str, zones: Iterable[str], host: str = "127.0.0.1") -> None:
+        self.upstream = upstream.rstrip("/")
+        self.zones = set(zones)
+        self.host = host
+        self.refused: list[str] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://{self.host}:{self._server.server_address[1]}"
+
+    def _zone_of(self, params: Mapping[str, list[str]]) -> str | None:
+        subnet = (params.get("SubnetId") or params.get("NetworkInterface.1.SubnetId") or [None])[0]
+        if not subnet:
+            return None
+        body = urllib.parse.urlencode({"Action": "DescribeSubnets", "Version": "2016-11-15", "SubnetId.1": subnet})
+        req = urllib.request.Request(self.upstream + "/", data=body.encode(), method="POST", headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Authorization": "AWS4-HMAC-SHA256 Credential=testing/20240101/us-east-1/ec2/aws4_request, "
+                             "SignedHeaders=host, Signature=0",
+        })
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            text = resp.read().decode()
+        start = text.find("<availabilityZone>")
+        return text[start + 18:text.find("</availabilityZone>")] if start >= 0 else None
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                return None
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command == "POST" and body:
+                    params = urllib.parse.parse_qs(body.decode(errors="replace"))
+                    if params.get("Action") == ["RunInstances"]:
+                        zone = proxy._zone_of(params)
+                        if zone in proxy.zones:
+                            proxy.refused.append(zone)
+                            itype = (params.get("InstanceType") or ["(launch template type)"])[0]
+                            self._reply(500, {"Content-Type": "text/xml"},
+                                        _ICE_BODY.format(itype=itype, zone=zone).encode())
+                            return
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS | {"host"}}
+                req = urllib.request.Request(proxy.upstream + self.path, data=body, method=self.command,
+                                             headers=headers)
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as resp:
+                        self._reply(resp.status, dict(resp.headers.items()), resp.read())
+                except urllib.error.HTTPError as err:
+                    self._reply(err.code, dict(err.headers.items()), err.read())
+
+            def _reply(self, status: int, headers: Mapping[str, str], payload: bytes) -> None:
+                self.send_response(status)
+                for k, v in headers.items():
+                    if k.lower() not in _HOP_HEADERS:
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
+
+        return Handler
+
+    def start(self) -> "CapacityShortage":
+        self._server = ThreadingHTTPServer((self.host, 0), self._handler())
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="capacity-proxy", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "CapacityShortage":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -105,8 +105,9 @@ def _count(value: Any, *, where: str) -> int:
         number = int(str(value).strip())
     except ValueError:
         number = -1
-    if number < 0 or isinstance(value, bool):
-        raise UserError(f"{where} '{value}': use a whole number such as {DEFAULT_MAX_RETRIES}")
+    # hashicorp/aws reads max_retries = 0 as "unset" (its default, 25), so 1 is the floor
+    if number < 1 or isinstance(value, bool):
+        raise UserError(f"{where} '{value}': use a whole number of at least 1, such as {DEFAULT_MAX_RETRIES}")
     return number
 
 

@@ -5,7 +5,9 @@ real aws-gpu-instance-group module and the real `gpuctl` CLI in a subprocess;
 moto stands in for EC2. Checks that:
 - `apply --provision-only` creates node_count running instances tagged with the
   cluster, writes an inventory listing their private IPs in rank order, and
-  `down` terminates them;
+  `down` terminates them -- with the first zone out of capacity (a proxy answers
+  RunInstances there as EC2 does), so apply also moves to the next zone that
+  offers the type and says so;
 - `apply --dry-run` of the 4 x p5.48xlarge example prints the Terraform plan
   summary, 32 EFA interfaces per node and the cluster placement group, and
   creates nothing;
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -27,7 +30,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mototest import MotoServer, fake_aws_env, isolated_aws_env  # noqa: E402
+from mototest import CapacityShortage, MotoServer, fake_aws_env, isolated_aws_env  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +94,20 @@ def assert_nothing_created(moto: MotoServer) -> None:
 
 
 def gpuctl(*args: str, env: dict[str, str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*GPUCTL, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    """Run the CLI in its own process group, so a timeout also ends its terraform."""
+    proc = subprocess.Popen([*GPUCTL, *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail(f"gpuctl {' '.join(args)} ran over {timeout}s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def task_file(tmp_path: Path, body: str) -> Path:
@@ -100,8 +116,11 @@ def task_file(tmp_path: Path, body: str) -> Path:
     return path
 
 
-def test_provision_inventory_and_down(tmp_path: Path, moto: MotoServer, aws_env: dict[str, str],
-                                      _isolated_state: Path) -> None:
+def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: MotoServer, aws_env: dict[str, str],
+                                                         _isolated_state: Path) -> None:
+    """One provisioning run (terraform apply is the slow part) covering the whole path:
+    us-east-1a has no capacity, so gpuctl destroys that attempt and provisions in
+    us-east-1b; then inventory, SSH ingress and `down` are checked."""
     name = "moto-train"
     task = task_file(tmp_path, f"""\
         name: {name}
@@ -112,18 +131,38 @@ def test_provision_inventory_and_down(tmp_path: Path, moto: MotoServer, aws_env:
           image_id: {MOTO_UBUNTU_AMI}
         run: echo never runs with --provision-only
         """)
-    env = {**aws_env, "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
-    up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
-    assert up.returncode == 0, up.stdout + up.stderr
+    with CapacityShortage(moto.url, zones=["us-east-1a"]) as proxy:
+        # one provider retry, so the capacity error surfaces at once (gpuctl.config)
+        env = {**aws_env, "GPUCTL_AWS_ENDPOINT_URL": proxy.url, "GPUCTL_AWS_MAX_RETRIES": "1",
+               "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
+        up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
+        assert up.returncode == 0, up.stdout + up.stderr
+        check_cluster(moto, proxy, up.stdout, name, _isolated_state)
+        # the rendered root keeps the endpoint it was made with, so `down` goes through the proxy too
+        down = gpuctl("down", name, env=env, cwd=tmp_path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert running(moto, name) == []
+    assert len(instances(moto, name)) == 3  # terminated, not forgotten by moto
+    assert [v for v in ec2(moto).describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []
+
+
+def check_cluster(moto: MotoServer, proxy: CapacityShortage, stdout: str, name: str, state: Path) -> None:
+    assert proxy.refused and set(proxy.refused) == {"us-east-1a"}
+    assert "us-east-1a has no t3.micro capacity; trying us-east-1b (attempt 2 of 3)" in stdout.splitlines()
 
     nodes = running(moto, name)
     assert len(nodes) == 3
     assert {n["InstanceType"] for n in nodes} == {"t3.micro"}
-    # no zone in infra: preflight picked the first zone (sorted) that offers t3.micro
-    assert {n["Placement"]["AvailabilityZone"] for n in nodes} == {"us-east-1a"}
+    # no zone in infra: 1a (first offering zone) had no capacity, so all nodes are in 1b
+    assert {n["Placement"]["AvailabilityZone"] for n in nodes} == {"us-east-1b"}
+    # the failed attempt in 1a was destroyed: one cluster VPC, one subnet, in 1b
+    vpcs = [v["VpcId"] for v in ec2(moto).describe_vpcs()["Vpcs"] if not v["IsDefault"]]
+    assert len(vpcs) == 1
+    subnets = ec2(moto).describe_subnets(Filters=[{"Name": "vpc-id", "Values": vpcs}])["Subnets"]
+    assert [s["AvailabilityZone"] for s in subnets] == ["us-east-1b"]
     by_rank = sorted(nodes, key=lambda n: int({t["Key"]: t["Value"] for t in n["Tags"]}["gpuctl-rank"]))
 
-    inv = yaml.safe_load((_isolated_state / "clusters" / name / "inventory.yml").read_text())
+    inv = yaml.safe_load((state / "clusters" / name / "inventory.yml").read_text())
     hosts = inv["all"]["children"]["gpuctl_nodes"]["hosts"]
     assert list(hosts) == ["head", "worker1", "worker2"]
     assert [h["gpuctl_rank"] for h in hosts.values()] == [0, 1, 2]
@@ -131,7 +170,7 @@ def test_provision_inventory_and_down(tmp_path: Path, moto: MotoServer, aws_env:
     assert [h["gpuctl_node_id"] for h in hosts.values()] == [n["InstanceId"] for n in by_rank]
     assert [h["ansible_host"] for h in hosts.values()] == [n["PublicIpAddress"] for n in by_rank]
     assert {h["ansible_user"] for h in hosts.values()} == {"ubuntu"}
-    assert inv["all"]["vars"]["gpuctl_cloud"] == "aws"
+    assert (inv["all"]["vars"]["gpuctl_cloud"], inv["all"]["vars"]["gpuctl_zone"]) == ("aws", "us-east-1b")
 
     # SSH is open to the configured CIDR only (moto lists groups on the interfaces only)
     sg_ids = {g["GroupId"] for n in nodes for eni in n["NetworkInterfaces"] for g in eni["Groups"]}
@@ -140,12 +179,6 @@ def test_provision_inventory_and_down(tmp_path: Path, moto: MotoServer, aws_env:
     ssh_from = {r.get("CidrIpv4") for r in rules["SecurityGroupRules"]
                 if not r["IsEgress"] and r.get("FromPort") == 22}
     assert ssh_from == {"198.51.100.7/32"}
-
-    down = gpuctl("down", name, env=env, cwd=tmp_path)
-    assert down.returncode == 0, down.stdout + down.stderr
-    assert running(moto, name) == []
-    assert len(instances(moto, name)) == 3  # terminated, not forgotten by moto
-    assert [v for v in ec2(moto).describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []
 
 
 def test_dry_run_of_p5_example_shows_plan_efa_and_placement(tmp_path: Path, moto: MotoServer,

@@ -45,7 +45,7 @@ def module_outputs() -> set[str]:
 def test_root_for_real_aws_has_no_endpoints_or_skips() -> None:
     root = render_root(p5_request(), AwsSettings(), ssh_public_key=KEY)
     assert root["terraform"]["required_providers"]["aws"] == {"source": "hashicorp/aws", "version": ">= 5.70, < 7"}
-    assert root["provider"] == {"aws": {"region": "us-east-1"}}
+    assert root["provider"] == {"aws": {"region": "us-east-1", "max_retries": 8}}
 
 
 def test_root_module_inputs_for_p5_best() -> None:
@@ -90,6 +90,7 @@ def test_endpoint_override_adds_endpoints_and_skips_only() -> None:
     root = render_root(p5_request(), s, ssh_public_key=KEY)
     assert root["provider"]["aws"] == {
         "region": "us-east-1",
+        "max_retries": 8,
         "endpoints": [{"ec2": "http://127.0.0.1:5000", "sts": "http://127.0.0.1:5000",
                        "iam": "http://127.0.0.1:5000", "ssm": "http://127.0.0.1:5000"}],
         "skip_credentials_validation": True,
@@ -177,7 +178,7 @@ def test_retry_zone_moves_to_next_zone_and_counts_attempts() -> None:
 def test_retry_zone_ignores_other_failures_and_pinned_zones() -> None:
     assert retry_zone(p5_request(), ProvisionError("InvalidParameterCombination")) == (None, None)
     assert retry_zone(p5_request(), RuntimeError("boom")) == (None, None)
-    pinned = p5_request(extra={**p5_request().extra, aws.X_ZONE_PINNED: "1"})
+    pinned = p5_request(extra={**p5_request().extra, aws.X_ZONE_PINNED: aws.PINNED_BY_INFRA})
     req, line = retry_zone(pinned, capacity_error())
     assert req is None and line is not None and "pins that zone" in line
 
@@ -221,3 +222,45 @@ def test_with_capacity_failover_reraises_after_last_zone_and_other_errors_at_onc
     with pytest.raises(ProvisionError, match="UnauthorizedOperation"):
         with_capacity_failover(p5_request(), broken)
     assert calls == ["us-east-1a"]
+
+
+# ---- zone of an existing cluster -------------------------------------------------------------------
+
+
+def write_state(name: str, zones: list[str]) -> Path:
+    """A Terraform state as the module leaves it: node instances (plus other resources)."""
+    import json
+
+    path = aws.state_file_of(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"version": 4, "resources": [
+        {"module": "module.cluster", "mode": "managed", "type": "aws_subnet", "name": "this",
+         "instances": [{"attributes": {"availability_zone": "us-east-1f"}}]},
+        {"module": "module.cluster", "mode": "data", "type": "aws_instance", "name": "node", "instances": []},
+        {"module": "module.cluster", "mode": "managed", "type": "aws_instance", "name": "node",
+         "instances": [{"index_key": i, "attributes": {"availability_zone": z}} for i, z in enumerate(zones)]},
+    ]}))
+    return path
+
+
+def test_node_zones_in_state_reads_only_node_instances() -> None:
+    assert aws.node_zones_in_state(write_state("llm", ["us-east-1b", "us-east-1b"])) == {"us-east-1b"}
+    assert aws.node_zones_in_state(write_state("empty", [])) == set()
+    assert aws.node_zones_in_state(aws.state_file_of("never-made")) == set()
+
+
+def test_existing_nodes_refuse_a_different_zone_before_any_aws_call() -> None:
+    write_state("llm", ["us-east-1b"])
+    with pytest.raises(UserError) as err:
+        AwsProvider(AwsSettings()).prepare(p5_request(zone="us-east-1c"))
+    assert err.value.message == (
+        "resources.infra: cluster 'llm' has nodes in us-east-1b, not us-east-1c; "
+        "keep the zone, or tear it down first (gpuctl down llm)"
+    )
+
+
+def test_no_failover_for_a_cluster_with_nodes() -> None:
+    req = p5_request(extra={**p5_request().extra, aws.X_ZONE_PINNED: aws.PINNED_BY_NODES})
+    nxt, line = retry_zone(req, capacity_error())
+    assert nxt is None
+    assert line == "us-east-1a has no p5.48xlarge capacity; the cluster's nodes are in that zone, so no failover"

@@ -167,23 +167,24 @@ def test_missing_region_says_how_to_set_it() -> None:
 def test_config_defaults_without_file() -> None:
     s = aws_settings({})
     assert (s.endpoint_url, s.profile, s.ssh_ingress_cidrs, s.placement, s.efa) == (None, None, (), "auto", True)
+    assert s.max_retries == 8
 
 
 def test_config_file_and_env_override(tmp_path: Path) -> None:
     config_path().write_text(
         "aws:\n  endpoint_url: http://127.0.0.1:5000/\n  ssh_ingress_cidrs: [203.0.113.7/32, 10.1.2.3/8]\n"
-        "  profile: train\n  placement: none\n  efa: false\n"
+        "  profile: train\n  placement: none\n  efa: false\n  max_retries: 3\n"
     )
     s = aws_settings({})
     assert s.endpoint_url == "http://127.0.0.1:5000"
     assert s.ssh_ingress_cidrs == ("203.0.113.7/32", "10.0.0.0/8")
-    assert (s.profile, s.placement, s.efa) == ("train", "none", False)
+    assert (s.profile, s.placement, s.efa, s.max_retries) == ("train", "none", False, 3)
     assert s.origin("placement") == f"aws.placement in {config_path()}"
     s = aws_settings({"GPUCTL_AWS_ENDPOINT_URL": "http://127.0.0.1:6000", "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.0/24",
-                      "GPUCTL_AWS_PLACEMENT": "cluster", "GPUCTL_AWS_EFA": "1"})
+                      "GPUCTL_AWS_PLACEMENT": "cluster", "GPUCTL_AWS_EFA": "1", "GPUCTL_AWS_MAX_RETRIES": "1"})
     assert s.endpoint_url == "http://127.0.0.1:6000"
     assert s.ssh_ingress_cidrs == ("198.51.100.0/24",)
-    assert (s.placement, s.efa) == ("cluster", True)
+    assert (s.placement, s.efa, s.max_retries) == ("cluster", True, 1)
     assert s.origin("endpoint_url") == "GPUCTL_AWS_ENDPOINT_URL"
 
 
@@ -195,6 +196,9 @@ def test_config_file_and_env_override(tmp_path: Path) -> None:
         ("aws: {placement: spread}\n", {}, "aws.placement in .*'spread': use one of auto, cluster, none"),
         ("aws: {ssh_ingress_cidrs: [my-laptop]}\n", {}, "'my-laptop': not a CIDR block"),
         ("aws: {efa: maybe}\n", {}, "'maybe': use true or false"),
+        ("aws: {max_retries: -1}\n", {}, "aws.max_retries in .*'-1': use a whole number"),
+        ("aws: {max_retries: 0}\n", {}, "'0': use a whole number of at least 1"),
+        ("", {"GPUCTL_AWS_MAX_RETRIES": "many"}, "GPUCTL_AWS_MAX_RETRIES 'many': use a whole number"),
         ("aws: {\n", {}, "YAML syntax error at line"),
         ("", {"GPUCTL_AWS_ENDPOINT_URL": "localhost:5000"}, "GPUCTL_AWS_ENDPOINT_URL 'localhost:5000': give a URL"),
     ],
