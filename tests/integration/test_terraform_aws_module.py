@@ -31,6 +31,7 @@ EXAMPLES = sorted(p.name for p in (MODULE / "examples").iterdir() if p.is_dir())
 # run blocks per test file; change together with the file.
 EXPECTED_RUNS = {
     "efa_layout": 10,
+    "lifecycle": 3,
     "market": 4,
     "network": 4,
     "nodes": 6,

@@ -1,0 +1,91 @@
+# Runs share state. After a mocked apply, a tag change must leave the nodes in place (a node
+# planned for replacement would have an unknown id): tags are not part of node_shape, which
+# replaces nodes when it changes. The mock never bumps launch-template versions, so the
+# nodes' ignore_changes on the version is not exercised here (it was checked against moto).
+
+mock_provider "aws" {
+  source = "./tests/mocks"
+
+  mock_resource "aws_security_group" {
+    defaults = {
+      id = "sg-0a1b2c3d4e5f60718"
+    }
+  }
+
+  mock_resource "aws_subnet" {
+    defaults = {
+      id = "subnet-0a1b2c3d4e5f60718"
+    }
+  }
+
+  mock_resource "aws_vpc" {
+    defaults = {
+      id = "vpc-0a1b2c3d4e5f60718"
+    }
+  }
+
+  mock_resource "aws_placement_group" {
+    defaults = {
+      id = "pg-0a1b2c3d4e5f60718"
+    }
+  }
+
+  mock_resource "aws_launch_template" {
+    defaults = {
+      id             = "lt-0a1b2c3d4e5f60718"
+      latest_version = 1
+    }
+  }
+
+  mock_resource "aws_instance" {
+    defaults = {
+      id         = "i-0a1b2c3d4e5f60718"
+      private_ip = "10.0.0.10"
+      public_ip  = ""
+    }
+  }
+}
+
+variables {
+  name              = "life"
+  instance_type     = "p5.48xlarge"
+  node_count        = 2
+  availability_zone = "us-east-1a"
+  ami_id            = "ami-0123456789abcdef0"
+  ssh_public_key    = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpuY3RsLXRlc3Qta2V5LW5vdC1hLXJlYWwta2V5 gpuctl-test"
+  tags              = { team = "ml" }
+}
+
+run "create" {
+}
+
+run "retag_keeps_nodes" {
+  command = plan
+
+  variables {
+    tags = { team = "research", cost-center = "42" }
+  }
+
+  assert {
+    condition     = [for n in aws_instance.node : n.id] == ["i-0a1b2c3d4e5f60718", "i-0a1b2c3d4e5f60718"]
+    error_message = "a tag change must not replace nodes"
+  }
+
+  assert {
+    condition     = aws_instance.node[0].tags["team"] == "research"
+    error_message = "tags are updated in place"
+  }
+}
+
+run "new_ami_replaces_nodes" {
+  command = plan
+
+  variables {
+    ami_id = "ami-0fedcba9876543210"
+  }
+
+  assert {
+    condition     = terraform_data.node_shape.input.ami_id == "ami-0fedcba9876543210"
+    error_message = "the node shape follows the AMI, which replaces the nodes through replace_triggered_by"
+  }
+}
