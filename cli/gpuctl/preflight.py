@@ -27,6 +27,8 @@ EFA_EXAMPLE_TYPE = "p5.48xlarge"
 # The node AMI when the task gives no image_id: the Deep Learning AMI (EFA installer,
 # libfabric and aws-ofi-nccl included). Passed to the module as ami_ssm_parameter.
 DLAMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+# The bastion's AMI (Ubuntu 22.04, Canonical's public parameter). Passed as bastion.ami_ssm_parameter.
+BASTION_SSM_PARAMETER = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
 
 
 @dataclass(frozen=True)
@@ -250,6 +252,28 @@ def offered_zones(ec2: Any, instance_type: str, settings: AwsSettings) -> tuple[
         kwargs["NextToken"] = token
 
 
+def ssm_parameter(ssm: Any, name: str, settings: AwsSettings) -> str | None:
+    """An SSM parameter's value, or None when it does not exist."""
+    import botocore.exceptions
+
+    try:
+        return str(_call("GetParameter", ssm.get_parameter, settings, Name=name)["Parameter"]["Value"])
+    except botocore.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "ParameterNotFound":
+            raise
+        return None
+
+
+def check_bastion_image(region: str, settings: AwsSettings) -> None:
+    """The bastion's AMI parameter must exist in the region (it does in AWS's commercial regions)."""
+    sess = session(settings)
+    if ssm_parameter(client(sess, "ssm", region, settings), BASTION_SSM_PARAMETER, settings) is None:
+        raise UserError(
+            f"the bastion for nodes without public IPs needs the Ubuntu AMI parameter {BASTION_SSM_PARAMETER}, "
+            f"which does not exist in {region}; pick another region"
+        )
+
+
 def check_image(ec2: Any, ssm: Any, image_id: str | None, region: str, settings: AwsSettings) -> str:
     """The node AMI: `image_id` if it exists in the region, else the Deep Learning AMI id from SSM."""
     import botocore.exceptions
@@ -264,16 +288,13 @@ def check_image(ec2: Any, ssm: Any, image_id: str | None, region: str, settings:
         if not images:
             raise UserError(f"resources.image_id '{image_id}': no such AMI in {region} (AMIs are per region)")
         return image_id
-    try:
-        resp = _call("GetParameter", ssm.get_parameter, settings, Name=DLAMI_SSM_PARAMETER)
-    except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") != "ParameterNotFound":
-            raise
+    value = ssm_parameter(ssm, DLAMI_SSM_PARAMETER, settings)
+    if value is None:
         raise UserError(
             f"resources.image_id: none given, and the Deep Learning AMI parameter {DLAMI_SSM_PARAMETER} "
             f"does not exist in {region}; set resources.image_id to an AMI id"
-        ) from None
-    return str(resp["Parameter"]["Value"])
+        )
+    return value
 
 
 def check_aws(

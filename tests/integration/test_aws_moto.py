@@ -246,3 +246,20 @@ def test_preflight_errors_are_one_line_and_create_nothing(
     assert "Traceback" not in out.stdout + out.stderr
     assert_nothing_created(moto)
     assert not list((_isolated_state / "clusters").glob("*/terraform/terraform.tfstate"))
+
+
+def test_p5_with_ssh_cidrs_gets_a_bastion_whose_ami_moto_lacks(tmp_path: Path, moto: MotoServer,
+                                                               aws_env: dict[str, str]) -> None:
+    """With SSH CIDRs, 32-interface nodes are reached through a bastion; its Ubuntu AMI comes
+    from Canonical's SSM parameter, which moto does not have: one line, nothing created."""
+    task = tmp_path / "task.yaml"
+    task.write_text(yaml.safe_dump({"name": "p5", "num_nodes": 2, "resources": {
+        "infra": "aws/us-east-1", "accelerators": "H100:8", "network_tier": "best", "image_id": MOTO_UBUNTU_AMI}}))
+    out = gpuctl("apply", str(task), "--dry-run", env={**aws_env, "GPUCTL_SSH_INGRESS_CIDRS": "203.0.113.7/32"},
+                 cwd=tmp_path, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.splitlines() == [
+        "error: the bastion for nodes without public IPs needs the Ubuntu AMI parameter "
+        "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id, "
+        "which does not exist in us-east-1; pick another region"]
+    assert_nothing_created(moto)

@@ -60,7 +60,10 @@ def test_root_module_inputs_for_p5_best() -> None:
     assert mod["market"] == "on-demand"
     assert mod["ssh_ingress_cidrs"] == ["203.0.113.7/32"]
     # 32 interfaces: EC2 refuses a public IP, so nodes are reached through the bastion
-    assert mod["bastion"] == {"enabled": True}
+    assert mod["bastion"] == {
+        "enabled": True,
+        "ami_ssm_parameter": "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id",
+    }
     assert "ami_id" not in mod and "root_volume_size" not in mod
     assert mod["ami_ssm_parameter"] == "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 

@@ -36,7 +36,15 @@ from gpuctl.cluster import ClusterRequest
 from gpuctl.config import CIDRS_ENV, AwsSettings, aws_settings, config_path
 from gpuctl.errors import ProvisionError, UserError
 from gpuctl.paths import cluster_dir, terraform_dir
-from gpuctl.preflight import DLAMI_SSM_PARAMETER, MAX_ZONE_ATTEMPTS, check_aws, failover_line, next_zone
+from gpuctl.preflight import (
+    BASTION_SSM_PARAMETER,
+    DLAMI_SSM_PARAMETER,
+    MAX_ZONE_ATTEMPTS,
+    check_aws,
+    check_bastion_image,
+    failover_line,
+    next_zone,
+)
 from gpuctl.providers import BaseProvider
 
 MODULE_NAME = "aws-gpu-instance-group"
@@ -127,7 +135,8 @@ def module_inputs(req: ClusterRequest, settings: AwsSettings, *, ssh_public_key:
         "efa": efa,
         "placement_group": {"mode": mode, "name": placement_group_name(req)} if mode == "create" else {"mode": "none"},
         "market": "spot" if req.use_spot else "on-demand",
-        "bastion": {"enabled": access_mode(req, settings) == "bastion"},
+        "bastion": ({"enabled": True, "ami_ssm_parameter": BASTION_SSM_PARAMETER}
+                    if access_mode(req, settings) == "bastion" else {"enabled": False}),
         "tags": {"gpuctl-managed": "true"},
     }
     if req.image_id:
@@ -291,12 +300,16 @@ class AwsProvider(BaseProvider):
         new, pre = check_aws(req, settings=self.settings)
         extra = {
             **new.extra,
-            X_EFA_INTERFACES: str(pre.instance.efa_interfaces),
+            # as the module counts them: one EFA per network card, at most EfaInfo's maximum
+            X_EFA_INTERFACES: str(min(pre.instance.efa_interfaces, max(pre.instance.network_cards, 1))),
             X_OFFERED_ZONES: ",".join(pre.offered_zones),
             X_ZONE_PINNED: pinned,
             X_TRIED_ZONES: pre.zone,
         }
-        return replace(new, extra=extra)
+        new = replace(new, extra=extra)
+        if access_mode(new, self.settings) == "bastion":
+            check_bastion_image(pre.region, self.settings)
+        return new
 
     def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
         return render_root(req, self.settings, ssh_public_key=ssh_public_key)
