@@ -26,6 +26,7 @@ from gpuctl.console import Reporter
 from gpuctl.errors import JobFailed
 from gpuctl.inventory import Inventory, Node
 from gpuctl.paths import cluster_dir
+from gpuctl.sshkeys import ensure_internal_key
 from gpuctl.state import TERMINAL_JOB_STATES, Registry
 
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL on the other ranks after a failure
@@ -163,6 +164,7 @@ class JobRunner:
             "gpuctl_run_script": spec.run,
             "gpuctl_hostfile_lines": jobenv.hostfile_lines(job_nodes),
             "gpuctl_run_hosts": [n.name for n in job_nodes],
+            "gpuctl_internal_key": str(ensure_internal_key(self.cdir)[0]),
         }
         try:
             with self.reporter.stage(f"Waiting for {len(inv.nodes)} node(s)"):

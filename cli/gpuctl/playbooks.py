@@ -16,6 +16,7 @@ contract, produced by the job layer (launch.py):
     gpuctl_run_script      str, or None (nothing to run)
     gpuctl_hostfile_lines  ["IP slots=N", ...], head first
     gpuctl_run_hosts       inventory names of the job's nodes
+    gpuctl_internal_key    local path of the cluster's internal private key (wait.yml: node-to-node SSH), or None
   optional: gpuctl_wait_timeout (s, default 600), gpuctl_stages / gpuctl_grace (kill.yml)
 
 Secrets never go through extravars: only the file's path does, and the copy
