@@ -91,7 +91,9 @@ def _sshd_config(node_dir: Path, address: str, authorized_keys: Path) -> Path:
         f"ListenAddress {address}\n"
         "Port 22\n"
         f"HostKey {host_key}\n"
-        f"AuthorizedKeysFile {authorized_keys}\n"
+        # The shared file holds the test's access key; the node's own file is
+        # what a real node also reads (the cluster SSH role writes to it).
+        f"AuthorizedKeysFile {authorized_keys} .ssh/authorized_keys\n"
         "PermitRootLogin prohibit-password\n"
         "PasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\n"
