@@ -6,20 +6,25 @@ exit code 2 (nothing provisioned), a failed job or provision exit code 1.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from gpuctl import jobenv, provision
+from gpuctl import jobenv, joblogs, jobs, provision, ssh, sshconfig
 from gpuctl.cluster import ClusterRequest, check_cluster_name, request_from_task
 from gpuctl.console import Reporter
-from gpuctl.errors import JobFailed, ProvisionError, UserError
+from gpuctl.errors import JobCancelled, JobFailed, ProvisionError, UserError
+from gpuctl.inventory import Inventory
 from gpuctl.launch import JobRunner, JobSpec
+from gpuctl.paths import cluster_dir, state_root
 from gpuctl.spec import Task, load_task, parse_env_assignments
-from gpuctl.state import Registry
+from gpuctl.state import TERMINAL_JOB_STATES, Registry
 
 app = typer.Typer(
     name="gpuctl",
@@ -28,6 +33,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+# `exec NAME -- CMD...` and `ssh NAME -- CMD...`: main() splits argv at the first
+# `--` before click sees it (click would hand the command to FILE otherwise).
+_after_dashes: list[str] | None = None
+
+
+def _command_after_dashes() -> list[str]:
+    return list(_after_dashes or [])
+
 
 FileArg = typer.Argument(..., help="Task YAML in SkyPilot's format (cluster.yaml).", show_default=False)
 
@@ -64,13 +78,14 @@ def validate(file: Path = FileArg) -> None:
 def apply(
     file: Path = FileArg,
     cluster: Optional[str] = typer.Option(None, "-c", "--cluster", help="Cluster name (default: the task's name)."),
-    infra: Optional[str] = typer.Option(None, "--infra", help="Override resources.infra (local, ssh/PATH, aws/REGION[/ZONE])."),
+    infra: Optional[str] = typer.Option(None, "--infra", help="Override resources.infra (local, ssh/PATH, aws/REGION, aws/REGION/ZONE)."),
     num_nodes: Optional[int] = typer.Option(None, "--num-nodes", help="Override num_nodes."),
     env: Optional[List[str]] = typer.Option(None, "--env", help="K=V (or K to take it from your environment); repeatable."),
     secret: Optional[List[str]] = typer.Option(None, "--secret", help="K=V (or K from your environment) for secrets; never printed."),
     no_setup: bool = typer.Option(False, "--no-setup", help="Skip the setup stage."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the Terraform plan; create nothing."),
     provision_only: bool = typer.Option(False, "--provision-only", help="Stop after provisioning and writing the inventory."),
+    detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started; follow with `gpuctl logs`."),
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
     reporter = Reporter()
@@ -91,19 +106,52 @@ def apply(
             registry.set_cluster_status(req.name, "INIT")
             raise
         registry.upsert_cluster(req.name, cloud=req.cloud, region=inv.region, zone=inv.zone,
-                                num_nodes=len(inv.nodes), status="UP", request=asdict(req))
+                                num_nodes=len(inv.nodes), status="UP",
+                                request={**asdict(req), "workdir": str(task.workdir) if task.workdir else None})
+    write_ssh_config(inv)
     for node in inv.nodes:
         reporter.info(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}")
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provision.inventory_path(req.name)}")
         return
-    runner = JobRunner(inv, reporter=reporter, registry=registry)
-    job_id, job_nodes = runner.submit(_job_spec(task, req), run_setup=not no_setup, sync_file_mounts=True)
-    runner.watch(job_id, job_nodes)
+    _run(JobRunner(inv, reporter=reporter, registry=registry), _job_spec(task, req),
+         run_setup=not no_setup, sync_file_mounts=True, detach=detach)
+
+
+def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> None:
+    job_id, job_nodes = runner.submit(spec, run_setup=run_setup, sync_file_mounts=sync_file_mounts)
+    name = runner.inv.cluster
+    if detach:
+        runner.spawn_watcher(job_id)
+        runner.reporter.info(f"Job {job_id} detached. Follow it: gpuctl logs {name} {job_id}; "
+                             f"cancel it: gpuctl cancel {name} {job_id}")
+        return
+    try:
+        runner.watch(job_id, job_nodes)
+    except KeyboardInterrupt:
+        raise JobCancelled(f"job {job_id} cancelled (Ctrl-C); its processes were stopped on every node") from None
+
+
+def _cluster_inventory(name: str) -> Inventory:
+    check_cluster_name(name)
+    inv = provision.load_inventory_of(name)
+    if inv is None:
+        raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
+    return inv
+
+
+def write_ssh_config(inv: Inventory) -> Path:
+    """`$GPUCTL_STATE_DIR/ssh/<name>.conf`, plus `ssh/config` that includes every cluster's file."""
+    ssh_dir = state_root() / "ssh"
+    path = sshconfig.write(inv, ssh_dir / f"{inv.cluster}.conf")
+    (ssh_dir / "config").write_text(f"# gpuctl: Include this file from ~/.ssh/config\nInclude {ssh_dir}/*.conf\n")
+    return path
 
 
 @app.command()
-def status(name: Optional[str] = typer.Argument(None, help="Cluster name (default: all clusters).")) -> None:
+def status(name: Optional[str] = typer.Argument(None, help="Cluster name (default: all clusters)."),
+           refresh: bool = typer.Option(False, "--refresh", "-r",
+                                        help="Check Terraform state and whether each node answers over SSH.")) -> None:
     """Show clusters, their nodes and addresses, and their last jobs."""
     registry = Registry()
     records = [registry.cluster(check_cluster_name(name))] if name else registry.clusters()
@@ -117,14 +165,215 @@ def status(name: Optional[str] = typer.Argument(None, help="Cluster name (defaul
         where = "/".join(p for p in (rec.cloud, rec.region, rec.zone) if p)
         typer.echo(f"{rec.name}: {rec.status}, {rec.num_nodes} node(s) on {where}")
         inv = provision.load_inventory_of(rec.name)
+        health: dict[int, str] = {}
+        if inv is not None and refresh:
+            health = _node_health(inv)
+            typer.echo(f"  terraform: {provision.state_drift(rec.name)}")
         if inv is not None:
             for node in inv.nodes:
                 typer.echo(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} "
-                           f"ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}")
+                           f"ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}"
+                           + (f"  {health[node.rank]}" if node.rank in health else ""))
         jobs = registry.jobs(rec.name)
         if jobs:
             last = jobs[-1]
             typer.echo(f"  last job: {last.job_id} {last.status}")
+
+
+def _node_health(inv: Inventory) -> dict[int, str]:
+    """reachable / UNREACHABLE (ssh's reason), asked of every node at once."""
+    control = ssh.control_dir_for(cluster_dir(inv.cluster) / "cm")
+    results = ssh.run_on_all(inv.nodes, "true", control_dir=control, timeout=20)
+    health = {}
+    for rank, proc in results.items():
+        if proc.returncode == 0:
+            health[rank] = "reachable"
+        else:
+            reason = (proc.stderr.strip().splitlines() or [f"ssh exit code {proc.returncode}"])[-1]
+            health[rank] = f"UNREACHABLE ({reason})"
+    return health
+
+
+@app.command("exec")
+def exec_(
+    name: str = typer.Argument(..., help="A running cluster."),
+    file: Optional[Path] = typer.Argument(None, help="Task YAML whose run (and workdir, envs) to use; or give `-- COMMAND...`."),
+    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", help="Run on the first K nodes only (ranks 0..K-1)."),
+    env: Optional[List[str]] = typer.Option(None, "--env", help="K=V (or K to take it from your environment); repeatable."),
+    secret: Optional[List[str]] = typer.Option(None, "--secret", help="K=V secrets; never printed."),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="With -- COMMAND: the directory to sync (default: the workdir of the last apply)."),
+    detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started."),
+) -> None:
+    """Sync the workdir and run on a running cluster: no provisioning, no setup, no file_mounts."""
+    reporter = Reporter()
+    inv = _cluster_inventory(name)
+    registry = Registry()
+    command = _command_after_dashes()
+    if file is not None and command:
+        raise UserError("give either a task FILE or `-- COMMAND...`, not both")
+    if file is None and not command:
+        raise UserError(f"nothing to run: `gpuctl exec {name} task.yaml` or `gpuctl exec {name} -- COMMAND...`")
+    envs = parse_env_assignments(env or [])
+    if file is not None:
+        task = _load(file, env, secret)
+        if not task.run:
+            raise UserError(f"{file}: run: the task has no run command to execute")
+        spec_workdir, run, envs, secrets, job_name = task.workdir, task.run, dict(task.envs), dict(task.secrets), task.name
+    else:
+        rec = registry.cluster(name)
+        remembered = (rec.request.get("workdir") if rec else None)
+        spec_workdir = workdir.resolve() if workdir else (Path(remembered) if remembered else None)
+        if spec_workdir is not None and not spec_workdir.is_dir():
+            raise UserError(f"--workdir {spec_workdir}: not a directory")
+        # Like ssh: the words are joined with spaces and the node's bash interprets them.
+        run, secrets, job_name = " ".join(command), parse_env_assignments(secret or [], flag="--secret", secret=True), None
+    k = num_nodes if num_nodes is not None else len(inv.nodes)
+    if not 1 <= k <= len(inv.nodes):
+        raise UserError(f"--num-nodes {k}: cluster '{name}' has {len(inv.nodes)} node(s); use 1..{len(inv.nodes)}")
+    rec = registry.cluster(name)
+    req_info = rec.request if rec else {}
+    spec = JobSpec(name=job_name, run=run, workdir=spec_workdir, envs=envs, secrets=secrets, num_nodes=k,
+                   gpus_per_node=inv.head.gpus,
+                   fabric_env=jobenv.fabric_env(inv.cloud, efa=req_info.get("network_tier") == "best",
+                                                instance_type=req_info.get("instance_type")))
+    _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=False, sync_file_mounts=False,
+         detach=detach)
+
+
+def _fmt_time(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+@app.command()
+def queue(name: str = typer.Argument(..., help="Cluster whose jobs to list.")) -> None:
+    """List a cluster's jobs: state, start and end time, and each rank's exit code."""
+    inv = _cluster_inventory(name)
+    registry = Registry()
+    runner = JobRunner(inv, reporter=Reporter(), registry=registry)
+    rows = [jobs.refresh(runner, job) for job in registry.jobs(name)]
+    if not rows:
+        typer.echo(f"No jobs on cluster '{name}'.")
+        return
+    typer.echo(f"{'ID':>4}  {'NAME':<16} {'STATUS':<13} {'SUBMITTED':<19}  {'STARTED':<19}  {'ENDED':<19}  {'NODES':>5}  RETURN CODES")
+    for job in rows:
+        codes = ",".join("?" if c is None else str(c) for _, c in sorted(job.returncodes.items())) or "-"
+        typer.echo(f"{job.job_id:>4}  {(job.name or '-')[:16]:<16} {job.status:<13} {_fmt_time(job.submitted_at):<19}  "
+                   f"{_fmt_time(job.started_at):<19}  {_fmt_time(job.ended_at):<19}  {job.num_nodes:>5}  {codes}")
+
+
+@app.command()
+def logs(
+    name: str = typer.Argument(..., help="Cluster."),
+    job_id: Optional[int] = typer.Argument(None, help="Job id (default: the latest job)."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank's output."),
+    follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep streaming until the job ends."),
+    status_only: bool = typer.Option(False, "--status", help="Print no logs; exit 0 if the job succeeded "
+                                     "(100 failed, 101 not finished, 103 cancelled)."),
+) -> None:
+    """Show a job's output, live or after the fact."""
+    reporter = Reporter()
+    inv = _cluster_inventory(name)
+    registry = Registry()
+    runner = JobRunner(inv, reporter=reporter, registry=registry)
+    job = jobs.refresh(runner, jobs.resolve_job(registry, name, job_id))
+    nodes = jobs.job_nodes(inv, job)
+    if rank is not None:
+        if not 0 <= rank < len(nodes):
+            raise UserError(f"--rank {rank}: job {job.job_id} ran on ranks 0..{len(nodes) - 1}")
+        nodes = tuple(n for n in nodes if n.rank == rank)
+    if status_only:
+        typer.echo(f"Job {job.job_id}: {job.status}")
+        raise typer.Exit(jobs.STATUS_EXIT.get(job.status, jobs.NOT_FINISHED_EXIT))
+    ranks = [n.rank for n in nodes]
+    if job.status in TERMINAL_JOB_STATES and jobs.print_saved_logs(reporter, inv, job, ranks):
+        raise typer.Exit(jobs.STATUS_EXIT.get(job.status, 0) and 1)
+    stage = "setup" if job.status in ("SETTING_UP", "FAILED_SETUP") else "run"
+    if follow and job.status not in TERMINAL_JOB_STATES:
+        stream_codes = _follow_logs(runner, job.job_id, nodes, stage)
+        job = jobs.wait_terminal(registry, name, job.job_id, timeout=30 if joblogs.is_watched(name, job.job_id) else 0)
+        if job.status not in TERMINAL_JOB_STATES and stage == "run":
+            job = jobs.refresh(runner, job)
+        del stream_codes
+    else:
+        joblogs.fetch(name, job.job_id, nodes, control_dir=runner.control_dir)
+        jobs.print_saved_logs(reporter, inv, job, ranks)
+    if job.status in ("FAILED", "FAILED_SETUP", "CANCELLED"):
+        raise typer.Exit(1)
+
+
+def _follow_logs(runner: JobRunner, job_id: int, nodes, stage: str):
+    from gpuctl import stream
+
+    return stream.follow(nodes, job_id=str(job_id), stage=stage, on_line=runner._on_line,
+                         control_dir=runner.control_dir)
+
+
+@app.command()
+def cancel(
+    name: str = typer.Argument(..., help="Cluster."),
+    job_id: Optional[int] = typer.Argument(None, help="Job id (default: the latest unfinished job)."),
+    all_jobs: bool = typer.Option(False, "--all", "-a", help="Cancel every unfinished job."),
+) -> None:
+    """End a job on every node (its whole process tree) and mark it CANCELLED."""
+    inv = _cluster_inventory(name)
+    registry = Registry()
+    runner = JobRunner(inv, reporter=Reporter(), registry=registry)
+    if all_jobs and job_id is not None:
+        raise UserError("give a JOB id or --all, not both")
+    unfinished = [j for j in registry.jobs(name) if j.status not in TERMINAL_JOB_STATES]
+    if job_id is not None:
+        target = [jobs.resolve_job(registry, name, job_id)]
+        if target[0].status in TERMINAL_JOB_STATES:
+            typer.echo(f"Job {job_id} already ended: {target[0].status}")
+            return
+    else:
+        target = unfinished if all_jobs else unfinished[-1:]
+    if not target:
+        typer.echo(f"No unfinished jobs on cluster '{name}'.")
+        return
+    for job in target:
+        runner.cancel(job.job_id, jobs.job_nodes(inv, job))
+        typer.echo(f"Job {job.job_id} cancelled on {job.num_nodes} node(s).")
+
+
+@app.command("ssh-config")
+def ssh_config(name: Optional[str] = typer.Argument(None, help="Cluster (default: every cluster).")) -> None:
+    """Write OpenSSH config: `Host NAME` (head) and `Host NAME-worker1`... for `ssh -F` or `Include`."""
+    names = [check_cluster_name(name)] if name else [c.name for c in Registry().clusters()]
+    paths = [write_ssh_config(_cluster_inventory(n)) for n in names]
+    for p in paths:
+        typer.echo(str(p))
+    typer.echo(f"Use: ssh -F {paths[0] if len(paths) == 1 else state_root() / 'ssh' / 'config'} HOST, "
+               f"or add `Include {state_root() / 'ssh' / 'config'}` to ~/.ssh/config")
+
+
+@app.command("ssh")
+def ssh_(name: str = typer.Argument(..., help="Cluster."),
+         rank: int = typer.Option(0, "--rank", help="Node rank (0 = head)."),
+         ) -> None:
+    """SSH into a node (default: the head), optionally running `-- COMMAND...`."""
+    inv = _cluster_inventory(name)
+    if not 0 <= rank < len(inv.nodes):
+        raise UserError(f"--rank {rank}: cluster '{name}' has ranks 0..{len(inv.nodes) - 1}")
+    conf = write_ssh_config(inv)
+    alias = sshconfig.host_alias(name, inv.nodes[rank])
+    command = _command_after_dashes()
+    argv = ["ssh", "-F", str(conf), alias] + (["--", *command] if command else [])
+    sys.stdout.flush()
+    os.execvp("ssh", argv)
+
+
+@app.command("_watch", hidden=True)
+def watch_(name: str, job_id: int) -> None:
+    """Background watcher of a detached job (started by `-d`)."""
+    inv = _cluster_inventory(name)
+    registry = Registry()
+    job = jobs.resolve_job(registry, name, job_id)
+    runner = JobRunner(inv, reporter=Reporter(plain=True), registry=registry)
+    try:
+        runner.watch(job.job_id, jobs.job_nodes(inv, job), echo=False)
+    except JobFailed as exc:
+        print(exc.message)
 
 
 @app.command()
@@ -144,9 +393,26 @@ def down(name: str = typer.Argument(..., help="Cluster to tear down."),
     reporter.info(f"Cluster '{name}' is gone.")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    global _after_dashes
+    # Ctrl-C and SIGTERM both end the job on every node (launch.JobRunner.watch);
+    # set explicitly since a parent may have started us with SIGINT ignored.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    argv = sys.argv[1:]
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, _after_dashes = argv[:cut], argv[cut + 1:]
+        if not argv or argv[0] not in ("exec", "ssh"):
+            print("error: `-- COMMAND...` is only for `gpuctl exec` and `gpuctl ssh`", file=sys.stderr)
+            sys.exit(2)
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns typer.Exit's code instead of raising it.
+        rv = app(args=argv, standalone_mode=False)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -168,4 +434,4 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
-    sys.exit(0)
+    sys.exit(rv if isinstance(rv, int) else 0)

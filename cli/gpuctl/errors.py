@@ -29,6 +29,12 @@ class JobFailed(Exception):
         self.message = message
 
 
+class JobCancelled(JobFailed):
+    """The user interrupted the job (Ctrl-C, SIGTERM); shell convention 128+SIGINT."""
+
+    exit_code = 130
+
+
 class ProvisionError(Exception):
     """Terraform or the cloud refused; the message carries the tool's reason."""
 

@@ -7,6 +7,7 @@ fetched at once.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -57,3 +58,38 @@ def fetch(cluster: str, job_id: int | str, nodes: Sequence[Node], *, control_dir
         futures = {n.rank: pool.submit(_fetch_one, n, cluster, str(job_id), stages, control_dir, timeout)
                    for n in nodes}
         return {rank: f.result() for rank, f in futures.items()}
+
+
+def watcher_pidfile(cluster: str, job_id: int) -> Path:
+    return local_job_dir(cluster, job_id) / "watch.pid"
+
+
+def mark_watching(cluster: str, job_id: int) -> Path:
+    """Record that this process watches the job (removed by `unmark_watching`)."""
+    path = watcher_pidfile(cluster, job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(os.getpid()))
+    return path
+
+
+def unmark_watching(cluster: str, job_id: int) -> None:
+    path = watcher_pidfile(cluster, job_id)
+    try:
+        if path.read_text().strip() == str(os.getpid()):
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def is_watched(cluster: str, job_id: int) -> bool:
+    try:
+        pid = int(watcher_pidfile(cluster, job_id).read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

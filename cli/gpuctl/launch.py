@@ -208,15 +208,18 @@ class JobRunner:
             killer.append(t)
 
         sink = on_line or (self._on_line if echo else (lambda node, line: None))
+        joblogs.mark_watching(self.inv.cluster, job_id)
         try:
             codes = stream.follow(job_nodes, job_id=str(job_id), stage="run", on_line=sink,
                                   control_dir=self.control_dir, on_exit=on_exit)
+            for t in killer:
+                t.join()
+            return self._conclude(job_id, job_nodes, codes, first_failed[0] if first_failed else None)
         except KeyboardInterrupt:
             self.cancel(job_id, job_nodes)
             raise
-        for t in killer:
-            t.join()
-        return self._conclude(job_id, job_nodes, codes, first_failed[0] if first_failed else None)
+        finally:
+            joblogs.unmark_watching(self.inv.cluster, job_id)
 
     def _conclude(self, job_id: int, job_nodes: Sequence[Node], codes: Mapping[int, int | None],
                   first_failed: int | None) -> JobOutcome:

@@ -240,6 +240,10 @@ def _redact_command_artifact(artifact_dir: Path, keep: Iterable[str]) -> None:
     tmp.replace(path)
 
 
+def _never() -> bool:
+    return False
+
+
 def run_playbook(
     name: str,
     *,
@@ -298,7 +302,9 @@ def run_playbook(
             rotate_artifacts=KEEP_ARTIFACTS,
             suppress_env_files=True,
             timeout=timeout,
-            cancel_callback=cancel.is_set if cancel is not None else None,
+            # Always a callback: with none, ansible-runner installs SIGINT/SIGTERM
+            # handlers of its own (main thread) and never restores ours.
+            cancel_callback=cancel.is_set if cancel is not None else _never,
         )
     finally:
         vars_file.unlink(missing_ok=True)

@@ -26,6 +26,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from gpuctl import ssh
 from gpuctl.cluster import ClusterRequest, check_cluster_name
 from gpuctl.errors import ProvisionError, UserError
 from gpuctl.inventory import Inventory, inventory_from_outputs, load_inventory, write_inventory
@@ -248,6 +249,29 @@ def plan(req: ClusterRequest) -> PlanSummary:
     return replace(summary, text=text)
 
 
+def state_drift(name: str) -> str:
+    """One line comparing the cluster with its Terraform state (a refreshing plan).
+
+    Nothing is changed; on AWS the refresh notices instances terminated behind
+    Terraform's back, which `apply` would then replace.
+    """
+    cdir = cluster_dir(name)
+    request = _read_request(cdir) or {}
+    if request.get("cloud") == "ssh":
+        return "hand-written inventory (infra ssh): no Terraform state"
+    root = TerraformRoot(cdir / "terraform")
+    if not root.root_file.is_file():
+        return "no Terraform root: the cluster never came up; `gpuctl down` removes what is left"
+    try:
+        summary = root.plan()
+    except ProvisionError as exc:
+        return f"could not plan: {exc.message}"
+    if not summary.changed:
+        return "in sync with Terraform state"
+    return (f"drifted from Terraform state: apply would add {summary.add}, change {summary.change}, "
+            f"destroy {summary.destroy}; re-run `gpuctl apply` to repair")
+
+
 # -- destroy -------------------------------------------------------------------
 
 
@@ -277,6 +301,7 @@ def destroy(name: str, *, on_progress: Progress = _quiet) -> None:
             cleanup(cdir)
     _refuse_mounts_under(cdir)
     shutil.rmtree(cdir)
+    ssh.remove_control_dir(cdir / "cm")  # the ssh sockets' directory, when it lies outside cdir
     on_progress(f"removed {cdir}")
 
 

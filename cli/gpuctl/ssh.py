@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -41,20 +42,32 @@ COMMON_OPTIONS = (
 )
 
 
+def _control_dir_path(preferred: Path) -> Path:
+    preferred = Path(preferred).expanduser().absolute()
+    if len(str(preferred)) + 1 + _CONTROL_NAME_LEN <= _SOCKET_PATH_MAX:
+        return preferred
+    digest = hashlib.sha1(str(preferred).encode()).hexdigest()[:12]
+    chosen = Path(tempfile.gettempdir()) / f"gpuctl-{os.getuid()}-{digest}"
+    if len(str(chosen)) + 1 + _CONTROL_NAME_LEN > _SOCKET_PATH_MAX:
+        chosen = Path("/tmp") / f"gpuctl-{os.getuid()}-{digest}"
+    return chosen
+
+
+def remove_control_dir(preferred: Path) -> None:
+    """Remove what control_dir_for(preferred) made (the cluster is gone): the
+    fallback directory under the temp dir lies outside the cluster directory."""
+    chosen = _control_dir_path(preferred)
+    if chosen.is_dir() and chosen.stat().st_uid == os.getuid():
+        shutil.rmtree(chosen, ignore_errors=True)
+
+
 def control_dir_for(preferred: Path) -> Path:
     """A ControlPath directory short enough for the socket limit, created 0700.
 
     `preferred` is used when short enough; otherwise a per-`preferred` directory
     under the temp dir (stable, so every caller for one cluster shares it).
     """
-    preferred = Path(preferred).expanduser().absolute()
-    if len(str(preferred)) + 1 + _CONTROL_NAME_LEN <= _SOCKET_PATH_MAX:
-        chosen = preferred
-    else:
-        digest = hashlib.sha1(str(preferred).encode()).hexdigest()[:12]
-        chosen = Path(tempfile.gettempdir()) / f"gpuctl-{os.getuid()}-{digest}"
-        if len(str(chosen)) + 1 + _CONTROL_NAME_LEN > _SOCKET_PATH_MAX:
-            chosen = Path("/tmp") / f"gpuctl-{os.getuid()}-{digest}"
+    chosen = _control_dir_path(preferred)
     chosen.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = chosen.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
