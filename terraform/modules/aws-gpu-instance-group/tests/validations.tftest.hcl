@@ -1,4 +1,5 @@
-# Every validation and precondition, each tripped on its own before anything is created.
+# Every validation and precondition, tripped at plan time before anything is created. Rules of
+# different variables may share a run (each listed one must fail); preconditions run alone.
 # (tests/integration/test_terraform_aws_module.py checks the wording of the cross-input errors.)
 
 mock_provider "aws" {
@@ -17,24 +18,57 @@ run "valid_baseline" {
   command = plan
 }
 
-run "name_with_capitals" {
+# Independent rules share a run: each listed variable must fail its own validation.
+run "malformed_names" {
   command = plan
 
   variables {
-    name = "Bad_Name"
+    name           = "Bad_Name"
+    instance_type  = "p5"
+    ssh_user       = "ubuntu user"
+    ssh_public_key = null
+    key_name       = " "
   }
 
-  expect_failures = [var.name]
+  expect_failures = [var.name, var.instance_type, var.ssh_user, var.key_name]
 }
 
-run "instance_type_without_size" {
+run "malformed_ids" {
   command = plan
 
   variables {
-    instance_type = "p5"
+    subnet_id                = "my-subnet"
+    ami_id                   = "ubuntu-22.04"
+    capacity_reservation_id  = "cb-123"
+    extra_security_group_ids = ["default"]
   }
 
-  expect_failures = [var.instance_type]
+  expect_failures = [var.subnet_id, var.ami_id, var.capacity_reservation_id, var.extra_security_group_ids]
+}
+
+run "malformed_network" {
+  command = plan
+
+  variables {
+    availability_zone = "us-east-1"
+    vpc_cidr          = "10.0.0.0/8"
+    ssh_ingress_cidrs = ["203.0.113.7/24"]
+  }
+
+  expect_failures = [var.availability_zone, var.vpc_cidr, var.ssh_ingress_cidrs]
+}
+
+run "unknown_choices_and_sizes" {
+  command = plan
+
+  variables {
+    market            = "reserved"
+    placement_group   = { mode = "spread" }
+    ami_ssm_parameter = "aws/service/deeplearning/ami-id"
+    root_volume_size  = 4
+  }
+
+  expect_failures = [var.market, var.placement_group, var.ami_ssm_parameter, var.root_volume_size]
 }
 
 run "zero_nodes" {
@@ -57,46 +91,6 @@ run "fractional_nodes" {
   expect_failures = [var.node_count]
 }
 
-run "subnet_id_not_an_id" {
-  command = plan
-
-  variables {
-    subnet_id = "my-subnet"
-  }
-
-  expect_failures = [var.subnet_id]
-}
-
-run "availability_zone_is_a_region" {
-  command = plan
-
-  variables {
-    availability_zone = "us-east-1"
-  }
-
-  expect_failures = [var.availability_zone]
-}
-
-run "vpc_cidr_too_large" {
-  command = plan
-
-  variables {
-    vpc_cidr = "10.0.0.0/8"
-  }
-
-  expect_failures = [var.vpc_cidr]
-}
-
-run "ssh_cidr_with_host_bits" {
-  command = plan
-
-  variables {
-    ssh_ingress_cidrs = ["203.0.113.7/24"]
-  }
-
-  expect_failures = [var.ssh_ingress_cidrs]
-}
-
 run "ssh_cidr_ipv6" {
   command = plan
 
@@ -115,46 +109,6 @@ run "ssh_cidr_bare_address" {
   }
 
   expect_failures = [var.ssh_ingress_cidrs]
-}
-
-run "extra_security_group_by_name" {
-  command = plan
-
-  variables {
-    extra_security_group_ids = ["default"]
-  }
-
-  expect_failures = [var.extra_security_group_ids]
-}
-
-run "ami_id_not_an_id" {
-  command = plan
-
-  variables {
-    ami_id = "ubuntu-22.04"
-  }
-
-  expect_failures = [var.ami_id]
-}
-
-run "ami_ssm_parameter_relative" {
-  command = plan
-
-  variables {
-    ami_ssm_parameter = "aws/service/deeplearning/ami-id"
-  }
-
-  expect_failures = [var.ami_ssm_parameter]
-}
-
-run "ssh_user_with_space" {
-  command = plan
-
-  variables {
-    ssh_user = "ubuntu user"
-  }
-
-  expect_failures = [var.ssh_user]
 }
 
 run "ssh_public_key_ecdsa" {
@@ -177,37 +131,6 @@ run "ssh_public_key_private_key" {
   expect_failures = [var.ssh_public_key]
 }
 
-run "key_name_empty" {
-  command = plan
-
-  variables {
-    key_name       = " "
-    ssh_public_key = null
-  }
-
-  expect_failures = [var.key_name]
-}
-
-run "root_volume_too_small" {
-  command = plan
-
-  variables {
-    root_volume_size = 4
-  }
-
-  expect_failures = [var.root_volume_size]
-}
-
-run "placement_mode_spread" {
-  command = plan
-
-  variables {
-    placement_group = { mode = "spread" }
-  }
-
-  expect_failures = [var.placement_group]
-}
-
 run "placement_name_with_spaces" {
   command = plan
 
@@ -216,26 +139,6 @@ run "placement_name_with_spaces" {
   }
 
   expect_failures = [var.placement_group]
-}
-
-run "market_reserved" {
-  command = plan
-
-  variables {
-    market = "reserved"
-  }
-
-  expect_failures = [var.market]
-}
-
-run "capacity_reservation_id_not_an_id" {
-  command = plan
-
-  variables {
-    capacity_reservation_id = "cb-123"
-  }
-
-  expect_failures = [var.capacity_reservation_id]
 }
 
 run "bastion_instance_type" {
