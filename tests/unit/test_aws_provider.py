@@ -44,7 +44,7 @@ def module_outputs() -> set[str]:
 
 def test_root_for_real_aws_has_no_endpoints_or_skips() -> None:
     root = render_root(p5_request(), AwsSettings(), ssh_public_key=KEY)
-    assert root["terraform"]["required_providers"]["aws"] == {"source": "hashicorp/aws", "version": ">= 5.70, < 7"}
+    assert root["terraform"]["required_providers"]["aws"] == {"source": "hashicorp/aws", "version": ">= 5.74, < 7"}
     assert root["provider"] == {"aws": {"region": "us-east-1", "max_retries": 8}}
 
 

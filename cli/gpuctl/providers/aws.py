@@ -49,7 +49,7 @@ from gpuctl.providers import BaseProvider
 
 MODULE_NAME = "aws-gpu-instance-group"
 MODULE_KEY = "cluster"  # module "cluster" { ... } in the rendered root
-PROVIDER_VERSION = ">= 5.70, < 7"
+PROVIDER_VERSION = ">= 5.74, < 7"  # 5.74: first release that accepts efa-only interfaces
 MODULE_NAME_MAX = 32  # the module prefixes resource names with the cluster name
 ENDPOINT_SERVICES = ("ec2", "sts", "iam", "ssm")
 PASSED_OUTPUTS = ("nodes", "ssh_user", "bastion", "efa_interfaces_per_node", "placement_group_name",
