@@ -287,25 +287,13 @@ def logs(
     ranks = [n.rank for n in nodes]
     if job.status in TERMINAL_JOB_STATES and jobs.print_saved_logs(reporter, inv, job, ranks):
         raise typer.Exit(jobs.STATUS_EXIT.get(job.status, 0) and 1)
-    stage = "setup" if job.status in ("SETTING_UP", "FAILED_SETUP") else "run"
     if follow and job.status not in TERMINAL_JOB_STATES:
-        stream_codes = _follow_logs(runner, job.job_id, nodes, stage)
-        job = jobs.wait_terminal(registry, name, job.job_id, timeout=30 if joblogs.is_watched(name, job.job_id) else 0)
-        if job.status not in TERMINAL_JOB_STATES and stage == "run":
-            job = jobs.refresh(runner, job)
-        del stream_codes
+        job = jobs.follow_job(runner, job, nodes)
     else:
         joblogs.fetch(name, job.job_id, nodes, control_dir=runner.control_dir)
         jobs.print_saved_logs(reporter, inv, job, ranks)
     if job.status in ("FAILED", "FAILED_SETUP", "CANCELLED"):
         raise typer.Exit(1)
-
-
-def _follow_logs(runner: JobRunner, job_id: int, nodes, stage: str):
-    from gpuctl import stream
-
-    return stream.follow(nodes, job_id=str(job_id), stage=stage, on_line=runner._on_line,
-                         control_dir=runner.control_dir)
 
 
 @app.command()

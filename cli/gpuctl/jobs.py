@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from gpuctl import joblogs, ssh, stream
 from gpuctl.console import Reporter
@@ -85,14 +85,36 @@ def refresh(runner: JobRunner, job: JobRecord) -> JobRecord:
     return refreshed
 
 
-def wait_terminal(registry: Registry, cluster: str, job_id: int, timeout: float = 30) -> JobRecord:
-    """After a job's ranks ended, give its watcher a moment to record the outcome."""
+def follow_job(runner: JobRunner, job: JobRecord, nodes: Sequence[Node]) -> JobRecord:
+    """Stream a running job's output (setup, then run) until it ends; its final record.
+
+    Only follows: the job's watcher (or, if it has none, `refresh`) records the outcome.
+    """
+    registry = runner.registry
+
+    def tail(stage: str) -> None:
+        stream.follow(nodes, job_id=str(job.job_id), stage=stage, on_line=runner._on_line,
+                      control_dir=runner.control_dir)
+
+    if job.status == "SETTING_UP":
+        tail("setup")
+        job = wait_until(registry, job, lambda j: j.status != "SETTING_UP", timeout=60)
+    if job.status == "RUNNING":
+        tail("run")
+        watched = joblogs.is_watched(job.cluster, job.job_id)
+        job = wait_until(registry, job, lambda j: j.status in TERMINAL_JOB_STATES, timeout=30 if watched else 0)
+        job = refresh(runner, job)
+    return job
+
+
+def wait_until(registry: Registry, job: JobRecord, done: Callable[[JobRecord], bool], timeout: float) -> JobRecord:
+    """Poll the registry until `done(job)` or `timeout` s passed; the latest record."""
     deadline = time.monotonic() + timeout
     while True:
-        job = registry.job(cluster, job_id)
-        assert job is not None
-        if job.status in TERMINAL_JOB_STATES or time.monotonic() > deadline:
-            return job
+        latest = registry.job(job.cluster, job.job_id)
+        assert latest is not None
+        if done(latest) or time.monotonic() >= deadline:
+            return latest
         time.sleep(0.2)
 
 
