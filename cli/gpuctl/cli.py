@@ -96,6 +96,10 @@ def apply(
         for line in summary.describe():
             reporter.info(line)
         return
+    if req.cloud == "aws" and not provision_only and (task.run or task.setup):
+        from gpuctl.providers.aws import require_ssh_reach
+
+        require_ssh_reach()
     registry = Registry()
     with reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'"):
         registry.upsert_cluster(req.name, cloud=req.cloud, region=req.region, zone=req.zone,

@@ -93,3 +93,12 @@ def test_valid_file_validates(tmp_path: Path):
     proc = gpuctl("validate", "cluster.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "2 node(s) on local, A100:8" in proc.stdout
+
+
+def test_aws_job_with_ssh_closed_is_refused_before_provisioning(tmp_path: Path, _isolated_state: Path):
+    (tmp_path / "cluster.yaml").write_text("resources:\n  infra: aws/us-east-1\n  instance_type: g5.xlarge\n" + GOOD_RUN)
+    env = {k: v for k, v in os.environ.items() if k != "GPUCTL_SSH_INGRESS_CIDRS"}
+    proc = subprocess.run([sys.executable, "-m", "gpuctl", "apply", "cluster.yaml"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert_user_error(proc, "ssh_ingress_cidrs", "--provision-only")
+    assert_nothing_provisioned(_isolated_state)

@@ -333,3 +333,12 @@ class AwsProvider(BaseProvider):
 
 
 PROVIDER = AwsProvider()
+
+
+def require_ssh_reach(env: Mapping[str, str] | None = None) -> None:
+    """Refuse, before anything is created, a job gpuctl could not reach: with no
+    ssh_ingress_cidrs nothing opens port 22, so sync, setup and run would fail."""
+    if not aws_settings(env).ssh_ingress_cidrs:
+        raise UserError(f"aws: SSH to the nodes is closed (no ssh_ingress_cidrs), so gpuctl could not run the job; "
+                        f"set aws.ssh_ingress_cidrs in {config_path()} or {CIDRS_ENV}=YOUR.IP/32, "
+                        f"or use --provision-only")
