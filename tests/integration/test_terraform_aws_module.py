@@ -33,12 +33,12 @@ EXPECTED_RUNS = {
     "efa_layout": 10,
     "lifecycle": 3,
     "market": 4,
-    "network": 4,
+    "network": 9,
     "nodes": 6,
     "output_shapes": 4,
     "placement": 5,
     "security": 7,
-    "validations": 26,
+    "validations": 29,
 }
 
 TIMEOUT = 300
@@ -115,6 +115,21 @@ MESSAGE_CASES = {
         "availability_zone = null",
         NO_OFFERINGS,
         "No Availability Zone in this region offers p5.48xlarge",
+    ),
+    "nat_gateway_with_subnet_id": (
+        'subnet_id = "subnet-0fedcba9876543210"\n    availability_zone = null\n    nat_gateway = true',
+        "",
+        "nat_gateway = true needs the module's own VPC, but subnet_id is given: the caller owns that subnet's routing.",
+    ),
+    "nat_gateway_with_elastic_ip": (
+        "nat_gateway = true\n    elastic_ip = true",
+        "",
+        "nat_gateway = true puts the nodes in a private subnet, where a public address",
+    ),
+    "vpc_too_small_for_nat_gateway": (
+        'vpc_cidr = "10.0.0.0/28"',
+        "",
+        "vpc_cidr 10.0.0.0/28 is too small for a private and a public subnet",
     ),
     "bastion_without_ssh_cidrs": (
         'bastion = { enabled = true, ami_id = "ami-0fedcba9876543210" }',

@@ -46,7 +46,7 @@ resource "aws_instance" "bastion" {
   ami                         = var.bastion.ami_id != null ? var.bastion.ami_id : data.aws_ssm_parameter.bastion_ami[0].insecure_value
   instance_type               = var.bastion.instance_type
   key_name                    = local.key_name
-  subnet_id                   = local.subnet_id
+  subnet_id                   = local.public_subnet_id
   vpc_security_group_ids      = [aws_security_group.bastion[0].id]
   associate_public_ip_address = true
 

@@ -143,6 +143,16 @@ resource "aws_launch_template" "node" {
     }
 
     precondition {
+      condition     = !(var.nat_gateway == true && var.subnet_id != null)
+      error_message = "nat_gateway = true needs the module's own VPC, but subnet_id is given: the caller owns that subnet's routing. Drop nat_gateway and give the subnet's route table a 0.0.0.0/0 route to your NAT gateway."
+    }
+
+    precondition {
+      condition     = !(var.nat_gateway == true && (var.associate_public_ip == true || var.elastic_ip))
+      error_message = "nat_gateway = true puts the nodes in a private subnet, where a public address (associate_public_ip or elastic_ip) cannot be reached; set only one of them."
+    }
+
+    precondition {
       condition     = local.create_network || var.availability_zone == null || var.availability_zone == local.availability_zone
       error_message = "availability_zone (${coalesce(var.availability_zone, "null")}) is not the zone of subnet_id (${coalesce(local.availability_zone, "unknown")}); EFA clusters live in one zone: drop availability_zone or pass a subnet in it."
     }
@@ -187,7 +197,8 @@ resource "aws_instance" "node" {
     "gpuctl-rank" = tostring(count.index)
   })
 
-  depends_on = [aws_route.internet]
+  # Egress ready before cloud-init runs.
+  depends_on = [aws_route.internet, aws_route.nat]
 
   lifecycle {
     ignore_changes       = [launch_template[0].version]

@@ -49,7 +49,7 @@ locals {
   )
   interfaces_per_node = max(length(local.network_interfaces), 1)
 
-  nodes_public = coalesce(var.associate_public_ip, local.interfaces_per_node == 1 && !var.elastic_ip && !var.bastion.enabled)
+  nodes_public = coalesce(var.associate_public_ip, local.interfaces_per_node == 1 && !var.elastic_ip && !var.bastion.enabled && var.nat_gateway != true)
 }
 
 ################################################################################

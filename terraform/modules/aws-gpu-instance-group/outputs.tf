@@ -62,3 +62,13 @@ output "availability_zone" {
   description = "Availability Zone of every node."
   value       = local.availability_zone
 }
+
+output "nat_gateway_id" {
+  description = "ID of the NAT gateway that gives private nodes internet egress, or null when there is none."
+  value       = one(aws_nat_gateway.this[*].id)
+}
+
+output "public_subnet_id" {
+  description = "ID of the public subnet holding the bastion and the NAT gateway, or null when the nodes' subnet is the only one."
+  value       = one(aws_subnet.public[*].id)
+}

@@ -69,7 +69,7 @@ variable "availability_zone" {
 }
 
 variable "vpc_cidr" {
-  description = "IPv4 CIDR of the VPC the module creates when `subnet_id` is null; its one subnet spans the whole range."
+  description = "IPv4 CIDR of the VPC the module creates when `subnet_id` is null. One subnet spans it, or with a NAT gateway the nodes' private subnet takes the first half and the public subnet a /24 (smaller in small VPCs) at the end; that layout needs /27 or larger."
   type        = string
   default     = "10.0.0.0/16"
   nullable    = false
@@ -81,7 +81,20 @@ variable "vpc_cidr" {
 }
 
 variable "associate_public_ip" {
-  description = "Give each node an auto-assigned public IPv4. null: yes when a node has a single network interface and no bastion is enabled. EC2 refuses it with several interfaces (EFA types such as p5); use `bastion` or `elastic_ip` there."
+  description = "Give each node an auto-assigned public IPv4. null: yes when a node has a single network interface, no bastion is enabled and `nat_gateway` is not true. EC2 refuses it with several interfaces (EFA types such as p5); use `bastion` or `elastic_ip` there."
+  type        = bool
+  default     = null
+}
+
+variable "nat_gateway" {
+  description = <<-EOT
+    Internet egress for nodes without a public address in the module's VPC. null (default): when the
+    module creates the VPC and nodes get no public IP (and `elastic_ip` is off), it adds a small public
+    subnet in the same zone, holding the bastion and a NAT gateway, and the nodes' subnet becomes
+    private with its default route through the NAT gateway. true: that layout even for nodes that
+    would get public IPs (they become private). false: never; private nodes then have no internet
+    egress. Not with `subnet_id`, whose routing the caller owns.
+  EOT
   type        = bool
   default     = null
 }
@@ -271,9 +284,10 @@ variable "capacity_reservation_id" {
 
 variable "bastion" {
   description = <<-EOT
-    Optional small SSH jump host in the nodes' subnet, with a public IP, reachable only from
-    `ssh_ingress_cidrs`; nodes accept SSH from it. Use it for nodes without public IPs (EFA types
-    with several interfaces). `ami_id` null: the AMI id in `ami_ssm_parameter` (Ubuntu 22.04).
+    Optional small SSH jump host with a public IP, reachable only from `ssh_ingress_cidrs`; nodes
+    accept SSH from it. It sits in the public subnet when there is a NAT gateway (`nat_gateway`),
+    else in the nodes' subnet. Use it for nodes without public IPs (EFA types with several
+    interfaces). `ami_id` null: the AMI id in `ami_ssm_parameter` (Ubuntu 22.04).
   EOT
   type = object({
     enabled           = optional(bool, false)

@@ -127,6 +127,11 @@ run "efa_nodes_without_public_ips" {
     condition     = output.subnet_id == "subnet-0a1b2c3d4e5f60718" && output.vpc_id == "vpc-0a1b2c3d4e5f60718" && output.availability_zone == "us-east-1a"
     error_message = "subnet_id, vpc_id and availability_zone are strings"
   }
+
+  assert {
+    condition     = can(regex("^subnet-", output.public_subnet_id)) && length(output.nat_gateway_id) > 0
+    error_message = "private nodes in the module's VPC: public_subnet_id and nat_gateway_id are strings"
+  }
 }
 
 run "single_interface_nodes_with_public_ips" {
@@ -161,6 +166,11 @@ run "single_interface_nodes_with_public_ips" {
   assert {
     condition     = output.placement_group_name == null && output.efa_interfaces_per_node == 0
     error_message = "placement_group_name is null without a group; efa_interfaces_per_node is 0 without EFA"
+  }
+
+  assert {
+    condition     = output.public_subnet_id == null && output.nat_gateway_id == null
+    error_message = "public nodes: public_subnet_id and nat_gateway_id are null"
   }
 }
 

@@ -53,8 +53,13 @@ run "defaults_open_nothing" {
   }
 
   assert {
-    condition     = length(aws_internet_gateway.this) == 0 && length(aws_route.internet) == 0 && length(aws_eip.node) == 0
-    error_message = "nothing public: the module's VPC needs no internet gateway"
+    condition     = length(aws_eip.node) == 0 && alltrue([for ni in aws_launch_template.node.network_interfaces : ni.associate_public_ip_address == null])
+    error_message = "nothing public: no Elastic IPs, no auto-assigned addresses"
+  }
+
+  assert {
+    condition     = length(aws_nat_gateway.this) == 1 && length(aws_route.nat) == 1
+    error_message = "private nodes reach the internet only outbound, through the NAT gateway"
   }
 
   assert {
@@ -114,7 +119,7 @@ run "bastion_is_the_only_way_in" {
 
   assert {
     condition     = aws_instance.bastion[0].associate_public_ip_address == true && aws_instance.bastion[0].subnet_id == "subnet-0a1b2c3d4e5f60718" && aws_instance.bastion[0].vpc_security_group_ids == toset(["sg-0bbbbbbbbbbbbbbbb"]) && aws_instance.bastion[0].instance_type == "t3.micro"
-    error_message = "the bastion is a small instance with a public IP in the nodes' subnet, in its own group"
+    error_message = "the bastion is a small instance with a public IP, in its own group"
   }
 
   assert {
@@ -183,8 +188,8 @@ run "private_single_interface_nodes" {
   }
 
   assert {
-    condition     = alltrue([for n in aws_instance.node : n.associate_public_ip_address == false]) && length(aws_internet_gateway.this) == 0
-    error_message = "associate_public_ip = false keeps nodes private"
+    condition     = alltrue([for n in aws_instance.node : n.associate_public_ip_address == false]) && length(aws_nat_gateway.this) == 1
+    error_message = "associate_public_ip = false keeps nodes private, with egress through the NAT gateway"
   }
 }
 
@@ -203,6 +208,11 @@ run "elastic_ips_for_multi_interface_nodes" {
   assert {
     condition     = length(aws_internet_gateway.this) == 1 && alltrue([for ni in aws_launch_template.node.network_interfaces : ni.associate_public_ip_address == null])
     error_message = "Elastic IPs need the internet gateway and no auto-assigned address"
+  }
+
+  assert {
+    condition     = length(aws_nat_gateway.this) == 0 && length(aws_subnet.public) == 0
+    error_message = "nodes with Elastic IPs need no NAT gateway"
   }
 }
 

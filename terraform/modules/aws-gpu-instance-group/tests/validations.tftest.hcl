@@ -277,6 +277,39 @@ run "public_ip_and_elastic_ip" {
   expect_failures = [aws_launch_template.node]
 }
 
+run "nat_gateway_with_subnet_id" {
+  command = plan
+
+  variables {
+    subnet_id         = "subnet-0fedcba9876543210"
+    availability_zone = null
+    nat_gateway       = true
+  }
+
+  expect_failures = [aws_launch_template.node]
+}
+
+run "nat_gateway_with_elastic_ip" {
+  command = plan
+
+  variables {
+    nat_gateway = true
+    elastic_ip  = true
+  }
+
+  expect_failures = [aws_launch_template.node]
+}
+
+run "vpc_too_small_for_nat_gateway" {
+  command = plan
+
+  variables {
+    vpc_cidr = "10.0.0.0/28"
+  }
+
+  expect_failures = [aws_vpc.this]
+}
+
 run "zone_differs_from_subnet" {
   command = plan
 
