@@ -1,5 +1,6 @@
 # Two p5.48xlarge nodes with all 32 EFA interfaces each, in a VPC the module creates, in a
-# cluster placement group (or in a Capacity Block), reached through a bastion.
+# cluster placement group (or in a Capacity Block), reached through a bastion; the module adds a
+# NAT gateway so the private nodes can reach the internet.
 
 terraform {
   required_version = ">= 1.5"
