@@ -34,6 +34,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import sys
 import threading
 import time
@@ -244,6 +245,24 @@ def _never() -> bool:
     return False
 
 
+def rotate_artifacts(artifacts: Path, keep: int = KEEP_ARTIFACTS) -> None:
+    """Keep the newest `keep` run directories under `artifacts` (by name: each
+    run's ident starts with its start time).
+
+    Done here rather than by ansible-runner's `rotate_artifacts`, which removes
+    the oldest by mtime and fails on a directory that vanishes in between: two
+    gpuctl commands on one cluster (they share the private data dir) crashed
+    each other with FileNotFoundError once `keep` runs existed. Names, unlike
+    mtimes, do not change while another process empties a directory.
+    """
+    try:
+        names = sorted(p.name for p in artifacts.iterdir())
+    except FileNotFoundError:
+        return
+    for name in names[: max(0, len(names) - keep)]:
+        shutil.rmtree(artifacts / name, ignore_errors=True)
+
+
 def run_playbook(
     name: str,
     *,
@@ -299,7 +318,7 @@ def run_playbook(
             forks=forks,
             limit=",".join(limit) if limit else None,
             quiet=True,
-            rotate_artifacts=KEEP_ARTIFACTS,
+            rotate_artifacts=0,  # rotate_artifacts() below, safe with concurrent gpuctl commands
             suppress_env_files=True,
             timeout=timeout,
             # Always a callback: with none, ansible-runner installs SIGINT/SIGTERM
@@ -310,6 +329,7 @@ def run_playbook(
         vars_file.unlink(missing_ok=True)
     artifact_dir = Path(runner.config.artifact_dir)
     _redact_command_artifact(artifact_dir, envvars)
+    rotate_artifacts(artifact_dir.parent)
     stdout_tail = ""
     if runner.status != "successful":
         try:
