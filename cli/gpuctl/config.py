@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 from gpuctl.errors import UserError
+from gpuctl.yamlfile import load_yaml
 from gpuctl.paths import state_root
 
 CONFIG_NAME = "config.yaml"
@@ -78,12 +78,7 @@ def load_config(path: Path | None = None) -> dict[str, Any]:
     path = path or config_path()
     if not path.is_file():
         return {}
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        pos = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserError(f"{path}: YAML syntax error{pos}; fix the gpuctl config file") from None
+    data = load_yaml(path, what="gpuctl config file") or {}
     if not isinstance(data, Mapping):
         raise UserError(f"{path}: the gpuctl config must be a mapping such as 'aws: {{profile: NAME}}'")
     return dict(data)

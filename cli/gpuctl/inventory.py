@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from gpuctl.errors import UserError
+from gpuctl.yamlfile import load_yaml
 
 NODE_GROUP = "gpuctl_nodes"
 
@@ -175,12 +176,7 @@ def load_inventory(path: Path, *, cluster: str | None = None, default_key: str |
     where = str(path)
     if not path.is_file():
         raise UserError(f"{where}: inventory file not found; write one as shown in inventories/README.md")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        pos = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserError(f"{where}: YAML syntax error{pos}; fix the inventory file") from None
+    data = load_yaml(path, what="inventory file") or {}
     if not isinstance(data, Mapping) or not isinstance(data.get("all"), Mapping):
         raise UserError(f"{where}: an inventory needs a top-level 'all:' group (see inventories/README.md)")
     top = data["all"]
