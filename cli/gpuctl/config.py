@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-
 from gpuctl.errors import UserError
-from gpuctl.yamlfile import load_yaml
 from gpuctl.paths import state_root
+from gpuctl.yamlfile import load_yaml
 
 CONFIG_NAME = "config.yaml"
 ENDPOINT_ENV = "GPUCTL_AWS_ENDPOINT_URL"
