@@ -1,0 +1,697 @@
+"""Jobs on a running cluster (issue 4) through the real `gpuctl` command on one
+3-node local cluster: exec (no setup, workdir synced, file_mounts not), subset
+runs, fail fast, cancel and Ctrl-C, logs after the fact and live, two gpuctl
+commands at once, ssh-config / ssh, detached jobs and their background watcher.
+
+The cluster is brought up once for the module by `gpuctl apply -d` (a setup
+that counts itself, and a run in which rank 1 fails after a while, so the
+detached job's watcher has a failure to record) and torn down by the last test
+(and, whatever happens, by the fixture). Node processes are checked twice: in
+this machine's process table (`pgrep -f`: the nodes share it) and per node,
+through the processes inside each node's network namespace (`ip netns pids`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from e2e import (REPO, Cluster, Footprint, NodeInfo, Result, gpuctl_env, needs_local_nodes,  # noqa: E402
+                 netns_names, pids_matching)
+
+pytestmark = [pytest.mark.integration, needs_local_nodes]
+
+NAME = "jobs3"
+MOD = f"jl{uuid.uuid4().hex[:10]}"  # every marker of this module starts with it
+
+APPLY_MARKER = f"{MOD}-apply"
+APPLY_FAIL_AFTER_S = 12  # rank 1 of the applied (detached) job fails after this long
+
+TASK = f"""\
+name: {NAME}
+num_nodes: 3
+resources:
+  infra: local
+workdir: ./proj
+file_mounts:
+  ~/jl/mounted.txt: ./mount-src/m.txt
+setup: |
+  mkdir -p ~/jl
+  echo "$GPUCTL_TASK_ID" >> ~/jl/setup-count
+run: |
+  if [ "$GPUCTL_NODE_RANK" == "1" ]; then
+    sleep {APPLY_FAIL_AFTER_S}; echo "worker1 gives up"; exit 3
+  fi
+  echo "rank $GPUCTL_NODE_RANK waits"
+  (exec -a {APPLY_MARKER} sleep 120)
+  echo "rank $GPUCTL_NODE_RANK survived"
+"""
+
+# `gpuctl exec NAME exec.yaml`: its setup and file_mounts must be ignored.
+EXEC_TASK = """\
+name: exec-file
+num_nodes: 3
+resources:
+  infra: local
+workdir: ./proj
+file_mounts:
+  ~/jl/mounted.txt: ./mount-src/m.txt
+setup: |
+  echo "$GPUCTL_TASK_ID" >> ~/jl/setup-count
+run: |
+  echo "exec-file rank $GPUCTL_NODE_RANK version $(cat version.txt) mount $(cat ~/jl/mounted.txt)"
+"""
+
+# The detached job whose logs are followed live and read back later.
+LOG_LINES = 8
+LOG_JOB = ('for i in $(seq 1 %d); do echo "logline-$i rank=$GPUCTL_NODE_RANK"; sleep 1.2; done; '
+           'echo "logline-err rank=$GPUCTL_NODE_RANK" >&2' % LOG_LINES)
+
+
+def expected_log_lines(rank: int) -> list[str]:
+    return [f"logline-{i} rank={rank}" for i in range(1, LOG_LINES + 1)] + [f"logline-err rank={rank}"]
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def wait_for(what: str, predicate: Callable[[], object], timeout: float, interval: float = 0.25):
+    """Poll until `predicate()` is truthy; its value, or a failure naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:.0f}s (last: {value!r})")
+        time.sleep(interval)
+
+
+def job_id_of(res: Result, word: str = "running") -> int:
+    m = re.search(rf"^Job (\d+) {word}\b", res.stdout, re.M)
+    assert m, f"no 'Job N {word}' line\n" + res.describe()
+    return int(m.group(1))
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    job_id: int
+    name: str
+    status: str
+    nodes: int
+    codes: str
+
+
+def parse_queue(res: Result) -> dict[int, QueueRow]:
+    res.check()
+    lines = res.stdout.splitlines()
+    assert lines and lines[0].split()[:3] == ["ID", "NAME", "STATUS"], res.stdout
+    rows = {}
+    for line in lines[1:]:
+        words = line.split()
+        rows[int(words[0])] = QueueRow(int(words[0]), words[1], words[2], int(words[-2]), words[-1])
+    return rows
+
+
+def job_paths(job: int) -> tuple[str, str]:
+    """How a job's node-side processes name it: the agent (`.../jobs/N run`) and bash (`.../jobs/N/run.sh`)."""
+    return f"/.gpuctl/jobs/{job} ", f"/.gpuctl/jobs/{job}/"
+
+
+def cmdline(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def netns_processes(ns: str) -> list[tuple[int, str]]:
+    """Every process inside the node's network namespace (`ip netns pids`): the node's process table."""
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=True).stdout
+    procs = []
+    for word in out.split():
+        line = cmdline(int(word))
+        if line is not None:
+            procs.append((int(word), line))
+    return procs
+
+
+def processes_by_netns(namespaces: list[str]) -> dict[str, list[tuple[int, str]]]:
+    """Like `ip netns pids` for several namespaces in one pass over /proc (the same test:
+    /proc/PID/ns/net is the namespace file bound at /run/netns/NS), cheap enough to poll."""
+    wanted = {}
+    for ns in namespaces:
+        st = os.stat(f"/run/netns/{ns}")
+        wanted[(st.st_dev, st.st_ino)] = ns
+    found: dict[str, list[tuple[int, str]]] = {ns: [] for ns in namespaces}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry.name}/ns/net")
+        except OSError:
+            continue
+        ns = wanted.get((st.st_dev, st.st_ino))
+        if ns is not None:
+            line = cmdline(int(entry.name))
+            if line is not None:
+                found[ns].append((int(entry.name), line))
+    return found
+
+
+@dataclass
+class JobsCluster:
+    cluster: Cluster
+    project: Path
+    yaml: Path
+    nodes: list[NodeInfo]
+    netns: dict[int, str]  # rank -> the node's network namespace
+    hostnames: dict[int, str]  # rank -> `hostname` on that node
+    applied: Result  # `apply -d`
+    queue_after_apply: Result  # `queue` right after it returned
+    apply_job: int
+
+    def gpuctl(self, *args: str, timeout: float = 300) -> Result:
+        return self.cluster.gpuctl(*args, timeout=timeout)
+
+    def queue(self) -> dict[int, QueueRow]:
+        return parse_queue(self.gpuctl("queue", NAME))
+
+    def wait_status(self, job_id: int, statuses: tuple[str, ...], timeout: float = 90) -> QueueRow:
+        def ended() -> QueueRow | None:
+            row = self.queue()[job_id]
+            return row if row.status in statuses else None
+        return wait_for(f"job {job_id} to reach {statuses}", ended, timeout, interval=1.0)
+
+    def on_nodes(self, *texts: str) -> dict[str, list[str]]:
+        """Node name -> command lines of that node's processes containing any of `texts`."""
+        found: dict[str, list[str]] = {}
+        tables = processes_by_netns(list(self.netns.values()))
+        for node in self.nodes:
+            hits = [line for _, line in tables[self.netns[node.rank]] if any(t in line for t in texts)]
+            if hits:
+                found[node.name] = hits
+        return found
+
+    def assert_no_process(self, marker: str, timeout: float = 5.0) -> None:
+        """Within `timeout` s no process with `marker` on this machine (pgrep -f) or in any node."""
+        wait_for(f"every process with {marker} to end",
+                 lambda: not pids_matching(marker) and not self.on_nodes(marker), timeout)
+        assert pids_matching(marker) == []
+        for node in self.nodes:  # each node's own process table, read once more with `ip netns pids`
+            assert not [line for _, line in netns_processes(self.netns[node.rank]) if marker in line], node.name
+
+    def wait_running_on(self, marker: str, ranks: list[int], timeout: float = 20) -> None:
+        names = {self.nodes[r].name for r in ranks}
+        wait_for(f"{marker} running on {sorted(names)}", lambda: set(self.on_nodes(marker)) == names, timeout)
+
+    def read_all(self, node: NodeInfo, *paths: str) -> list[str]:
+        """The text of each file on the node, over one ssh connection."""
+        out = self.cluster.ssh(node, "; ".join(f"cat {p}; printf '\\0'" for p in paths)).stdout
+        texts = out.split("\0")
+        assert len(texts) == len(paths) + 1, (node.name, paths, out)
+        return texts[:-1]
+
+    def exist(self, node: NodeInfo, *paths: str) -> list[bool]:
+        """Whether each path exists on the node, over one ssh connection."""
+        out = self.cluster.ssh(node, "; ".join(f"if test -e {p}; then echo yes; else echo no; fi"
+                                               for p in paths)).stdout.split()
+        assert len(out) == len(paths), (node.name, paths, out)
+        return [word == "yes" for word in out]
+
+
+def _write_project(root: Path) -> Path:
+    (root / "proj").mkdir(parents=True)
+    (root / "proj" / "version.txt").write_text("v1\n")
+    (root / "mount-src").mkdir()
+    (root / "mount-src" / "m.txt").write_text("mount v1\n")
+    (root / "exec.yaml").write_text(EXEC_TASK)
+    path = root / "cluster.yaml"
+    path.write_text(TASK)
+    return path
+
+
+def _namespaces(cluster: Cluster, nodes: list[NodeInfo], footprint: Footprint) -> dict[int, str]:
+    """rank -> netns, matched by the node's address inside the namespace (not by naming convention)."""
+    by_rank = {}
+    for ns in footprint.netns:
+        addrs = subprocess.run(["ip", "-n", ns, "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                               check=True).stdout
+        owners = [n.rank for n in nodes if re.search(rf"\binet {re.escape(n.address)}/", addrs)]
+        assert len(owners) == 1, (ns, addrs)
+        by_rank[owners[0]] = ns
+    assert sorted(by_rank) == [n.rank for n in nodes], by_rank
+    return by_rank
+
+
+@pytest.fixture(scope="module")
+def jl(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("jobs-local")
+    cluster = Cluster(NAME, root / "state")
+    project = root / "project"
+    yaml_path = _write_project(project)
+    try:
+        applied = cluster.gpuctl("apply", str(yaml_path), "-d")
+        queue_after = cluster.gpuctl("queue", NAME)  # at once: the job must still be running
+        applied.check()
+        nodes = cluster.nodes()
+        assert [n.name for n in nodes] == ["head", "worker1", "worker2"]
+        footprint = cluster.footprint()
+        footprint.assert_present(3)
+        hostnames = {n.rank: cluster.ssh(n, "hostname").stdout.strip() for n in nodes}
+        netns = _namespaces(cluster, nodes, footprint)
+        # The /proc scan sees what `ip netns pids` sees: each node's sshd in its own namespace only.
+        scanned = processes_by_netns(list(netns.values()))
+        for ns in netns.values():
+            listed = {pid for pid, _ in netns_processes(ns)}
+            sshd = {pid for pid, _ in footprint.sshd}
+            assert len(listed & sshd) == 1 and listed & sshd <= {pid for pid, _ in scanned[ns]}, (ns, listed, sshd)
+        yield JobsCluster(cluster=cluster, project=project, yaml=yaml_path, nodes=nodes, netns=netns,
+                          hostnames=hostnames, applied=applied, queue_after_apply=queue_after,
+                          apply_job=job_id_of(applied, "detached"))
+    finally:
+        leftover = cluster.footprint() if (cluster.cdir / "nodes" / "bridge.env").exists() else None
+        cluster.down_quietly()
+        strays = pids_matching(MOD)
+        for pid in strays:  # only if a test already failed: don't leave our sleepers behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if leftover is not None:
+            leftover.assert_gone()
+        assert strays == [], f"processes of this module outlived the cluster: {strays}"
+
+
+# -- 1. exec: no setup, the workdir synced, file_mounts not ---------------------------
+
+
+def test_exec_runs_no_setup_syncs_workdir_but_not_file_mounts(jl: JobsCluster):
+    files = ("~/jl/setup-count", "~/jl/mounted.txt")
+    before = {n.name: jl.read_all(n, *files) for n in jl.nodes}
+    for name, (count, mounted) in before.items():
+        assert len(count.splitlines()) == 1, f"setup ran once on {name} on apply: {count!r}"
+        assert mounted == "mount v1\n", name
+    (jl.project / "proj" / "version.txt").write_text("v2\n")
+    (jl.project / "mount-src" / "m.txt").write_text("mount v2\n")
+
+    res = jl.gpuctl("exec", NAME, str(jl.project / "exec.yaml")).check()
+    assert "Running setup" not in res.stdout and "file_mounts" not in res.stdout, res.stdout
+    for n in jl.nodes:
+        assert f"({n.name}, rank={n.rank}) exec-file rank {n.rank} version v2 mount mount v1" \
+            in res.stdout.splitlines(), res.describe()
+
+    (jl.project / "proj" / "version.txt").write_text("v3\n")
+    res = jl.gpuctl("exec", NAME, "--", 'echo "dashes rank $GPUCTL_NODE_RANK version $(cat version.txt)"').check()
+    assert "Running setup" not in res.stdout
+    for n in jl.nodes:
+        assert f"({n.name}, rank={n.rank}) dashes rank {n.rank} version v3" in res.stdout.splitlines(), res.stdout
+
+    for n in jl.nodes:
+        count, mounted, version = jl.read_all(n, *files, "~/gpuctl_workdir/version.txt")
+        assert count == before[n.name][0], f"exec ran setup on {n.name}: {count!r}"
+        assert mounted == "mount v1\n", f"exec synced a file_mount to {n.name}"
+        assert version == "v3\n", n.name
+
+
+# -- 8. apply -d: returns once started; the watcher records the failure ----------------
+
+
+def test_apply_detached_returns_while_running_and_watcher_records_failure(jl: JobsCluster):
+    job = jl.apply_job
+    assert f"Job {job} detached" in jl.applied.stdout, jl.applied.stdout
+    assert "worker1 gives up" not in jl.applied.stdout  # it returned before the job's end
+    assert parse_queue(jl.queue_after_apply)[job].status == "RUNNING", jl.queue_after_apply.stdout
+
+    row = jl.wait_status(job, ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=APPLY_FAIL_AFTER_S + 60)
+    assert row.status == "FAILED", row
+    codes = row.codes.split(",")
+    # rank 1 failed with 3; the watcher failed fast: the others were stopped (128 + SIGTERM/SIGKILL)
+    assert codes[1] == "3" and codes[0] in ("143", "137") and codes[2] in ("143", "137"), row
+    watcher_log = (jl.cluster.cdir / "jobs" / str(job) / "watcher.log").read_text()
+    assert f"rank 1 ({jl.nodes[1].name}, {jl.nodes[1].address}) failed first with exit code 3" in watcher_log, \
+        watcher_log
+    jl.assert_no_process(APPLY_MARKER)
+    status = jl.gpuctl("logs", NAME, str(job), "--status")
+    assert status.returncode == 100 and f"Job {job}: FAILED" in status.stdout, status.describe()
+    logs = jl.gpuctl("logs", NAME, str(job))
+    assert logs.returncode == 1, logs.describe()
+    assert "(worker1, rank=1) worker1 gives up" in logs.stdout.splitlines(), logs.stdout
+    assert "(head, rank=0) rank 0 waits" in logs.stdout.splitlines(), logs.stdout
+    assert not any("survived" in line for line in logs.stdout.splitlines())
+
+
+# -- 2, 9. a subset of the nodes; the head reaches every worker by name -----------------
+
+
+@dataclass(frozen=True)
+class SubsetJob:
+    res: Result
+    job: int
+    value: str  # --env JL_K=value
+    touched: str  # a file each rank of the job creates
+
+
+@pytest.fixture(scope="module")
+def subset(jl: JobsCluster) -> SubsetJob:
+    """One `exec --num-nodes 2` on the 3-node cluster (head, worker1); its head also
+    SSHes by name to worker1 (in the job) and worker2 (outside it, absent from its hostfile)."""
+    value = f"v-{uuid.uuid4().hex[:8]}"
+    touched = f"~/jl/subset-{uuid.uuid4().hex[:8]}"
+    command = ('echo "rank=$GPUCTL_NODE_RANK n=$GPUCTL_NUM_NODES sky_n=$SKYPILOT_NUM_NODES '
+               'ips=$(printf "%s\\n" "$GPUCTL_NODE_IPS" | paste -sd, -) '
+               'hosts=$(cut -d" " -f1 "$GPUCTL_HOSTFILE" | paste -sd, -) master=$MASTER_ADDR k=$JL_K"; '
+               f"touch {touched}; "
+               'if [ "$GPUCTL_NODE_RANK" == "0" ]; then for h in worker1 worker2; do '
+               'echo "$h is $(ssh -o BatchMode=yes $h hostname)"; done; fi')
+    res = jl.gpuctl("exec", NAME, "--num-nodes", "2", "--env", f"JL_K={value}", "--", command).check()
+    return SubsetJob(res=res, job=job_id_of(res), value=value, touched=touched)
+
+
+def test_subset_run_gets_its_ranks_ips_and_env(jl: JobsCluster, subset: SubsetJob):
+    res, job = subset.res, subset.job
+    head, w1, w2 = jl.nodes
+    ips = f"{head.address},{w1.address}"
+    rank_lines = [line for line in res.stdout.splitlines() if re.match(r"\(\w+, rank=\d+\) rank=", line)]
+    assert sorted(rank_lines) == sorted(
+        f"({n.name}, rank={n.rank}) rank={n.rank} n=2 sky_n=2 ips={ips} hosts={ips} master={head.address} "
+        f"k={subset.value}" for n in (head, w1)), res.describe()
+    assert "(worker2" not in res.stdout
+    job_files = [f"~/.gpuctl/jobs/{job}/{name}" for name in ("run.sh", "run.log", "run.pid", "run.exit")]
+    for n in (head, w1):
+        assert jl.exist(n, subset.touched, *job_files) == [True] * 5, f"{n.name} did not run the job"
+    assert jl.exist(w2, subset.touched, *job_files) == [False] * 5, "the subset job ran on worker2"
+    row = jl.queue()[job]
+    assert (row.status, row.nodes, row.codes) == ("SUCCEEDED", 2, "0,0"), row
+    assert sorted(p.name for p in (jl.cluster.cdir / "jobs" / str(job)).glob("run-rank*.log")) == \
+        ["run-rank0.log", "run-rank1.log"]
+
+
+def test_head_ssh_to_each_worker_by_name(jl: JobsCluster, subset: SubsetJob):
+    out = subset.res.stdout.splitlines()
+    for n in jl.nodes[1:]:
+        assert f"(head, rank=0) {n.name} is {jl.hostnames[n.rank]}" in out, subset.res.describe()
+    assert not any(line.startswith("(worker1, rank=1) worker") for line in out)
+
+
+# -- 7. ssh-config and ssh -------------------------------------------------------------
+
+
+def test_ssh_config_hosts_and_gpuctl_ssh(jl: JobsCluster):
+    res = jl.gpuctl("ssh-config", NAME).check()
+    conf = Path(res.stdout.splitlines()[0])
+    assert conf.is_file(), res.stdout
+    assert len(set(jl.hostnames.values())) == 3, jl.hostnames
+    for n in jl.nodes:
+        alias = NAME if n.rank == 0 else f"{NAME}-{n.name}"
+        proc = subprocess.run(["ssh", "-F", str(conf), alias, "hostname"], capture_output=True, text=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, (alias, proc.stderr)
+        assert proc.stdout.strip() == jl.hostnames[n.rank], (alias, proc.stdout)
+    res = jl.gpuctl("ssh", NAME, "--rank", "2", "--", "hostname").check()
+    assert res.stdout.strip() == jl.hostnames[2], res.describe()
+
+
+# -- 3. fail fast --------------------------------------------------------------------
+
+
+def test_failing_rank_stops_the_others_fast(jl: JobsCluster):
+    marker = f"{MOD}-failfast"
+    command = ('if [ "$GPUCTL_NODE_RANK" == "2" ]; then sleep 1; echo "rank 2 gives up"; exit 5; fi; '
+               f"(exec -a {marker} sleep 300); echo survived")
+    seen: list[set[str]] = []
+    done = threading.Event()
+
+    def sample() -> None:  # which nodes run the marker while the job runs
+        while not done.is_set():
+            seen.append(set(jl.on_nodes(marker)))
+            time.sleep(0.25)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        res = jl.gpuctl("exec", NAME, "--", command, timeout=200)
+    finally:
+        done.set()
+        sampler.join()
+    assert res.returncode == 1, res.describe()
+    assert "Traceback" not in res.stderr
+    job = job_id_of(res)
+    head, w1, w2 = jl.nodes
+    assert {"head", "worker1"} in seen, f"the sleepers were never seen on head and worker1: {seen}"
+    assert not any("worker2" in s for s in seen)
+    started = res.first_time(lambda line: line.startswith(f"Job {job} running"))
+    assert started is not None and res.ended - started < 20, f"{res.ended - started:.1f}s after the start"
+    m = re.search(r"failed first with exit code 5; return codes: rank 0: (\d+), rank 1: (\d+), rank 2: 5$",
+                  res.stderr, re.M)
+    assert m and f"rank 2 ({w2.name}, {w2.address}) failed first" in res.stderr, res.describe()
+    assert m.group(1) != "0" and m.group(2) != "0"
+    assert "(worker2, rank=2) rank 2 gives up" in res.stdout.splitlines()
+    assert "survived" not in res.stdout
+    jl.assert_no_process(marker)
+    row = jl.queue()[job]
+    assert row.status == "FAILED" and row.codes == f"{m.group(1)},{m.group(2)},5", row
+    status = jl.gpuctl("logs", NAME, str(job), "--status")
+    assert status.returncode == 100, status.describe()
+
+
+# -- 4. cancel and Ctrl-C ---------------------------------------------------------------
+
+
+def _detach_sleeper(jl: JobsCluster, marker: str) -> Result:
+    return jl.gpuctl("exec", NAME, "-d", "--", f"echo started; (exec -a {marker} sleep 300); echo survived")
+
+
+@pytest.fixture(scope="module")
+def sleepers(jl: JobsCluster) -> dict[int, str]:
+    """Three detached long jobs (submitted at once), each running a sleeper with its own marker: job -> marker."""
+    markers = [f"{MOD}-sleeper{i}" for i in range(3)]
+    with ThreadPoolExecutor(3) as pool:
+        started = list(pool.map(lambda m: _detach_sleeper(jl, m), markers))
+    jobs = {job_id_of(res.check(), "detached"): m for res, m in zip(started, markers)}
+    for marker in markers:
+        jl.wait_running_on(marker, [0, 1, 2])
+    return dict(sorted(jobs.items()))
+
+
+def test_cancel_one_job_stops_it_everywhere(jl: JobsCluster, sleepers: dict[int, str]):
+    job, *others = sleepers
+    marker = sleepers[job]
+    rows = jl.queue()
+    assert [rows[j].status for j in sleepers] == ["RUNNING"] * 3, rows
+    res = jl.gpuctl("cancel", NAME, str(job)).check()
+    assert res.stdout.splitlines() == [f"Job {job} cancelled on 3 node(s)."], res.stdout
+    jl.assert_no_process(marker)
+    # nothing of the job is left on the nodes (its agents), nor its watcher here
+    wait_for(f"job {job}'s processes on the nodes to end", lambda: not jl.on_nodes(*job_paths(job)), timeout=10)
+    wait_for(f"the watcher of job {job} to exit",
+             lambda: not pids_matching(f"_watch\0{NAME}\0{job}\0"), timeout=15)
+    rows = jl.queue()
+    assert rows[job].status == "CANCELLED", rows  # and the watcher did not overwrite it
+    # only that job: the others still run on every node
+    assert [rows[j].status for j in others] == ["RUNNING"] * 2, rows
+    for other in others:
+        assert len(jl.on_nodes(sleepers[other])) == 3, f"cancelling job {job} touched job {other}"
+    status = jl.gpuctl("logs", NAME, str(job), "--status")
+    assert status.returncode == 103 and f"Job {job}: CANCELLED" in status.stdout, status.describe()
+    again = jl.gpuctl("cancel", NAME, str(job)).check()
+    assert f"Job {job} already ended: CANCELLED" in again.stdout
+
+
+def test_cancel_all_stops_every_unfinished_job(jl: JobsCluster, sleepers: dict[int, str]):
+    jobs = [j for j in sleepers if jl.on_nodes(sleepers[j])]  # two, or three if run on its own
+    assert len(jobs) >= 2, "at least two detached jobs should still be running"
+    before = jl.queue()
+    assert sorted(j for j, r in before.items() if r.status in ("PENDING", "SETTING_UP", "RUNNING")) == jobs, before
+    res = jl.gpuctl("cancel", NAME, "--all").check()
+    assert sorted(res.stdout.splitlines()) == [f"Job {j} cancelled on 3 node(s)." for j in jobs], res.stdout
+    after = jl.queue()
+    assert [after[j].status for j in jobs] == ["CANCELLED"] * len(jobs), after
+    assert {j: r for j, r in after.items() if j not in jobs} == {j: r for j, r in before.items() if j not in jobs}
+    for job in jobs:
+        jl.assert_no_process(sleepers[job])
+        wait_for(f"job {job}'s processes on the nodes to end", lambda: not jl.on_nodes(*job_paths(job)), timeout=10)
+    none_left = jl.gpuctl("cancel", NAME, "--all").check()
+    assert "No unfinished jobs" in none_left.stdout
+
+
+def test_ctrl_c_cancels_the_attached_job(jl: JobsCluster):
+    marker = f"{MOD}-ctrlc"
+    argv = [sys.executable, "-m", "gpuctl", "exec", NAME, "--",
+            f'echo "started $GPUCTL_NODE_RANK"; (exec -a {marker} sleep 300); echo survived']
+    # Its own process group, signalled as a whole as a terminal's Ctrl-C does (its ssh children included).
+    proc = subprocess.Popen(argv, cwd=REPO, env=gpuctl_env(jl.cluster.state_dir), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                            start_new_session=True)
+    out: list[str] = []
+    err: list[str] = []
+    first_rank_line = threading.Event()
+
+    def pump(stream, sink: list[str], watch: bool) -> None:
+        for line in iter(stream.readline, ""):
+            sink.append(line.rstrip("\n"))
+            if watch and line.startswith("("):
+                first_rank_line.set()
+
+    readers = [threading.Thread(target=pump, args=(proc.stdout, out, True), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, err, False), daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        assert first_rank_line.wait(200), "no output from the job\n" + "\n".join(out + err)
+        jl.wait_running_on(marker, [0, 1, 2])
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("gpuctl still runs 15 s after Ctrl-C\n" + "\n".join(out + err))
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for t in readers:
+            t.join(timeout=10)
+    text = "\n".join(out) + "\n--- stderr\n" + "\n".join(err)
+    assert proc.returncode == 130, text
+    assert took < 15, took
+    assert "Traceback" not in text
+    assert "survived" not in text
+    m = re.search(r"^Job (\d+) running", "\n".join(out), re.M)
+    assert m, text
+    job = int(m.group(1))
+    assert any(f"job {job} cancelled (Ctrl-C)" in line for line in err), text
+    jl.assert_no_process(marker)
+    wait_for(f"job {job}'s processes on the nodes to end", lambda: not jl.on_nodes(*job_paths(job)), timeout=10)
+    assert jl.queue()[job].status == "CANCELLED"
+
+
+# -- 5, 6, 8. detached jobs submitted at once; logs live and later ----------------------
+
+
+@dataclass
+class Pair:
+    """Two `exec -d` started at the same time from two processes, and what was seen meanwhile."""
+
+    log_job: int
+    other_job: int
+    submitted: list[Result]
+    queue_meanwhile: Result
+    both_running_after_queue: bool
+    queue_after_detach: Result  # right after the log job's `exec -d` returned
+    follow: Result  # `logs NAME LOG_JOB --follow`, started while the job ran
+
+
+@pytest.fixture(scope="module")
+def pair(jl: JobsCluster) -> Pair:
+    with ThreadPoolExecutor(2) as pool:
+        log_f = pool.submit(jl.gpuctl, "exec", NAME, "-d", "--", LOG_JOB)
+        other_f = pool.submit(jl.gpuctl, "exec", NAME, "-d", "--", 'echo "other rank $GPUCTL_NODE_RANK"; sleep 1')
+        time.sleep(1.0)
+        meanwhile = jl.gpuctl("queue", NAME)
+        both_running = not log_f.done() and not other_f.done()
+        log_res = log_f.result()
+        queue_after = jl.gpuctl("queue", NAME)
+        log_job = job_id_of(log_res.check(), "detached")
+        follow = jl.gpuctl("logs", NAME, str(log_job), "--follow", timeout=120)
+        other_res = other_f.result()
+    return Pair(log_job=log_job, other_job=job_id_of(other_res.check(), "detached"), submitted=[log_res, other_res],
+                queue_meanwhile=meanwhile, both_running_after_queue=both_running, queue_after_detach=queue_after,
+                follow=follow)
+
+
+def test_exec_detached_returns_once_started_and_watcher_records_success(jl: JobsCluster, pair: Pair):
+    row = parse_queue(pair.queue_after_detach)[pair.log_job]
+    assert row.status == "RUNNING", pair.queue_after_detach.stdout
+    for res in pair.submitted:
+        assert "logline-" not in res.stdout and "other rank" not in res.stdout  # no rank output: detached
+    for job in (pair.log_job, pair.other_job):
+        row = jl.wait_status(job, ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=60)
+        assert (row.status, row.codes) == ("SUCCEEDED", "0,0,0"), row
+        assert (jl.cluster.cdir / "jobs" / str(job) / "watcher.log").exists()
+
+
+def test_two_gpuctl_commands_at_once(jl: JobsCluster, pair: Pair):
+    assert pair.log_job != pair.other_job
+    assert pair.queue_meanwhile.returncode == 0, pair.queue_meanwhile.describe()
+    assert pair.both_running_after_queue, "queue did not run while both exec commands ran"
+    rows = jl.queue()
+    for job in (pair.log_job, pair.other_job):
+        assert rows[job].status == "SUCCEEDED", rows
+    db = sqlite3.connect(jl.cluster.state_dir / "state.db")
+    try:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        ids = [r[0] for r in db.execute("SELECT job_id FROM jobs WHERE cluster=? ORDER BY job_id", (NAME,))]
+    finally:
+        db.close()
+    assert ids == sorted(rows) == list(range(1, len(ids) + 1)), (ids, rows)
+
+
+def test_logs_follow_streams_a_running_detached_job_to_its_end(jl: JobsCluster, pair: Pair):
+    res = pair.follow
+    assert res.returncode == 0, res.describe()
+    by_rank: dict[int, list[str]] = {}
+    for n in jl.nodes:
+        prefix = f"({n.name}, rank={n.rank}) "
+        by_rank[n.rank] = [line[len(prefix):] for line in res.stdout.splitlines() if line.startswith(prefix)]
+        assert by_rank[n.rank] == expected_log_lines(n.rank), res.describe()
+    first = res.first_time(lambda line: "logline-1 " in line)
+    last = res.first_time(lambda line: f"logline-{LOG_LINES} " in line)
+    assert first is not None and last is not None
+    assert last - first >= 2.0, f"lines were not streamed as they came ({last - first:.1f}s apart)"
+
+
+def test_logs_after_the_job_from_the_saved_copy(jl: JobsCluster, pair: Pair):
+    job = pair.log_job
+    jl.wait_status(job, ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=60)
+    saved = jl.cluster.cdir / "jobs" / str(job)
+    for n in jl.nodes:
+        assert (saved / f"run-rank{n.rank}.log").read_text().splitlines() == expected_log_lines(n.rank)
+
+    def check_logs() -> None:
+        res = jl.gpuctl("logs", NAME, str(job)).check()
+        for n in jl.nodes:
+            prefix = f"({n.name}, rank={n.rank}) "
+            assert [line[len(prefix):] for line in res.stdout.splitlines() if line.startswith(prefix)] == \
+                expected_log_lines(n.rank), res.describe()
+        one = jl.gpuctl("logs", NAME, str(job), "--rank", "1").check()
+        assert one.stdout.splitlines() == [f"(worker1, rank=1) {line}" for line in expected_log_lines(1)], \
+            one.describe()
+        status = jl.gpuctl("logs", NAME, str(job), "--status")
+        assert status.returncode == 0 and f"Job {job}: SUCCEEDED" in status.stdout, status.describe()
+
+    check_logs()
+    # The nodes lose the job's directory: the saved copy still serves.
+    node_dir = f"~/.gpuctl/jobs/{job}"
+    for n in jl.nodes:
+        jl.cluster.ssh(n, f"test -f {node_dir}/run.log && rm -rf {node_dir} && ! test -e {node_dir}")
+    check_logs()
+
+
+# -- teardown ------------------------------------------------------------------------
+
+
+def test_down_leaves_nothing(jl: JobsCluster):
+    footprint = jl.cluster.footprint()
+    footprint.assert_present(3)
+    jl.gpuctl("down", NAME).check()
+    footprint.assert_gone()
+    assert not set(jl.netns.values()) & netns_names()
+    assert pids_matching(MOD) == []
+    gone = jl.gpuctl("status", NAME)
+    assert gone.returncode == 2 and "not found" in gone.stderr, gone.describe()
