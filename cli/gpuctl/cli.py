@@ -231,9 +231,11 @@ def exec_(
             raise UserError(f"--workdir {spec_workdir}: not a directory")
         # Like ssh: the words are joined with spaces and the node's bash interprets them.
         run, secrets, job_name = " ".join(command), parse_env_assignments(secret or [], flag="--secret", secret=True), None
-    k = num_nodes if num_nodes is not None else len(inv.nodes)
+    # Like `sky exec`: a task file's num_nodes picks the first K nodes, --num-nodes wins.
+    k = num_nodes if num_nodes is not None else (task.num_nodes if file is not None else len(inv.nodes))
     if not 1 <= k <= len(inv.nodes):
-        raise UserError(f"--num-nodes {k}: cluster '{name}' has {len(inv.nodes)} node(s); use 1..{len(inv.nodes)}")
+        where = "--num-nodes" if num_nodes is not None else f"{file}: num_nodes"
+        raise UserError(f"{where} {k}: cluster '{name}' has {len(inv.nodes)} node(s); use 1..{len(inv.nodes)}")
     rec = registry.cluster(name)
     req_info = rec.request if rec else {}
     spec = JobSpec(name=job_name, run=run, workdir=spec_workdir, envs=envs, secrets=secrets, num_nodes=k,

@@ -331,6 +331,14 @@ def test_exec_runs_no_setup_syncs_workdir_but_not_file_mounts(jl: JobsCluster):
 # -- 8. apply -d: returns once started; the watcher records the failure ----------------
 
 
+def test_exec_file_with_more_nodes_than_the_cluster_is_refused(jl: JobsCluster):
+    big = jl.project / "big.yaml"
+    big.write_text("num_nodes: 5\nrun: echo never\n")
+    res = jl.gpuctl("exec", NAME, str(big))
+    assert res.returncode == 2, res.describe()
+    assert "num_nodes 5" in res.stderr and "has 3 node(s)" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_apply_detached_returns_while_running_and_watcher_records_failure(jl: JobsCluster):
     job = jl.apply_job
     assert f"Job {job} detached" in jl.applied.stdout, jl.applied.stdout
