@@ -169,8 +169,9 @@ class JobRunner:
         try:
             with self.reporter.stage(f"Waiting for {len(inv.nodes)} node(s)"):
                 self._require(self._playbook("wait.yml", extravars), "nodes did not become reachable", job.job_id)
-            with self.reporter.stage("Syncing workdir" + (" and file_mounts" if sync_file_mounts else "")):
-                self._require(self._playbook("sync.yml", extravars), "sync failed", job.job_id)
+            if extravars["gpuctl_workdir_src"] or extravars["gpuctl_file_mounts"]:
+                with self.reporter.stage("Syncing workdir" + (" and file_mounts" if sync_file_mounts else "")):
+                    self._require(self._playbook("sync.yml", extravars), "sync failed", job.job_id)
             if run_setup and spec.setup:
                 self.registry.update_job(inv.cluster, job.job_id, status="SETTING_UP", started_at=time.time())
                 with self.reporter.stage(f"Running setup on {len(inv.nodes)} node(s)"):
