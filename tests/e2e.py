@@ -1,0 +1,328 @@
+"""Helpers for end-to-end tests: the real `gpuctl` command as a subprocess
+against real local nodes, and ways to look at those nodes from the outside
+(over ssh with the cluster's key, /proc, `ip`), without importing gpuctl.
+
+    cluster = Cluster("e2e-two", state_dir)
+    res = cluster.gpuctl("apply", "cluster.yaml", "-c", cluster.name)
+    res.check()                      # exit 0, or fail showing the output
+    node = cluster.nodes()[1]        # from inventory.yml: host, port, rank, address
+    cluster.ssh(node, "cat ~/x")     # as the node's user, with the cluster key
+    before = cluster.footprint()     # sshd pids, namespaces, links, dirs on this machine
+    cluster.gpuctl("down", cluster.name)
+    before.assert_gone()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+HAVE_TOOLS = all(shutil.which(t) for t in ("terraform", "ssh", "ssh-keygen", "rsync")) and (
+    shutil.which("sshd") or os.path.exists("/usr/sbin/sshd"))
+needs_local_nodes = pytest.mark.skipif(
+    not HAVE_TOOLS or os.geteuid() != 0 or shutil.which("ip") is None,
+    reason="end-to-end tests need root, iproute2, terraform, rsync, ssh and sshd (netns local nodes)")
+
+
+# -- running gpuctl ----------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One finished `gpuctl` run; every output line carries the time.time() it was read at."""
+
+    argv: list[str]
+    returncode: int
+    stdout_lines: list[tuple[float, str]]
+    stderr_lines: list[tuple[float, str]]
+    started: float
+    ended: float
+
+    @property
+    def stdout(self) -> str:
+        return "".join(line + "\n" for _, line in self.stdout_lines)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(line + "\n" for _, line in self.stderr_lines)
+
+    @property
+    def duration(self) -> float:
+        return self.ended - self.started
+
+    def describe(self) -> str:
+        return (f"$ {' '.join(self.argv)}\nexit {self.returncode} after {self.duration:.1f}s\n"
+                f"--- stdout\n{self.stdout}--- stderr\n{self.stderr}")
+
+    def check(self) -> "Result":
+        assert self.returncode == 0, self.describe()
+        return self
+
+    def first_time(self, predicate: Callable[[str], bool]) -> float | None:
+        """When the first stdout line matching `predicate` was read (time.time(): nodes share this machine's clock)."""
+        return next((t for t, line in self.stdout_lines if predicate(line)), None)
+
+
+def gpuctl_env(state_dir: Path) -> dict[str, str]:
+    env = {**os.environ, "GPUCTL_STATE_DIR": str(state_dir)}
+    env.pop("GPUCTL_LOCAL_MODE", None)  # netns nodes: own address, hostname and home each
+    env.pop("GPUCTL_PLAIN", None)
+    return env
+
+
+def run_gpuctl(*args: str, state_dir: Path, cwd: Path | None = None, timeout: float = 300) -> Result:
+    """`python -m gpuctl ARGS` with stdout and stderr read line by line as they come."""
+    argv = [sys.executable, "-m", "gpuctl", *args]
+    started = time.time()
+    proc = subprocess.Popen(argv, cwd=cwd or REPO, env=gpuctl_env(state_dir), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                            errors="replace")
+    out: list[tuple[float, str]] = []
+    err: list[tuple[float, str]] = []
+
+    def pump(stream, sink: list[tuple[float, str]]) -> None:
+        for line in iter(stream.readline, ""):
+            sink.append((time.time(), line.rstrip("\n")))
+        stream.close()
+
+    readers = [threading.Thread(target=pump, args=(proc.stdout, out), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, err), daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(2)  # Ctrl-C: gpuctl cancels the job on the nodes
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for t in readers:
+            t.join(timeout=5)
+        res = Result(argv, proc.returncode, out, err, started, time.time())
+        pytest.fail(f"gpuctl ran past {timeout}s\n" + res.describe())
+    for t in readers:
+        t.join(timeout=10)
+    return Result(argv, proc.returncode, out, err, started, time.time())
+
+
+# -- looking at nodes --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One host of the cluster's inventory.yml (inventories/README.md)."""
+
+    name: str
+    rank: int
+    address: str
+    host: str
+    port: int
+    user: str
+    key: str
+    gpus: int
+
+
+def running(pid: int, start: str | None = None) -> bool:
+    """A live process (not a zombie), optionally the one that started at `start`."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] != "Z" and (start is None or fields[19] == start)
+
+
+def pids_with_env(entry: str) -> list[int]:
+    """Live processes whose environment holds exactly `entry` (NAME=VALUE)."""
+    needle = entry.encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if needle in (proc / "environ").read_bytes().split(b"\0") and running(int(proc.name)):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def pids_matching(text: str) -> list[int]:
+    """Live processes whose command line contains `text` (like `pgrep -f`), except ours."""
+    found = []
+    needle = text.encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if needle in (proc / "cmdline").read_bytes() and running(int(proc.name)):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def netns_names() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def link_names() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":", 2)[1].strip().split("@")[0] for line in out.splitlines() if line.strip()}
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def control_dir_candidates(cdir: Path) -> list[Path]:
+    """Where gpuctl may keep the cluster's ssh ControlMaster sockets: clusters/<name>/cm,
+    or, when that path is too long for a unix socket, a per-cluster directory under
+    the temp dir (docs: ssh.py)."""
+    preferred = (cdir / "cm").absolute()
+    digest = hashlib.sha1(str(preferred).encode()).hexdigest()[:12]
+    return [preferred, Path(tempfile.gettempdir()) / f"gpuctl-{os.getuid()}-{digest}",
+            Path("/tmp") / f"gpuctl-{os.getuid()}-{digest}"]
+
+
+@dataclass
+class Footprint:
+    """Everything a local cluster has on this machine, recorded while it is up."""
+
+    cluster_dir: Path
+    sshd: list[tuple[int, str]]
+    tags: list[str]
+    netns: list[str]
+    veths: list[str]
+    bridge: str
+    node_dirs: list[Path]
+    pids: list[int] = field(default_factory=list)  # every process of the nodes at the time
+
+    def assert_present(self, num_nodes: int) -> None:
+        assert len(self.sshd) == len(self.netns) == len(self.veths) == len(self.node_dirs) == num_nodes, self
+        assert all(running(pid, start) for pid, start in self.sshd), self.sshd
+        assert set(self.netns) <= netns_names()
+        assert {self.bridge, *self.veths} <= link_names()
+        assert all(d.is_dir() for d in self.node_dirs)
+        assert self.pids
+
+    def assert_gone(self) -> None:
+        leftovers = [f"sshd {pid}" for pid, start in self.sshd if running(pid, start)]
+        leftovers += [f"pid {pid}" for pid in self.pids if running(pid)]
+        leftovers += [f"pid {pid} (tag {tag})" for tag in self.tags for pid in pids_with_env(f"GPUCTL_NODE_TAG={tag}")]
+        leftovers += [f"netns {ns}" for ns in sorted(set(self.netns) & netns_names())]
+        leftovers += [f"link {ln}" for ln in sorted({self.bridge, *self.veths} & link_names())]
+        leftovers += [f"dir {d}" for d in self.node_dirs if d.exists()]
+        if self.cluster_dir.exists():
+            leftovers.append(f"dir {self.cluster_dir}")
+        for cm in control_dir_candidates(self.cluster_dir):
+            if cm.exists():
+                leftovers.append(f"dir {cm} (ssh control sockets: {sorted(p.name for p in cm.iterdir())})")
+            leftovers += [f"ssh master {pid} ({cm})" for pid in pids_matching(f"{cm}/")]
+        assert not leftovers, "left behind after down: " + ", ".join(leftovers)
+
+
+class Cluster:
+    """A local cluster named `name` in its own gpuctl state directory."""
+
+    def __init__(self, name: str, state_dir: Path) -> None:
+        self.name = name
+        self.state_dir = state_dir
+        self.outputs: list[Result] = []  # every gpuctl run against this cluster
+
+    @property
+    def cdir(self) -> Path:
+        return self.state_dir / "clusters" / self.name
+
+    def gpuctl(self, *args: str, cwd: Path | None = None, timeout: float = 300) -> Result:
+        res = run_gpuctl(*args, state_dir=self.state_dir, cwd=cwd, timeout=timeout)
+        self.outputs.append(res)
+        return res
+
+    def nodes(self) -> list[NodeInfo]:
+        data = yaml.safe_load((self.cdir / "inventory.yml").read_text())
+        hosts = data["all"]["children"]["gpuctl_nodes"]["hosts"]
+        nodes = [NodeInfo(name=name, rank=int(h["gpuctl_rank"]), address=h["gpuctl_address"],
+                          host=h["ansible_host"], port=int(h.get("ansible_port", 22)), user=h["ansible_user"],
+                          key=h["ansible_ssh_private_key_file"], gpus=int(h.get("gpuctl_gpus", 0)))
+                 for name, h in hosts.items()]
+        return sorted(nodes, key=lambda n: n.rank)
+
+    def ssh(self, node: NodeInfo, command: str, *, check: bool = True,
+            timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run `command` on the node over plain ssh with the cluster key (the path users have)."""
+        key = self.cdir / "ssh" / "id_ed25519"
+        assert Path(node.key) == key, (node.key, key)
+        argv = ["ssh", "-i", str(key), "-p", str(node.port), "-o", "IdentitiesOnly=yes",
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
+                "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR", "-o", "ControlMaster=no",
+                "-o", "ControlPath=none", f"{node.user}@{node.host}", command]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if check:
+            assert proc.returncode == 0, f"ssh {node.name}: {command!r} -> {proc.returncode}: {proc.stderr}"
+        return proc
+
+    def read(self, node: NodeInfo, path: str) -> str:
+        """A file's text on the node (`~/...` is the node's home)."""
+        return self.ssh(node, f"cat {path}").stdout
+
+    def exists_on(self, node: NodeInfo, path: str) -> bool:
+        proc = self.ssh(node, f"if test -e {path}; then echo yes; else echo no; fi")
+        return proc.stdout.strip() == "yes"
+
+    def footprint(self) -> Footprint:
+        """Read where the local-nodes module put the nodes (each node.env / sshd.pid /
+        bridge.env under clusters/<name>/nodes, terraform/modules/local-nodes/scripts)."""
+        nodes_dir = self.cdir / "nodes"
+        envs = [_env_file(p) for p in sorted(nodes_dir.glob("node*/node.env"))]
+        sshd = []
+        for p in sorted(nodes_dir.glob("node*/sshd.pid")):
+            pid, start = p.read_text().split()
+            sshd.append((int(pid), start))
+        tags = [e["LN_TAG"] for e in envs]
+        pids = sorted({pid for tag in tags for pid in pids_with_env(f"GPUCTL_NODE_TAG={tag}")}
+                      | {pid for pid, _ in sshd})
+        return Footprint(cluster_dir=self.cdir, sshd=sshd, tags=tags,
+                         netns=[e["LN_NETNS"] for e in envs], veths=[e["LN_VETH"] for e in envs],
+                         bridge=_env_file(nodes_dir / "bridge.env")["LN_BRIDGE"],
+                         node_dirs=[Path(e["LN_DIR"]) for e in envs], pids=pids)
+
+    def down_quietly(self) -> None:
+        """Teardown for fixtures: `gpuctl down` if the cluster is still there."""
+        if self.cdir.exists():
+            res = self.gpuctl("down", self.name, timeout=300)
+            if res.returncode != 0:
+                sys.stderr.write("gpuctl down failed in teardown:\n" + res.describe())
+
+
+def files_containing(root: Path, needle: str, *, skip: Iterable[Path] = ()) -> list[Path]:
+    """Every regular file under `root` (outside `skip`) whose bytes contain `needle`."""
+    data = needle.encode()
+    skipped = [p.resolve() for p in skip]
+    hits = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath).resolve()
+        dirnames[:] = [d for d in dirnames if (here / d) not in skipped]
+        for fname in filenames:
+            path = here / fname
+            try:
+                if path.is_file() and not path.is_symlink() and data in path.read_bytes():
+                    hits.append(path)
+            except OSError:
+                continue
+    return hits
