@@ -162,6 +162,7 @@ class JobRunner:
             "gpuctl_secrets_file": str(secrets_path) if secrets_path else None,
             "gpuctl_setup_script": spec.setup if run_setup else None,
             "gpuctl_run_script": spec.run,
+            "gpuctl_setup_hostfile_lines": jobenv.hostfile_lines(inv.nodes),
             "gpuctl_hostfile_lines": jobenv.hostfile_lines(job_nodes),
             "gpuctl_run_hosts": [n.name for n in job_nodes],
             "gpuctl_internal_key": str(ensure_internal_key(self.cdir)[0]),

@@ -272,6 +272,7 @@ def check_environment(job: EnvJob) -> None:
         # The hostfile: a file on the node, `IP slots=GPUS` per node, head first.
         hostfile = run["GPUCTL_HOSTFILE"]
         assert hostfile.startswith("/"), hostfile
+        assert setup["GPUCTL_HOSTFILE"] == hostfile  # setup gets it too (then listing every cluster node)
         assert job.cluster.read(node, hostfile).splitlines() == [f"{ip} slots={job.gpus}" for ip in ips]
 
         # bash, in the synced workdir
