@@ -29,8 +29,7 @@ import boto3
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mototest import CapacityShortage, MotoServer, fake_aws_env, isolated_aws_env  # noqa: E402
+from mototest import CapacityShortage, MotoServer, fake_aws_env, isolated_aws_env
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 import threading
 import time
 import uuid
@@ -24,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from e2e import REPO, Cluster, NodeInfo, Result, files_containing, needs_local_nodes, pids_matching  # noqa: E402
+from e2e import REPO, Cluster, NodeInfo, Result, files_containing, needs_local_nodes, pids_matching
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 

@@ -29,8 +29,7 @@ from typing import Callable
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from e2e import (REPO, Cluster, Footprint, NodeInfo, Result, gpuctl_env, needs_local_nodes,  # noqa: E402
+from e2e import (REPO, Cluster, Footprint, NodeInfo, Result, gpuctl_env, needs_local_nodes,
                  netns_names, pids_matching)
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from e2e import pids_with_env, running
+
 from gpuctl import provision
 from gpuctl.cluster import ClusterRequest
 from gpuctl.errors import ProvisionError
@@ -59,27 +61,8 @@ def recorded_sshd(name: str) -> list[tuple[int, str]]:
     return pids
 
 
-def running(pid: int, start: str | None = None) -> bool:
-    """A live process (zombies are dead: PID 1 here may reap late)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields[0] != "Z" and (start is None or fields[19] == start)
-
-
 def tagged_pids(tag: str) -> list[int]:
-    found = []
-    needle = f"GPUCTL_NODE_TAG={tag}".encode()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if needle in (proc / "environ").read_bytes().split(b"\0") and running(int(proc.name)):
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return found
+    return pids_with_env(f"GPUCTL_NODE_TAG={tag}")
 
 
 def netns_list() -> set[str]:
