@@ -75,11 +75,11 @@ def refresh(runner: JobRunner, job: JobRecord) -> JobRecord:
         return job
     codes = {rank: s.exit for rank, s in status.items()}
     if stage == "setup":
-        runner._finish(job.job_id, "FAILED_SETUP", codes, describe_codes(codes, runner.by_rank))
+        runner.record_outcome(job.job_id, "FAILED_SETUP", codes, describe_codes(codes, runner.by_rank))
     else:
         joblogs.fetch(job.cluster, job.job_id, nodes, control_dir=runner.control_dir)
         failed = describe_codes(codes, runner.by_rank)
-        runner._finish(job.job_id, "FAILED" if failed else "SUCCEEDED", codes, failed)
+        runner.record_outcome(job.job_id, "FAILED" if failed else "SUCCEEDED", codes, failed)
     refreshed = runner.registry.job(job.cluster, job.job_id)
     assert refreshed is not None
     return refreshed
@@ -93,7 +93,7 @@ def follow_job(runner: JobRunner, job: JobRecord, nodes: Sequence[Node]) -> JobR
     registry = runner.registry
 
     def tail(stage: str) -> None:
-        stream.follow(nodes, job_id=str(job.job_id), stage=stage, on_line=runner._on_line,
+        stream.follow(nodes, job_id=str(job.job_id), stage=stage, on_line=runner.print_line,
                       control_dir=runner.control_dir)
 
     if job.status == "SETTING_UP":

@@ -101,14 +101,15 @@ class JobRunner:
         return playbooks.run_playbook(name, inventory=self.inventory_path, private_data_dir=self.private_data_dir,
                                       extravars=extravars, limit=limit, control_dir=self.control_dir)
 
-    def _on_line(self, node: Node, line: str) -> None:
+    def print_line(self, node: Node, line: str) -> None:
+        """One line of a rank's output, prefixed `(worker1, rank=1)`."""
         self.reporter.rank_line(stream.format_prefix(node), node.rank, line)
 
     def _require(self, result: playbooks.PlaybookResult, what: str, job_id: int) -> None:
         if result.ok:
             return
         detail = describe_result(result)
-        self._finish(job_id, "FAILED", {}, [detail])
+        self.record_outcome(job_id, "FAILED", {}, [detail])
         raise JobFailed(f"job {job_id}: {what}: {detail}")
 
     def _setup(self, job_id: int, extravars: dict) -> None:
@@ -125,7 +126,7 @@ class JobRunner:
         worker = threading.Thread(target=play, name="playbook-setup", daemon=True)
         worker.start()
         try:
-            codes = stream.follow(self.inv.nodes, job_id=str(job_id), stage="setup", on_line=self._on_line,
+            codes = stream.follow(self.inv.nodes, job_id=str(job_id), stage="setup", on_line=self.print_line,
                                   control_dir=self.control_dir, stop=done)
             worker.join()
         except KeyboardInterrupt:
@@ -135,7 +136,7 @@ class JobRunner:
         failed = describe_codes({r: c for r, c in codes.items() if c != 0}, self.by_rank)
         if not result.ok or failed:
             detail = failed or [describe_result(result)]
-            self._finish(job_id, "FAILED_SETUP", codes, detail)
+            self.record_outcome(job_id, "FAILED_SETUP", codes, detail)
             joblogs.fetch(self.inv.cluster, job_id, self.inv.nodes, control_dir=self.control_dir, stages=("setup",))
             raise JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail))
 
@@ -209,7 +210,7 @@ class JobRunner:
             t.start()
             killer.append(t)
 
-        sink = on_line or (self._on_line if echo else (lambda node, line: None))
+        sink = on_line or (self.print_line if echo else (lambda node, line: None))
         joblogs.mark_watching(self.inv.cluster, job_id)
         try:
             codes = stream.follow(job_nodes, job_id=str(job_id), stage="run", on_line=sink,
@@ -232,7 +233,7 @@ class JobRunner:
             self.registry.update_job(self.inv.cluster, job_id, returncodes=dict(codes))
             raise JobFailed(f"job {job_id} was cancelled")
         status = "FAILED" if failed else "SUCCEEDED"
-        self._finish(job_id, status, codes, failed, first_failed=first_failed)
+        self.record_outcome(job_id, status, codes, failed, first_failed=first_failed)
         if failed:
             first = first_failed if first_failed is not None else next(r for r in sorted(codes) if codes[r] != 0)
             rc_list = ", ".join(f"rank {r}: {'?' if c is None else c}" for r, c in sorted(codes.items()))
@@ -250,8 +251,9 @@ class JobRunner:
                            grace=KILL_GRACE_S)
         joblogs.fetch(self.inv.cluster, job_id, job_nodes, control_dir=self.control_dir)
 
-    def _finish(self, job_id: int, status: str, codes: Mapping[int, int | None], detail: list[str],
-                *, first_failed: int | None = None) -> None:
+    def record_outcome(self, job_id: int, status: str, codes: Mapping[int, int | None], detail: list[str],
+                       *, first_failed: int | None = None) -> None:
+        """Write a finished job's state, return codes and first failed rank to the registry."""
         failed_rank = first_failed if first_failed is not None else next(
             (r for r in sorted(codes) if codes[r] != 0), None)
         self.registry.update_job(self.inv.cluster, job_id, status=status, ended_at=time.time(),
