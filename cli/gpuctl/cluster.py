@@ -7,7 +7,7 @@ be read and tested without knowing SkyPilot's task format.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -89,7 +89,3 @@ def request_from_task(
         network_tier=res.network_tier or "standard",
         inventory_path=inventory_path,
     )
-
-
-def with_zone(req: ClusterRequest, zone: str) -> ClusterRequest:
-    return replace(req, zone=zone)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -232,8 +232,3 @@ def load_inventory(path: Path, *, cluster: str | None = None, default_key: str |
 
 def _expand(path: Any) -> str | None:
     return str(Path(str(path)).expanduser()) if path else None
-
-
-def with_key(inv: Inventory, key: str) -> Inventory:
-    """The same inventory with every node using `key` (hand-written files often omit it)."""
-    return replace(inv, nodes=tuple(replace(n, ssh_key=n.ssh_key or key) for n in inv.nodes))

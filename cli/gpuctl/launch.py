@@ -27,7 +27,7 @@ from gpuctl.errors import JobFailed
 from gpuctl.inventory import Inventory, Node
 from gpuctl.paths import cluster_dir
 from gpuctl.sshkeys import ensure_internal_key
-from gpuctl.state import TERMINAL_JOB_STATES, Registry
+from gpuctl.state import Registry
 
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL on the other ranks after a failure
 
@@ -279,7 +279,3 @@ def describe_result(result: playbooks.PlaybookResult) -> str:
     if result.error:
         parts.append(result.error)
     return "; ".join(parts) or "ansible reported a failure"
-
-
-def is_terminal(status: str) -> bool:
-    return status in TERMINAL_JOB_STATES
