@@ -246,9 +246,8 @@ class JobRunner:
     def cancel(self, job_id: int, job_nodes: Sequence[Node], *, stages: Sequence[str] = ("setup", "run")) -> None:
         """End the job's process groups on every node and record it CANCELLED."""
         self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED", ended_at=time.time())
-        for stage in stages:
-            ssh.kill_stage(job_nodes, job_id=str(job_id), stage=stage, control_dir=self.control_dir,
-                           grace=KILL_GRACE_S)
+        ssh.kill_stage(job_nodes, job_id=str(job_id), stage=stages, control_dir=self.control_dir,
+                       grace=KILL_GRACE_S)
         joblogs.fetch(self.inv.cluster, job_id, job_nodes, control_dir=self.control_dir)
 
     def record_outcome(self, job_id: int, status: str, codes: Mapping[int, int | None], detail: list[str],

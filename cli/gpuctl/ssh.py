@@ -160,11 +160,13 @@ def agent_command(action: str, job_id: str, stage: str, *args: str) -> str:
     return " ".join([AGENT, shlex.quote(action), job_dir(job_id), shlex.quote(stage), *map(shlex.quote, args)])
 
 
-def kill_stage(nodes: Sequence[Node], *, job_id: str, stage: str, control_dir: Path | None,
+def kill_stage(nodes: Sequence[Node], *, job_id: str, stage: str | Sequence[str], control_dir: Path | None,
                grace: float = 10.0, timeout: float = 60) -> dict[int, subprocess.CompletedProcess[str]]:
     """SIGTERM, then SIGKILL after `grace` s, the stage's process group on every node at once.
 
-    stdout of each result is the agent's JSON status ({pid, running, exit, killed}).
+    Several stages are ended in one ssh round per node. stdout of each result
+    is the agent's JSON status ({pid, running, exit, killed}), a line per stage.
     """
-    command = agent_command("kill", job_id, stage, "--grace", f"{grace:g}")
-    return run_on_all(nodes, command, control_dir=control_dir, timeout=timeout + grace)
+    stages = [stage] if isinstance(stage, str) else list(stage)
+    command = "; ".join(agent_command("kill", job_id, s, "--grace", f"{grace:g}") for s in stages)
+    return run_on_all(nodes, command, control_dir=control_dir, timeout=timeout + grace * len(stages))
