@@ -144,6 +144,11 @@ def _cluster_inventory(name: str) -> Inventory:
     return inv
 
 
+def _job_runner(name: str, reporter: Reporter | None = None) -> JobRunner:
+    """The job runner of an existing cluster (its inventory, the registry)."""
+    return JobRunner(_cluster_inventory(name), reporter=reporter or Reporter(), registry=Registry())
+
+
 def write_ssh_config(inv: Inventory) -> Path:
     """`$GPUCTL_STATE_DIR/ssh/<name>.conf`, plus `ssh/config` that includes every cluster's file."""
     ssh_dir = state_root() / "ssh"
@@ -253,9 +258,8 @@ def _fmt_time(ts: float | None) -> str:
 @app.command()
 def queue(name: str = typer.Argument(..., help="Cluster whose jobs to list.")) -> None:
     """List a cluster's jobs: state, start and end time, and each rank's exit code."""
-    inv = _cluster_inventory(name)
-    registry = Registry()
-    runner = JobRunner(inv, reporter=Reporter(), registry=registry)
+    runner = _job_runner(name)
+    registry = runner.registry
     rows = [jobs.refresh(runner, job) for job in registry.jobs(name)]
     if not rows:
         typer.echo(f"No jobs on cluster '{name}'.")
@@ -277,10 +281,8 @@ def logs(
                                      "(100 failed, 101 not finished, 103 cancelled)."),
 ) -> None:
     """Show a job's output, live or after the fact."""
-    reporter = Reporter()
-    inv = _cluster_inventory(name)
-    registry = Registry()
-    runner = JobRunner(inv, reporter=reporter, registry=registry)
+    runner = _job_runner(name)
+    reporter, inv, registry = runner.reporter, runner.inv, runner.registry
     job = jobs.refresh(runner, jobs.resolve_job(registry, name, job_id))
     nodes = jobs.job_nodes(inv, job)
     if rank is not None:
@@ -309,9 +311,8 @@ def cancel(
     all_jobs: bool = typer.Option(False, "--all", "-a", help="Cancel every unfinished job."),
 ) -> None:
     """End a job on every node (its whole process tree) and mark it CANCELLED."""
-    inv = _cluster_inventory(name)
-    registry = Registry()
-    runner = JobRunner(inv, reporter=Reporter(), registry=registry)
+    runner = _job_runner(name)
+    inv, registry = runner.inv, runner.registry
     if all_jobs and job_id is not None:
         raise UserError("give a JOB id or --all, not both")
     unfinished = [j for j in registry.jobs(name) if j.status not in TERMINAL_JOB_STATES]
@@ -360,12 +361,10 @@ def ssh_(name: str = typer.Argument(..., help="Cluster."),
 @app.command("_watch", hidden=True)
 def watch_(name: str, job_id: int) -> None:
     """Background watcher of a detached job (started by `-d`)."""
-    inv = _cluster_inventory(name)
-    registry = Registry()
-    job = jobs.resolve_job(registry, name, job_id)
-    runner = JobRunner(inv, reporter=Reporter(plain=True), registry=registry)
+    runner = _job_runner(name, Reporter(plain=True))
+    job = jobs.resolve_job(runner.registry, name, job_id)
     try:
-        runner.watch(job.job_id, jobs.job_nodes(inv, job), echo=False)
+        runner.watch(job.job_id, jobs.job_nodes(runner.inv, job), echo=False)
     except JobFailed as exc:
         print(exc.message)
 
