@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import typer
 
-from gpuctl import jobenv, joblogs, jobs, provision, ssh, sshconfig
+from gpuctl import jobenv, joblogs, jobs, provision, ssh, sshconfig, usage
 from gpuctl.cluster import ClusterRequest, check_cluster_name, request_from_task
 from gpuctl.console import Reporter
 from gpuctl.errors import JobCancelled, JobFailed, ProvisionError, UserError
@@ -32,6 +32,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: typer 0.29's rich help prints a type (`<bool>`, `<str>`)
+    # beside every option, flags included; options carry their own metavars.
+    rich_markup_mode=None,
 )
 
 # `exec NAME -- CMD...` and `ssh NAME -- CMD...`: main() splits argv at the first
@@ -43,7 +46,7 @@ def _command_after_dashes() -> list[str]:
     return list(_after_dashes or [])
 
 
-FileArg = typer.Argument(..., help="Task YAML in SkyPilot's format (cluster.yaml).", show_default=False)
+FileArg = typer.Argument(..., metavar="FILE", help="Task YAML in SkyPilot's format (cluster.yaml).", show_default=False)
 
 
 def _load(file: Path, env: list[str] | None, secret: list[str] | None = None) -> Task:
@@ -77,11 +80,11 @@ def validate(file: Path = FileArg) -> None:
 @app.command()
 def apply(
     file: Path = FileArg,
-    cluster: Optional[str] = typer.Option(None, "-c", "--cluster", help="Cluster name (default: the task's name)."),
-    infra: Optional[str] = typer.Option(None, "--infra", help="Override resources.infra (local, ssh/PATH, aws/REGION, aws/REGION/ZONE)."),
-    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", help="Override num_nodes."),
-    env: Optional[List[str]] = typer.Option(None, "--env", help="K=V (or K to take it from your environment); repeatable."),
-    secret: Optional[List[str]] = typer.Option(None, "--secret", help="K=V (or K from your environment) for secrets; never printed."),
+    cluster: Optional[str] = typer.Option(None, "-c", "--cluster", metavar="NAME", help="Cluster name (default: the task's name)."),
+    infra: Optional[str] = typer.Option(None, "--infra", metavar="INFRA", help="Override resources.infra (local, ssh/PATH, aws/REGION, aws/REGION/ZONE)."),
+    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", metavar="N", help="Override num_nodes."),
+    env: Optional[List[str]] = typer.Option(None, "--env", metavar="K=V", help="K=V (or K to take it from your environment); repeatable."),
+    secret: Optional[List[str]] = typer.Option(None, "--secret", metavar="K[=V]", help="K=V (or K from your environment) for secrets; never printed."),
     no_setup: bool = typer.Option(False, "--no-setup", help="Skip the setup stage."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the Terraform plan; create nothing."),
     provision_only: bool = typer.Option(False, "--provision-only", help="Stop after provisioning and writing the inventory."),
@@ -158,7 +161,7 @@ def write_ssh_config(inv: Inventory) -> Path:
 
 
 @app.command()
-def status(name: Optional[str] = typer.Argument(None, help="Cluster name (default: all clusters)."),
+def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Cluster name (default: all clusters)."),
            refresh: bool = typer.Option(False, "--refresh", "-r",
                                         help="Check Terraform state and whether each node answers over SSH.")) -> None:
     """Show clusters, their nodes and addresses, and their last jobs."""
@@ -205,12 +208,12 @@ def _node_health(inv: Inventory) -> dict[int, str]:
 
 @app.command("exec")
 def exec_(
-    name: str = typer.Argument(..., help="A running cluster."),
-    file: Optional[Path] = typer.Argument(None, help="Task YAML whose run (and workdir, envs) to use; or give `-- COMMAND...`."),
-    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", help="Run on the first K nodes only (ranks 0..K-1)."),
-    env: Optional[List[str]] = typer.Option(None, "--env", help="K=V (or K to take it from your environment); repeatable."),
-    secret: Optional[List[str]] = typer.Option(None, "--secret", help="K=V secrets; never printed."),
-    workdir: Optional[Path] = typer.Option(None, "--workdir", help="With -- COMMAND: the directory to sync (default: the workdir of the last apply)."),
+    name: str = typer.Argument(..., metavar="NAME", help="A running cluster."),
+    file: Optional[Path] = typer.Argument(None, metavar="FILE", help="Task YAML whose run (and workdir, envs) to use; or give `-- COMMAND...`."),
+    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", metavar="N", help="Run on the first K nodes only (ranks 0..K-1)."),
+    env: Optional[List[str]] = typer.Option(None, "--env", metavar="K=V", help="K=V (or K to take it from your environment); repeatable."),
+    secret: Optional[List[str]] = typer.Option(None, "--secret", metavar="K[=V]", help="K=V secrets; never printed."),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", metavar="DIR", help="With -- COMMAND: the directory to sync (default: the workdir of the last apply)."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started."),
 ) -> None:
     """Sync the workdir and run on a running cluster: no provisioning, no setup, no file_mounts."""
@@ -256,7 +259,7 @@ def _fmt_time(ts: float | None) -> str:
 
 
 @app.command()
-def queue(name: str = typer.Argument(..., help="Cluster whose jobs to list.")) -> None:
+def queue(name: str = typer.Argument(..., metavar="NAME", help="Cluster whose jobs to list.")) -> None:
     """List a cluster's jobs: state, start and end time, and each rank's exit code."""
     runner = _job_runner(name)
     registry = runner.registry
@@ -273,9 +276,9 @@ def queue(name: str = typer.Argument(..., help="Cluster whose jobs to list.")) -
 
 @app.command()
 def logs(
-    name: str = typer.Argument(..., help="Cluster."),
-    job_id: Optional[int] = typer.Argument(None, help="Job id (default: the latest job)."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank's output."),
+    name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
+    job_id: Optional[int] = typer.Argument(None, metavar="JOB", help="Job id (default: the latest job)."),
+    rank: Optional[int] = typer.Option(None, "--rank", metavar="N", help="Only this rank's output."),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep streaming until the job ends."),
     status_only: bool = typer.Option(False, "--status", help="Print no logs; exit 0 if the job succeeded "
                                      "(100 failed, 101 not finished, 103 cancelled)."),
@@ -306,8 +309,8 @@ def logs(
 
 @app.command()
 def cancel(
-    name: str = typer.Argument(..., help="Cluster."),
-    job_id: Optional[int] = typer.Argument(None, help="Job id (default: the latest unfinished job)."),
+    name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
+    job_id: Optional[int] = typer.Argument(None, metavar="JOB", help="Job id (default: the latest unfinished job)."),
     all_jobs: bool = typer.Option(False, "--all", "-a", help="Cancel every unfinished job."),
 ) -> None:
     """End a job on every node (its whole process tree) and mark it CANCELLED."""
@@ -332,7 +335,7 @@ def cancel(
 
 
 @app.command("ssh-config")
-def ssh_config(name: Optional[str] = typer.Argument(None, help="Cluster (default: every cluster).")) -> None:
+def ssh_config(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Cluster (default: every cluster).")) -> None:
     """Write OpenSSH config: `Host NAME` (head) and `Host NAME-worker1`... for `ssh -F` or `Include`."""
     names = [check_cluster_name(name)] if name else [c.name for c in Registry().clusters()]
     paths = [write_ssh_config(_cluster_inventory(n)) for n in names]
@@ -343,8 +346,8 @@ def ssh_config(name: Optional[str] = typer.Argument(None, help="Cluster (default
 
 
 @app.command("ssh")
-def ssh_(name: str = typer.Argument(..., help="Cluster."),
-         rank: int = typer.Option(0, "--rank", help="Node rank (0 = head)."),
+def ssh_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
+         rank: int = typer.Option(0, "--rank", metavar="N", help="Node rank (0 = head)."),
          ) -> None:
     """SSH into a node (default: the head), optionally running `-- COMMAND...`."""
     inv = _cluster_inventory(name)
@@ -370,7 +373,7 @@ def watch_(name: str, job_id: int) -> None:
 
 
 @app.command()
-def down(name: str = typer.Argument(..., help="Cluster to tear down."),
+def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear down."),
          yes: bool = typer.Option(True, "-y", "--yes", hidden=True)) -> None:
     """Destroy a cluster (terraform destroy) and forget it."""
     reporter = Reporter()
@@ -390,6 +393,45 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpuctl {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, metavar="",
+                                       help="Print gpuctl's version and exit.")) -> None:
+    """Multi-node GPU training clusters from one SkyPilot-style cluster.yaml."""
+
+
+def package_version() -> str:
+    """The installed distribution's version (what `pip show gpuctl` says)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpuctl")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        from gpuctl import __version__
+
+        return __version__
+
+
+def _misplaced_dashes(argv: list[str]) -> None:
+    """`--` outside `exec`/`ssh`: the usage line and one error line, exit 2."""
+    words = [w for w in argv if not w.startswith("-")]
+    command = words[0] if words and words[0] in _command_names() else None
+    print(f"Usage: gpuctl {command + ' ' if command else ''}[OPTIONS] ...", file=sys.stderr)
+    where = f"`gpuctl {command}` takes no `-- COMMAND...`" if command else "`--` is misplaced"
+    print(f"error: {where}; only `gpuctl exec NAME -- COMMAND...` and "
+          f"`gpuctl ssh NAME -- COMMAND...` take one", file=sys.stderr)
+    sys.exit(2)
+
+
+def _command_names() -> set[str]:
+    return {c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None}
+
+
 def main() -> None:
     global _after_dashes
     # Ctrl-C and SIGTERM both end the job on every node (launch.JobRunner.watch);
@@ -401,11 +443,11 @@ def main() -> None:
         cut = argv.index("--")
         argv, _after_dashes = argv[:cut], argv[cut + 1:]
         if not argv or argv[0] not in ("exec", "ssh"):
-            print("error: `-- COMMAND...` is only for `gpuctl exec` and `gpuctl ssh`", file=sys.stderr)
-            sys.exit(2)
+            _misplaced_dashes(argv)
     try:
-        # Without standalone mode click returns typer.Exit's code instead of raising it.
-        rv = app(args=argv, standalone_mode=False)
+        # Without standalone mode click returns typer.Exit's code instead of
+        # raising it, and leaves usage errors to us (usage.report).
+        rv = app(args=argv, prog_name="gpuctl", standalone_mode=False)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -417,14 +459,9 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except (typer.Abort, usage.Abort):  # type: ignore[misc]
         print("aborted", file=sys.stderr)
         sys.exit(1)
-    except Exception as exc:  # click usage errors arrive as ClickException
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    except usage.ClickException as exc:
+        sys.exit(usage.report(exc, app, argv))
     sys.exit(rv if isinstance(rv, int) else 0)
