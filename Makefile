@@ -1,15 +1,23 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   installs what it needs, then runs examples/ddp on 2 local nodes
 #   make test   installs what it needs, then runs the whole test suite
+# Python packages come from requirements.lock (exact versions and hashes);
+# `make lock` refreshes it, `make test-min` / `make test-latest` check the
+# ranges in pyproject.toml at their lowest and newest ends.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-TORCH  ?= torch==2.13.0 numpy
+LOCK   := requirements.lock
+PIP_VERSION := 26.3
+# The demo's and the tests' training stack (not a dependency of gpuctl).
+TORCH  ?= torch==2.13.0 numpy==2.4.6
 APT_PACKAGES := openssh-server openssh-client rsync iproute2
 PYTEST_ARGS ?=
+# What test-min and test-latest run: no nodes, no cloud, just gpuctl's code and CLI.
+BOUND_TESTS := tests/unit tests/integration/test_cli_errors.py tests/integration/test_cli_usage.py
 
-.PHONY: all deps system-deps venv demo test lint tf-test clean
+.PHONY: all deps system-deps venv demo test test-min test-latest versions lock lint tf-test clean
 
 all: test
 
@@ -28,9 +36,12 @@ system-deps:
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.deps: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+# Exactly the lock: every package pinned and hash-checked, nothing resolved here.
+$(VENV)/.deps: $(LOCK) pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install -q pip==$(PIP_VERSION)
+	$(BIN)/pip install -q --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/pip check
 	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install -q $(TORCH)
 	touch $@
 
@@ -42,8 +53,36 @@ demo: deps
 	$(BIN)/gpuctl apply examples/ddp/cluster.yaml; rc=$$?; \
 	$(BIN)/gpuctl down ddp-demo; exit $$rc
 
-test: deps
+# The tools the suite drives, so a drift of a system package shows in the log.
+versions:
+	@echo "==> versions: $$(terraform version 2>/dev/null | head -1) | ansible-core $$($(BIN)/python -c 'import ansible.release as r; print(r.__version__)') | $$(rsync --version | head -1 | sed 's/  */ /g') | $$(ssh -V 2>&1)"
+
+test: deps versions
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Refresh the lock after changing a range in pyproject.toml (or to take new releases).
+lock: $(BIN)/activate
+	@test -x $(BIN)/uv || $(BIN)/pip install -q uv
+	$(BIN)/uv pip compile -q pyproject.toml --extra test --generate-hashes --universal \
+	  --python-version 3.10 -o $(LOCK)
+
+# The ranges' two ends, each in its own venv resolved by uv: the newest
+# versions pyproject.toml allows, and the lowest of every direct dependency.
+test-latest: venv
+	$(MAKE) --no-print-directory bound-venv BOUND=latest RESOLUTION=highest
+
+test-min: venv
+	$(MAKE) --no-print-directory bound-venv BOUND=min RESOLUTION=lowest-direct
+
+bound-venv:
+	rm -rf $(VENV)-$(BOUND)
+	$(BIN)/uv venv -q --python $(PYTHON) $(VENV)-$(BOUND)
+	$(BIN)/uv pip compile -q pyproject.toml --extra test --resolution $(RESOLUTION) \
+	  --python $(VENV)-$(BOUND)/bin/python -o $(VENV)-$(BOUND)/requirements.txt
+	$(BIN)/uv pip install -q --python $(VENV)-$(BOUND)/bin/python -r $(VENV)-$(BOUND)/requirements.txt
+	$(BIN)/uv pip install -q --python $(VENV)-$(BOUND)/bin/python --no-deps -e .
+	@echo "==> $(BOUND): $$(grep -E '^(typer|click|pydantic|ansible-core|ansible-runner|boto3|rich|pyyaml|jinja2)==' $(VENV)-$(BOUND)/requirements.txt | tr '\n' ' ')"
+	$(VENV)-$(BOUND)/bin/python -m pytest -q $(BOUND_TESTS)
 
 lint: venv
 	$(BIN)/ansible-lint ansible/
@@ -51,4 +90,4 @@ lint: venv
 	terraform fmt -check -recursive terraform/
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VENV)-min $(VENV)-latest .pytest_cache

@@ -7,6 +7,7 @@ exit code 2 (nothing provisioned), a failed job or provision exit code 1.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 import time
@@ -16,7 +17,7 @@ from typing import List, Optional
 
 import typer
 
-from gpuctl import jobenv, joblogs, jobs, provision, ssh, sshconfig, usage
+from gpuctl import joblogs, jobs, provision, ssh, sshconfig, usage
 from gpuctl.cluster import ClusterRequest, check_cluster_name, request_from_task
 from gpuctl.console import Reporter
 from gpuctl.errors import JobCancelled, JobFailed, ProvisionError, UserError
@@ -63,9 +64,7 @@ def _request(task: Task, file: Path, *, cluster: str | None, infra: str | None,
 def _job_spec(task: Task, req: ClusterRequest) -> JobSpec:
     return JobSpec(name=task.name, run=task.run, setup=task.setup, workdir=task.workdir,
                    file_mounts=dict(task.file_mounts), envs=dict(task.envs), secrets=dict(task.secrets),
-                   num_nodes=req.num_nodes, gpus_per_node=req.gpus_per_node,
-                   fabric_env=jobenv.fabric_env(req.cloud, efa=req.network_tier == "best",
-                                                instance_type=req.instance_type))
+                   num_nodes=req.num_nodes, gpus_per_node=req.gpus_per_node)
 
 
 @app.command()
@@ -126,17 +125,15 @@ def apply(
 
 
 def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> None:
-    job_id, job_nodes = runner.submit(spec, run_setup=run_setup, sync_file_mounts=sync_file_mounts)
-    name = runner.inv.cluster
-    if detach:
-        runner.spawn_watcher(job_id)
-        runner.reporter.info(f"Job {job_id} detached. Follow it: gpuctl logs {name} {job_id}; "
-                             f"cancel it: gpuctl cancel {name} {job_id}")
-        return
     try:
-        runner.watch(job_id, job_nodes)
+        outcome = runner.run(spec, run_setup=run_setup, sync_file_mounts=sync_file_mounts, detach=detach)
     except KeyboardInterrupt:
-        raise JobCancelled(f"job {job_id} cancelled (Ctrl-C); its processes were stopped on every node") from None
+        raise JobCancelled("job cancelled (Ctrl-C); its processes were stopped on every node") from None
+    if outcome is None:
+        name = runner.inv.cluster
+        job = runner.registry.jobs(name)[-1]
+        runner.reporter.info(f"Job {job.job_id} detached. Follow it: gpuctl logs {name} {job.job_id}; "
+                             f"cancel it: gpuctl cancel {name} {job.job_id}")
 
 
 def _cluster_inventory(name: str) -> Inventory:
@@ -237,19 +234,16 @@ def exec_(
         spec_workdir = workdir.resolve() if workdir else (Path(remembered) if remembered else None)
         if spec_workdir is not None and not spec_workdir.is_dir():
             raise UserError(f"--workdir {spec_workdir}: not a directory")
-        # Like ssh: the words are joined with spaces and the node's bash interprets them.
-        run, secrets, job_name = " ".join(command), parse_env_assignments(secret or [], flag="--secret", secret=True), None
+        # Like `kubectl exec` and `docker exec`: the words after `--` are the argv, kept as given.
+        run = shlex.join(command)
+        secrets, job_name = parse_env_assignments(secret or [], flag="--secret", secret=True), None
     # Like `sky exec`: a task file's num_nodes picks the first K nodes, --num-nodes wins.
     k = num_nodes if num_nodes is not None else (task.num_nodes if file is not None else len(inv.nodes))
     if not 1 <= k <= len(inv.nodes):
         where = "--num-nodes" if num_nodes is not None else f"{file}: num_nodes"
         raise UserError(f"{where} {k}: cluster '{name}' has {len(inv.nodes)} node(s); use 1..{len(inv.nodes)}")
-    rec = registry.cluster(name)
-    req_info = rec.request if rec else {}
     spec = JobSpec(name=job_name, run=run, workdir=spec_workdir, envs=envs, secrets=secrets, num_nodes=k,
-                   gpus_per_node=inv.head.gpus,
-                   fabric_env=jobenv.fabric_env(inv.cloud, efa=req_info.get("network_tier") == "best",
-                                                instance_type=req_info.get("instance_type")))
+                   gpus_per_node=inv.head.gpus)
     _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=False, sync_file_mounts=False,
          detach=detach)
 
@@ -301,7 +295,7 @@ def logs(
     if follow and job.status not in TERMINAL_JOB_STATES:
         job = jobs.follow_job(runner, job, nodes)
     else:
-        joblogs.fetch(name, job.job_id, nodes, control_dir=runner.control_dir)
+        joblogs.fetch(inv, job.job_id, control_dir=runner.control_dir)
         jobs.print_saved_logs(reporter, inv, job, ranks)
     if job.status in ("FAILED", "FAILED_SETUP", "CANCELLED"):
         raise typer.Exit(1)
@@ -366,10 +360,16 @@ def watch_(name: str, job_id: int) -> None:
     """Background watcher of a detached job (started by `-d`)."""
     runner = _job_runner(name, Reporter(plain=True))
     job = jobs.resolve_job(runner.registry, name, job_id)
+    job_nodes = jobs.job_nodes(runner.inv, job)
+    joblogs.mark_watching(name, job.job_id)
     try:
-        runner.watch(job.job_id, jobs.job_nodes(runner.inv, job), echo=False)
+        outcome = runner.attach(job.job_id, job_nodes, echo=False)
+        if runner.registry.job(name, job.job_id).status not in TERMINAL_JOB_STATES:  # type: ignore[union-attr]
+            runner.conclude(job.job_id, job_nodes, outcome)
     except JobFailed as exc:
         print(exc.message)
+    finally:
+        joblogs.unmark_watching(name, job.job_id)
 
 
 @app.command()

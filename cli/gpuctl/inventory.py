@@ -37,6 +37,7 @@ class Node:
     ssh_key: str | None = None
     gpus: int = 0
     proxy_jump: str | None = None  # "user@host[:port]" of a bastion
+    peer_ssh_port: int | None = None  # where other nodes reach its sshd, when not derivable
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,8 @@ def to_ansible(inv: Inventory) -> dict[str, Any]:
         }
         if n.ssh_key:
             host["ansible_ssh_private_key_file"] = n.ssh_key
+        if n.peer_ssh_port is not None:
+            host["gpuctl_peer_ssh_port"] = n.peer_ssh_port
         if n.proxy_jump:
             from gpuctl.ssh import proxy_command  # ssh builds on Node; imported here to keep layers one-way
 
@@ -144,6 +147,10 @@ def to_ansible(inv: Inventory) -> dict[str, Any]:
             host["ansible_ssh_common_args"] = f"-o ProxyCommand={shlex.quote(proxy_command(n))}"
         hosts[n.name] = host
     cluster_vars: dict[str, Any] = {"gpuctl_cluster": inv.cluster, "gpuctl_cloud": inv.cloud}
+    if inv.cloud == "local":
+        # Local nodes run their own sshd config, with fan-out limits already; the
+        # machine's /etc/ssh belongs to the developer.
+        cluster_vars["gpuctl_sshd_limits_manage"] = False
     if inv.region:
         cluster_vars["gpuctl_region"] = inv.region
     if inv.zone:
@@ -214,6 +221,7 @@ def load_inventory(path: Path, *, cluster: str | None = None, default_key: str |
                 ssh_key=_expand(hv.get("ansible_ssh_private_key_file")) or default_key,
                 gpus=int(hv.get("gpuctl_gpus") or 0),
                 proxy_jump=proxy,
+                peer_ssh_port=int(hv["gpuctl_peer_ssh_port"]) if hv.get("gpuctl_peer_ssh_port") else None,
             )
         )
     ranks = sorted(n.rank for n in nodes)

@@ -1,21 +1,21 @@
-"""Copy a job's logs from its nodes into the state dir, so they outlive the cluster.
+"""A job's logs on the controller, so they outlive the cluster.
 
-Layout: `clusters/<name>/jobs/<job_id>/<stage>-rank<N>.log`. rsync appends only
-what is new, so copying again while a job still runs is cheap; all nodes are
-fetched at once.
+Layout: `clusters/<name>/jobs/<job_id>/<stage>-rank<N>.log`, one file per
+stage and rank, written from the job's events as they stream in (attached
+jobs), or rebuilt from the head's events.log in one call (`fetch`: detached
+jobs, cancelled jobs, `logs` after the fact). Every rank's lines pass through
+the head, so no node but the head is asked.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import IO
 
 from gpuctl import ssh
-from gpuctl.inventory import Node
+from gpuctl.inventory import Inventory
+from gpuctl.jobplane.events import Outcome, parse_event
 from gpuctl.paths import cluster_dir
 
 STAGES = ("setup", "run")
@@ -29,35 +29,50 @@ def local_log(cluster: str, job_id: int | str, stage: str, rank: int) -> Path:
     return local_job_dir(cluster, job_id) / f"{stage}-rank{rank}.log"
 
 
-def _fetch_one(node: Node, cluster: str, job_id: str, stages: Sequence[str], control_dir: Path | None,
-               timeout: float) -> bool:
-    dest = local_job_dir(cluster, job_id)
-    dest.mkdir(parents=True, exist_ok=True)
-    ok = True
-    for stage in stages:
-        remote = f"{ssh.job_dir(job_id)}/{stage}.log"
-        rsh = shlex.join(["ssh", *ssh.ssh_options(node, control_dir)])
-        argv = ["rsync", "-q", "--append-verify", "--ignore-missing-args", "-e", rsh,
-                f"{node.ssh_host}:{remote}", str(local_log(cluster, job_id, stage, node.rank))]
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            ok = False
-            continue
-        ok = ok and proc.returncode == 0
-    return ok
+class LogWriter:
+    """Per-(stage, rank) log files of one job, started afresh by this writer."""
+
+    def __init__(self, cluster: str, job_id: int | str) -> None:
+        self.cluster = cluster
+        self.job_id = job_id
+        self.files: dict[tuple[str, int], IO[str]] = {}
+
+    def write(self, stage: str, rank: int, line: str) -> None:
+        stage = stage if stage in STAGES else "run"  # the agent's own notes go with the run log
+        fh = self.files.get((stage, rank))
+        if fh is None:
+            path = local_log(self.cluster, self.job_id, stage, rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = self.files[(stage, rank)] = open(path, "w", encoding="utf-8", errors="replace")
+        fh.write(line + "\n")
+        fh.flush()
+
+    def close(self) -> None:
+        for fh in self.files.values():
+            fh.close()
+        self.files.clear()
 
 
-def fetch(cluster: str, job_id: int | str, nodes: Sequence[Node], *, control_dir: Path | None,
-          stages: Sequence[str] = STAGES, timeout: float = 300) -> dict[int, bool]:
-    """Copy each node's stage logs; rank -> whether every copy succeeded."""
-    if not nodes:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(64, len(nodes)), thread_name_prefix="fetch") as pool:
-        futures = {n.rank: pool.submit(_fetch_one, n, cluster, str(job_id), stages, control_dir, timeout)
-                   for n in nodes}
-        return {rank: f.result() for rank, f in futures.items()}
+def fetch(inv: Inventory, job_id: int | str, *, control_dir: Path | None, timeout: float = 300) -> Outcome | None:
+    """Rebuild the job's local logs from the head's events.log; the outcome if the job ended."""
+    proc = ssh.run_ssh(inv.head, f"cat -- {ssh.job_dir(str(job_id))}/events.log", control_dir, timeout=timeout)
+    if proc.returncode != 0:
+        return None
+    writer = LogWriter(inv.cluster, job_id)
+    outcome = None
+    ranks = {n.rank for n in inv.nodes}
+    try:
+        for line in proc.stdout.splitlines():
+            event = parse_event(line)
+            if event is None:
+                continue
+            if event.kind == "O" and event.rank in ranks:
+                writer.write(event.stage or "run", event.rank, event.text)
+            elif event.kind == "D":
+                outcome = Outcome.from_data(event.text, event.data)
+    finally:
+        writer.close()
+    return outcome
 
 
 def watcher_pidfile(cluster: str, job_id: int) -> Path:

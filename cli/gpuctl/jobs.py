@@ -2,8 +2,9 @@
 
 A job's state is written by whoever watches it (the attached `apply`/`exec`,
 or the background watcher of a detached one). If nobody is watching any more
-(the controller was killed), `refresh` asks the nodes' agents directly, so
-`queue` and `logs --status` never report a stale RUNNING.
+(the controller was killed), `refresh` asks the head, whose coordinator
+recorded the outcome (and, if the coordinator itself is gone, every node's
+agent), so `queue` and `logs --status` never report a stale RUNNING.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from gpuctl import joblogs, ssh, stream
 from gpuctl.console import Reporter
 from gpuctl.errors import UserError
 from gpuctl.inventory import Inventory, Node
+from gpuctl.jobplane import client
+from gpuctl.jobplane.events import Outcome
 from gpuctl.launch import JobRunner, describe_codes
 from gpuctl.state import TERMINAL_JOB_STATES, JobRecord, Registry
 
@@ -51,7 +54,7 @@ class StageStatus:
 
 
 def node_status(nodes: Sequence[Node], job_id: int, stage: str, control_dir: Path) -> dict[int, StageStatus]:
-    """Ask every node's agent about one stage of a job, all at once."""
+    """Ask every node's agent about one stage of a job, all at once (when the head cannot say)."""
     results = ssh.run_on_all(nodes, ssh.agent_command("status", str(job_id), stage), control_dir=control_dir,
                              timeout=30)
     out: dict[int, StageStatus] = {}
@@ -64,47 +67,75 @@ def node_status(nodes: Sequence[Node], job_id: int, stage: str, control_dir: Pat
     return out
 
 
+# A job record nobody watches that is still PENDING this long after it was
+# submitted lost its gpuctl before the head took it.
+PENDING_STALE_S = 120.0
+
+
 def refresh(runner: JobRunner, job: JobRecord) -> JobRecord:
-    """Bring an unwatched, unfinished job's state up to date from the nodes."""
-    if job.status in TERMINAL_JOB_STATES or job.status == "PENDING" or joblogs.is_watched(job.cluster, job.job_id):
+    """Bring an unwatched, unfinished job's state up to date from the head (one call)."""
+    if job.status in TERMINAL_JOB_STATES or joblogs.is_watched(job.cluster, job.job_id):
         return job
-    nodes = job_nodes(runner.inv, job)
-    stage = "setup" if job.status == "SETTING_UP" else "run"
-    status = node_status(nodes, job.job_id, stage, runner.control_dir)
-    if any(s.running for s in status.values()) or not all(s.reachable for s in status.values()):
+    answer = client.job_status_on_head(runner.inv.head, job.job_id, runner.control_dir)
+    if answer is None:  # head unreachable: nothing can be said
         return job
-    codes = {rank: s.exit for rank, s in status.items()}
-    if stage == "setup":
-        runner.record_outcome(job.job_id, "FAILED_SETUP", codes, describe_codes(codes, runner.by_rank))
-    else:
-        joblogs.fetch(job.cluster, job.job_id, nodes, control_dir=runner.control_dir)
-        failed = describe_codes(codes, runner.by_rank)
-        runner.record_outcome(job.job_id, "FAILED" if failed else "SUCCEEDED", codes, failed)
+    status = answer.get("status")
+    if status == "RUNNING":
+        return job
+    if status in ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "UNPREPARED"):
+        outcome = Outcome.from_data(status, answer)
+        joblogs.fetch(runner.inv, job.job_id, control_dir=runner.control_dir)
+        _record(runner, job, outcome)
+    elif status == "UNKNOWN" and job.status == "PENDING":
+        if job.submitted_at and time.time() - job.submitted_at > PENDING_STALE_S:
+            runner.record_outcome(job.job_id, "FAILED", {}, ["gpuctl stopped before the head took the job"])
+    elif status in ("LOST", "UNKNOWN"):
+        _refresh_from_nodes(runner, job)
     refreshed = runner.registry.job(job.cluster, job.job_id)
     assert refreshed is not None
     return refreshed
 
 
+def _record(runner: JobRunner, job: JobRecord, outcome: Outcome) -> None:
+    if outcome.status == "FAILED_SETUP":
+        runner.record_outcome(job.job_id, "FAILED_SETUP", outcome.setup,
+                              describe_codes(outcome.setup, runner.by_rank))
+        return
+    if outcome.status in ("CANCELLED", "UNPREPARED"):
+        runner.record_outcome(job.job_id, "CANCELLED" if outcome.status == "CANCELLED" else "FAILED",
+                              outcome.run, [outcome.detail or outcome.status.lower()])
+        return
+    codes = {r: outcome.run.get(r) for r in range(job.num_nodes)} if outcome.run else {}
+    failed = describe_codes(codes, runner.by_rank, lost=outcome.lost)
+    status = "FAILED" if failed or outcome.status == "FAILED" else "SUCCEEDED"
+    runner.record_outcome(job.job_id, status, codes, failed or ([outcome.detail] if outcome.detail else []),
+                          first_failed=outcome.first_failed)
+
+
+def _refresh_from_nodes(runner: JobRunner, job: JobRecord) -> None:
+    """The head's coordinator is gone without an outcome: ask each node's agent."""
+    nodes = job_nodes(runner.inv, job)
+    stage = "setup" if job.status == "SETTING_UP" else "run"
+    status = node_status(nodes, job.job_id, stage, runner.control_dir)
+    if any(s.running for s in status.values()) or not all(s.reachable for s in status.values()):
+        return
+    codes = {rank: s.exit for rank, s in status.items()}
+    if stage == "setup":
+        runner.record_outcome(job.job_id, "FAILED_SETUP", codes, describe_codes(codes, runner.by_rank))
+    else:
+        failed = describe_codes(codes, runner.by_rank)
+        runner.record_outcome(job.job_id, "FAILED" if failed else "SUCCEEDED", codes, failed)
+
+
 def follow_job(runner: JobRunner, job: JobRecord, nodes: Sequence[Node]) -> JobRecord:
-    """Stream a running job's output (setup, then run) until it ends; its final record.
-
-    Only follows: the job's watcher (or, if it has none, `refresh`) records the outcome.
-    """
-    registry = runner.registry
-
-    def tail(stage: str) -> None:
-        stream.follow(nodes, job_id=str(job.job_id), stage=stage, on_line=runner.print_line,
-                      control_dir=runner.control_dir)
-
-    if job.status == "SETTING_UP":
-        tail("setup")
-        job = wait_until(registry, job, lambda j: j.status != "SETTING_UP", timeout=60)
-    if job.status == "RUNNING":
-        tail("run")
-        watched = joblogs.is_watched(job.cluster, job.job_id)
-        job = wait_until(registry, job, lambda j: j.status in TERMINAL_JOB_STATES, timeout=30 if watched else 0)
-        job = refresh(runner, job)
-    return job
+    """Stream a running job's output (every line so far, then live) until it ends; its final record."""
+    outcome = runner.attach(job.job_id, job_nodes(runner.inv, job), echo=True, ranks=[n.rank for n in nodes])
+    latest = wait_until(runner.registry, job, lambda j: j.status in TERMINAL_JOB_STATES,
+                        timeout=10 if joblogs.is_watched(job.cluster, job.job_id) else 0)
+    if latest.status not in TERMINAL_JOB_STATES:
+        _record(runner, latest, outcome)
+        latest = runner.registry.job(job.cluster, job.job_id) or latest
+    return latest
 
 
 def wait_until(registry: Registry, job: JobRecord, done: Callable[[JobRecord], bool], timeout: float) -> JobRecord:

@@ -1,30 +1,35 @@
-"""Run one job on a provisioned cluster: the stage sequence, as a reader follows it.
+"""Run one job on a provisioned cluster, as a reader follows it.
 
-submit: wait -> sync workdir (+ file_mounts) -> setup on all nodes -> hostfile
-and env -> start `run` on the job's nodes (each stage a playbook, a barrier).
-watch: follow every rank's log live, kill the other ranks as soon as one
-fails (fail fast), record the outcome, copy the logs back.
+run: prepare the nodes if their prepared state is not the expected one (the
+configuration plane, once) -> copy the workdir and file_mounts to the head
+(once) -> one SSH call to the head that carries the job (the job plane):
+the head's agent copies on to the workers, runs setup everywhere (a
+barrier), starts `run` on the job's nodes, stops the others as soon as one
+fails, and streams every event back here, where lines are printed with their
+rank's prefix, saved per rank, and the outcome recorded.
 
-Output is followed from the nodes' log files (Ansible cannot stream a task's
-output), so a detached job can be watched later by `gpuctl logs`.
+A detached job keeps running (and failing fast) on the head; a background
+`gpuctl _watch` attaches to it to record its outcome, and `queue`/`logs`
+bring any unwatched job up to date from the head (jobs.py).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from gpuctl import joblogs, jobenv, playbooks, ssh, stream
+from gpuctl import joblogs, jobenv, ssh, stream
+from gpuctl.configplane import playbooks, prepare
 from gpuctl.console import Reporter
 from gpuctl.errors import JobFailed
 from gpuctl.inventory import Inventory, Node
+from gpuctl.jobplane import client, payload, upload
+from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.paths import cluster_dir
 from gpuctl.sshkeys import ensure_internal_key
 from gpuctl.state import Registry
@@ -42,10 +47,9 @@ class JobSpec:
     workdir: Path | None = None
     file_mounts: Mapping[str, Path] = field(default_factory=dict)
     envs: Mapping[str, str] = field(default_factory=dict)
-    secrets: Mapping[str, str] = field(default_factory=dict)
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     num_nodes: int | None = None  # None: every node of the cluster
     gpus_per_node: int = 0
-    fabric_env: Mapping[str, str] = field(default_factory=dict)  # NCCL/EFA defaults; envs win
 
 
 @dataclass(frozen=True)
@@ -60,31 +64,25 @@ def _started_stamp() -> str:
     return time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime()) + f"-{time.time_ns() % 1_000_000:06d}"
 
 
-def _write_secrets(path: Path, secrets: Mapping[str, str]) -> Path | None:
-    if not secrets:
-        return None
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path.parent, 0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(jobenv.secrets_script(secrets))
-    return path
-
-
-def describe_codes(codes: Mapping[int, int | None], nodes: Mapping[int, Node], *, only_failed: bool = True) -> list[str]:
+def describe_codes(codes: Mapping[int, int | None], nodes: Mapping[int, Node], *, only_failed: bool = True,
+                   lost: Mapping[int, str] | None = None) -> list[str]:
     lines = []
     for rank in sorted(codes):
         code = codes[rank]
         if only_failed and code == 0:
             continue
         node = nodes[rank]
-        what = "lost contact (no exit code)" if code is None else f"exit code {code}"
+        if code is None:
+            why = (lost or {}).get(rank)
+            what = f"lost ({why})" if why else "lost contact (no exit code)"
+        else:
+            what = f"exit code {code}"
         lines.append(f"rank {rank} ({node.name}, {node.address}): {what}")
     return lines
 
 
 class JobRunner:
-    """Runs the stages of a job on one cluster and records its state in the registry."""
+    """Runs jobs on one cluster through its head and records their state in the registry."""
 
     def __init__(self, inv: Inventory, *, reporter: Reporter, registry: Registry) -> None:
         self.inv = inv
@@ -96,159 +94,166 @@ class JobRunner:
         self.control_dir = ssh.control_dir_for(self.cdir / "cm")
         self.by_rank = {n.rank: n for n in inv.nodes}
 
-    # stages ---------------------------------------------------------------
-    def _playbook(self, name: str, extravars: dict, *, limit: list[str] | None = None) -> playbooks.PlaybookResult:
-        return playbooks.run_playbook(name, inventory=self.inventory_path, private_data_dir=self.private_data_dir,
-                                      extravars=extravars, limit=limit, control_dir=self.control_dir)
+    # -- the configuration plane, when needed ---------------------------------
+    def fabric_env(self) -> dict[str, str]:
+        rec = self.registry.cluster(self.inv.cluster)
+        req = rec.request if rec else {}
+        return jobenv.fabric_env(self.inv.cloud, efa=req.get("network_tier") == "best",
+                                 instance_type=req.get("instance_type"))
 
+    def fingerprint(self) -> str:
+        _, public = ensure_internal_key(self.cdir)
+        return prepare.fingerprint(self.inv, internal_public_key=public, fabric_env=self.fabric_env())
+
+    def prepare(self, fingerprint: str, why: str) -> None:
+        """Run the prepare play on every node (Ansible); a barrier, idempotent."""
+        key, _ = ensure_internal_key(self.cdir)
+        with self.reporter.stage(f"Preparing {len(self.inv.nodes)} node(s) ({why})"):
+            result = prepare.run_prepare(self.inventory_path, private_data_dir=self.private_data_dir,
+                                         control_dir=self.control_dir, fingerprint_value=fingerprint,
+                                         internal_key=key, fabric_env=self.fabric_env())
+        if not result.ok:
+            prepare.forget(self.cdir)
+            raise JobFailed(f"preparing the nodes failed: {describe_result(result)}")
+        prepare.record(self.cdir, fingerprint)
+
+    # -- one job ----------------------------------------------------------------
     def print_line(self, node: Node, line: str) -> None:
         """One line of a rank's output, prefixed `(worker1, rank=1)`."""
         self.reporter.rank_line(stream.format_prefix(node), node.rank, line)
 
-    def _require(self, result: playbooks.PlaybookResult, what: str, job_id: int) -> None:
-        if result.ok:
-            return
-        detail = describe_result(result)
-        self.record_outcome(job_id, "FAILED", {}, [detail])
-        raise JobFailed(f"job {job_id}: {what}: {detail}")
-
-    def _setup(self, job_id: int, extravars: dict) -> None:
-        """Setup on every node while following its output; a barrier before run."""
-        done = threading.Event()
-        box: dict[str, playbooks.PlaybookResult] = {}
-
-        def play() -> None:
-            try:
-                box["result"] = self._playbook("setup.yml", extravars)
-            finally:
-                done.set()
-
-        worker = threading.Thread(target=play, name="playbook-setup", daemon=True)
-        worker.start()
-        try:
-            codes = stream.follow(self.inv.nodes, job_id=str(job_id), stage="setup", on_line=self.print_line,
-                                  control_dir=self.control_dir, stop=done)
-            worker.join()
-        except KeyboardInterrupt:
-            self.cancel(job_id, self.inv.nodes, stages=("setup",))
-            raise
-        result = box["result"]
-        failed = describe_codes({r: c for r, c in codes.items() if c != 0}, self.by_rank)
-        if not result.ok or failed:
-            detail = failed or [describe_result(result)]
-            self.record_outcome(job_id, "FAILED_SETUP", codes, detail)
-            joblogs.fetch(self.inv.cluster, job_id, self.inv.nodes, control_dir=self.control_dir, stages=("setup",))
-            raise JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail))
-
-    def submit(self, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool) -> tuple[int, tuple[Node, ...]]:
-        """Every stage up to and including starting the ranks; returns (job id, job nodes)."""
+    def run(self, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> JobOutcome | None:
+        """The whole job; its outcome (None when detached). Raises JobFailed when it failed."""
         inv = self.inv
         job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
-        task = jobenv.task_id(inv.cluster, job.job_id, _started_stamp())
-        self.registry.update_job(inv.cluster, job.job_id, task_id=task)
-        envs = {**spec.fabric_env, **spec.envs}
-        setup = jobenv.setup_env(inv, task=task, gpus_per_node=spec.gpus_per_node, envs=envs)
-        run = jobenv.run_env(inv, job_nodes, task=task, gpus_per_node=spec.gpus_per_node, envs=envs)
-        secrets_path = _write_secrets(self.cdir / "secrets" / f"job-{job.job_id}.sh", spec.secrets)
-        extravars = {
-            "gpuctl_job_id": str(job.job_id),
-            "gpuctl_workdir_src": str(spec.workdir) if spec.workdir else None,
-            "gpuctl_file_mounts": [{"src": str(src), "dest": dest} for dest, src in spec.file_mounts.items()]
-            if sync_file_mounts else [],
-            "gpuctl_setup_env": setup.common,
-            "gpuctl_setup_rank_vars": list(setup.rank_vars),
-            "gpuctl_run_env": run.common,
-            "gpuctl_run_rank_vars": list(run.rank_vars),
-            "gpuctl_secrets_file": str(secrets_path) if secrets_path else None,
-            "gpuctl_setup_script": spec.setup if run_setup else None,
-            "gpuctl_run_script": spec.run,
-            "gpuctl_setup_hostfile_lines": jobenv.hostfile_lines(inv.nodes),
-            "gpuctl_hostfile_lines": jobenv.hostfile_lines(job_nodes),
-            "gpuctl_run_hosts": [n.name for n in job_nodes],
-            "gpuctl_internal_key": str(ensure_internal_key(self.cdir)[0]),
-        }
+        joblogs.mark_watching(inv.cluster, job.job_id)
+        session: client.Session | None = None
         try:
-            with self.reporter.stage(f"Waiting for {len(inv.nodes)} node(s)"):
-                self._require(self._playbook("wait.yml", extravars), "nodes did not become reachable", job.job_id)
-            if extravars["gpuctl_workdir_src"] or extravars["gpuctl_file_mounts"]:
-                with self.reporter.stage("Syncing workdir" + (" and file_mounts" if sync_file_mounts else "")):
-                    self._require(self._playbook("sync.yml", extravars), "sync failed", job.job_id)
-            if run_setup and spec.setup:
-                self.registry.update_job(inv.cluster, job.job_id, status="SETTING_UP", started_at=time.time())
-                with self.reporter.stage(f"Running setup on {len(inv.nodes)} node(s)"):
-                    self._setup(job.job_id, extravars)
-            with self.reporter.stage("Writing hostfile and environment"):
-                self._require(self._playbook("env.yml", extravars), "writing the job environment failed", job.job_id)
-            with self.reporter.stage(f"Starting job {job.job_id} on {len(job_nodes)} node(s)"):
-                result = self._playbook("run.yml", extravars, limit=[n.name for n in job_nodes])
-                self.registry.update_job(inv.cluster, job.job_id, status="RUNNING", started_at=time.time())
-                self._require(result, "starting the ranks failed", job.job_id)
-        finally:
-            if secrets_path:
-                shutil.rmtree(secrets_path.parent, ignore_errors=True)
-        self.reporter.info(f"Job {job.job_id} running ({task})")
-        return job.job_id, job_nodes
-
-    # watching -------------------------------------------------------------
-    def watch(self, job_id: int, job_nodes: Sequence[Node], *, echo: bool = True,
-              on_line: Callable[[Node, str], None] | None = None) -> JobOutcome:
-        """Follow the ranks to their end, failing fast; Ctrl-C cancels the job on every node."""
-        first_failed: list[int] = []
-        killer: list[threading.Thread] = []
-
-        def on_exit(node: Node, code: int | None) -> None:
-            if code in (0, None) or first_failed:
-                return
-            first_failed.append(node.rank)
-            others = [n for n in job_nodes if n.rank != node.rank]
-            self.reporter.info(f"rank {node.rank} ({node.name}) exited with code {code}; "
-                               f"stopping the other {len(others)} rank(s)")
-            t = threading.Thread(target=ssh.kill_stage, kwargs=dict(
-                nodes=others, job_id=str(job_id), stage="run", control_dir=self.control_dir,
-                grace=KILL_GRACE_S), name="fail-fast", daemon=True)
-            t.start()
-            killer.append(t)
-
-        sink = on_line or (self.print_line if echo else (lambda node, line: None))
-        joblogs.mark_watching(self.inv.cluster, job_id)
-        try:
-            codes = stream.follow(job_nodes, job_id=str(job_id), stage="run", on_line=sink,
-                                  control_dir=self.control_dir, on_exit=on_exit)
-            for t in killer:
-                t.join()
-            return self._conclude(job_id, job_nodes, codes, first_failed[0] if first_failed else None)
+            task = jobenv.task_id(inv.cluster, job.job_id, _started_stamp())
+            self.registry.update_job(inv.cluster, job.job_id, task_id=task)
+            fingerprint = self.fingerprint()
+            if prepare.recorded(self.cdir) != fingerprint:
+                self.prepare(fingerprint, "first job on this cluster" if prepare.recorded(self.cdir) is None
+                             else "gpuctl or the cluster changed")
+            mounts = dict(spec.file_mounts) if sync_file_mounts else {}
+            items: list[upload.Item] = []
+            if spec.workdir is not None or mounts:
+                what = " and ".join(w for w, has in (("workdir", spec.workdir), ("file_mounts", mounts)) if has)
+                with self.reporter.stage(f"Copying the {what} to the head"):
+                    try:
+                        items = upload.upload(inv.head, workdir=spec.workdir, file_mounts=mounts,
+                                              control_dir=self.control_dir)
+                    except upload.UploadError as exc:
+                        self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
+                        raise JobFailed(f"job {job.job_id}: {exc}") from None
+            body = self._payload(job.job_id, task, spec, job_nodes, fingerprint, items, run_setup)
+            secrets_text = jobenv.secrets_script(spec.secrets)
+            view = _JobView(self, job.job_id, job_nodes, task, echo=True)
+            for attempt in (1, 2):
+                session = client.Session(inv.head, job.job_id, self.control_dir, view.on_event)
+                try:
+                    outcome = session.submit(body, secrets_text, stop=(lambda: view.running) if detach else
+                                             (lambda: False))
+                except (client.AgentMissing, client.HeadUnreachable) as exc:
+                    if attempt == 2:
+                        raise JobFailed(f"job {job.job_id}: the head ({inv.head.ssh_host}) did not take the job: "
+                                        f"{exc}") from None
+                    self.prepare(fingerprint, f"the head's agent did not answer: {exc}")
+                    continue
+                if outcome is not None and outcome.status == "UNPREPARED" and attempt == 1:
+                    names = ", ".join(self.by_rank[r].name for r in outcome.ranks if r in self.by_rank)
+                    self.prepare(fingerprint, f"{names or 'a node'} not as prepared")
+                    view.reset()
+                    continue
+                break
+            if outcome is None:  # detached once every rank started
+                joblogs.unmark_watching(inv.cluster, job.job_id)
+                self.spawn_watcher(job.job_id)
+                return None
+            return self.conclude(job.job_id, job_nodes, outcome)
         except KeyboardInterrupt:
-            self.cancel(job_id, job_nodes)
+            self._interrupted(job.job_id, job_nodes, session)
             raise
         finally:
-            joblogs.unmark_watching(self.inv.cluster, job_id)
+            joblogs.unmark_watching(inv.cluster, job.job_id)
 
-    def _conclude(self, job_id: int, job_nodes: Sequence[Node], codes: Mapping[int, int | None],
-                  first_failed: int | None) -> JobOutcome:
-        joblogs.fetch(self.inv.cluster, job_id, job_nodes, control_dir=self.control_dir)
-        current = self.registry.job(self.inv.cluster, job_id)
-        failed = describe_codes(codes, self.by_rank)
-        if current is not None and current.status == "CANCELLED":
-            self.registry.update_job(self.inv.cluster, job_id, returncodes=dict(codes))
-            raise JobFailed(f"job {job_id} was cancelled")
-        status = "FAILED" if failed else "SUCCEEDED"
-        self.record_outcome(job_id, status, codes, failed, first_failed=first_failed)
-        if failed:
-            first = first_failed if first_failed is not None else next(r for r in sorted(codes) if codes[r] != 0)
-            rc_list = ", ".join(f"rank {r}: {'?' if c is None else c}" for r, c in sorted(codes.items()))
-            node = self.by_rank[first]
-            raise JobFailed(f"job {job_id} failed: rank {first} ({node.name}, {node.address}) failed first "
-                            f"with exit code {codes[first]}; return codes: {rc_list}")
-        self.reporter.info(f"Job {job_id} succeeded on {len(job_nodes)} node(s)")
-        return JobOutcome(job_id, status, dict(codes), first_failed)
+    def _payload(self, job_id: int, task: str, spec: JobSpec, job_nodes: Sequence[Node], fingerprint: str,
+                 items: Sequence[upload.Item], run_setup: bool) -> dict:
+        inv = self.inv
+        setup_env = jobenv.setup_env(inv, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs)
+        run_env = jobenv.run_env(inv, job_nodes, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs)
+        dests = [{"path": i.dest, "dir": i.is_dir,
+                  "rsync_args": list(payload.WORKDIR_RSYNC_ARGS) if i.dest == payload.WORKDIR_DEST else []}
+                 for i in items]
+        return payload.build_payload(
+            inv, job_id=job_id, fingerprint=fingerprint, job_nodes=len(job_nodes),
+            setup=payload.stage_plan(spec.setup if run_setup else None, setup_env,
+                                     jobenv.hostfile_lines(inv.nodes)),
+            run=payload.stage_plan(spec.run, run_env, jobenv.hostfile_lines(job_nodes)),
+            sync=dests, grace=KILL_GRACE_S)
 
-    def cancel(self, job_id: int, job_nodes: Sequence[Node], *, stages: Sequence[str] = ("setup", "run")) -> None:
-        """End the job's process groups on every node and record it CANCELLED."""
+    def _interrupted(self, job_id: int, job_nodes: Sequence[Node], session: client.Session | None) -> None:
+        """Ctrl-C (or SIGTERM) at any moment: end whatever of the job started, on every node."""
         self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED", ended_at=time.time())
-        ssh.kill_stage(job_nodes, job_id=str(job_id), stage=stages, control_dir=self.control_dir,
-                       grace=KILL_GRACE_S)
-        joblogs.fetch(self.inv.cluster, job_id, job_nodes, control_dir=self.control_dir)
+        if session is None:
+            return  # nothing reached the nodes yet (prepare and copies are no job)
+        session.wait_until_started()
+        self.cancel(job_id, job_nodes, session=session)
+
+    def conclude(self, job_id: int, job_nodes: Sequence[Node], outcome: Outcome) -> JobOutcome:
+        """Record the outcome; raise JobFailed naming what failed."""
+        current = self.registry.job(self.inv.cluster, job_id)
+        if outcome.status == "CANCELLED" or (current is not None and current.status == "CANCELLED"):
+            self.record_outcome(job_id, "CANCELLED", outcome.run, ["cancelled"])
+            raise JobFailed(f"job {job_id} was cancelled")
+        if outcome.status == "FAILED_SETUP":
+            failed = describe_codes({r: c for r, c in outcome.setup.items() if c != 0}
+                                    | {r: None for r in outcome.lost}, self.by_rank, lost=outcome.lost)
+            detail = failed or [outcome.detail]
+            self.record_outcome(job_id, "FAILED_SETUP", outcome.setup, detail)
+            raise JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail))
+        if not outcome.run:
+            if outcome.status == "SUCCEEDED":  # nothing to run (setup only)
+                self.record_outcome(job_id, "SUCCEEDED", {}, [])
+                self.reporter.info(f"Job {job_id} succeeded on {len(job_nodes)} node(s)")
+                return JobOutcome(job_id, "SUCCEEDED", {}, None)
+            detail = outcome.detail or "failed before any rank ran"  # sync, a lost node, ...
+            self.record_outcome(job_id, "FAILED", {}, [detail])
+            raise JobFailed(f"job {job_id}: {detail}")
+        codes = {r: outcome.run.get(r) for r in range(len(job_nodes))}
+        failed = describe_codes(codes, self.by_rank, lost=outcome.lost)
+        if outcome.status == "SUCCEEDED" and not failed:
+            self.record_outcome(job_id, "SUCCEEDED", codes, [])
+            self.reporter.info(f"Job {job_id} succeeded on {len(job_nodes)} node(s)")
+            return JobOutcome(job_id, "SUCCEEDED", codes, None)
+        first = outcome.first_failed if outcome.first_failed is not None else next(
+            (r for r in sorted(codes) if codes[r] != 0), None)
+        self.record_outcome(job_id, "FAILED", codes, failed, first_failed=first)
+        rc_list = ", ".join(f"rank {r}: {'?' if c is None else c}" for r, c in sorted(codes.items()))
+        node = self.by_rank[first] if first is not None else self.inv.head
+        what = (f"failed first with exit code {codes.get(first)}" if codes.get(first) is not None
+                else f"was lost first ({outcome.lost.get(first, 'no exit code')})")
+        raise JobFailed(f"job {job_id} failed: rank {first} ({node.name}, {node.address}) {what}; "
+                        f"return codes: {rc_list}")
+
+    def cancel(self, job_id: int, job_nodes: Sequence[Node], *, session: client.Session | None = None) -> None:
+        """End the job on every node (through the head's coordinator) and record it CANCELLED."""
+        self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED", ended_at=time.time())
+        answer = client.cancel_on_head(self.inv.head, job_id, self.control_dir, wait=KILL_GRACE_S + 20)
+        if answer is None or answer.get("status") in ("RUNNING", "LOST", "UNKNOWN", None):
+            # No coordinator to ask (it died, or the head is gone): stop each node's stages directly.
+            ssh.kill_stage(job_nodes, job_id=str(job_id), stage=("setup", "run"), control_dir=self.control_dir,
+                           grace=KILL_GRACE_S)
+        if session is not None:
+            session.close()
+        current = self.registry.job(self.inv.cluster, job_id)
+        if answer and isinstance(answer.get("run"), dict):
+            codes = {int(r): c for r, c in answer["run"].items()}
+            self.registry.update_job(self.inv.cluster, job_id, returncodes=codes)
+        if current is not None and current.status != "CANCELLED":
+            self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED")
+        joblogs.fetch(self.inv, job_id, control_dir=self.control_dir)
 
     def record_outcome(self, job_id: int, status: str, codes: Mapping[int, int | None], detail: list[str],
                        *, first_failed: int | None = None) -> None:
@@ -259,9 +264,18 @@ class JobRunner:
                                  returncodes=dict(codes), failed_rank=failed_rank,
                                  detail="; ".join(detail) or None)
 
-    # detached jobs ----------------------------------------------------------
+    # -- attaching to a job that runs -------------------------------------------
+    def attach(self, job_id: int, job_nodes: Sequence[Node], *, echo: bool,
+               ranks: Sequence[int] | None = None) -> Outcome:
+        """Follow a submitted job from its first event to its end (logs saved as they come)."""
+        view = _JobView(self, job_id, job_nodes, None, echo=echo, ranks=ranks, quiet=True)
+        session = client.Session(self.inv.head, job_id, self.control_dir, view.on_event)
+        outcome = session.attach(0)
+        assert outcome is not None
+        return outcome
+
     def spawn_watcher(self, job_id: int) -> Path:
-        """Watch a detached job from a background process: fail fast, record, fetch logs."""
+        """Record a detached job's outcome from a background process (the head decides fail-fast)."""
         log = joblogs.local_job_dir(self.inv.cluster, job_id) / "watcher.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
@@ -271,6 +285,60 @@ class JobRunner:
         return log
 
 
+class _JobView:
+    """What the controller does with a job's events: print, save per rank, record phases."""
+
+    def __init__(self, runner: JobRunner, job_id: int, job_nodes: Sequence[Node], task: str | None, *,
+                 echo: bool, ranks: Sequence[int] | None = None, quiet: bool = False) -> None:
+        self.runner = runner
+        self.job_id = job_id
+        self.job_nodes = job_nodes
+        self.task = task
+        self.echo = echo
+        self.ranks = set(ranks) if ranks is not None else None
+        self.quiet = quiet  # attaching later: no phase messages, no registry writes
+        self.running = False
+        self.failed_seen = False
+        self.logs = joblogs.LogWriter(runner.inv.cluster, job_id)
+
+    def reset(self) -> None:
+        self.logs.close()
+        self.logs = joblogs.LogWriter(self.runner.inv.cluster, self.job_id)
+
+    def on_event(self, event: Event) -> None:
+        runner, by_rank = self.runner, self.runner.by_rank
+        cluster = runner.inv.cluster
+        if event.kind == "O" and event.rank in by_rank:
+            self.logs.write(event.stage or "run", event.rank, event.text)
+            if self.echo and (self.ranks is None or event.rank in self.ranks):
+                runner.print_line(by_rank[event.rank], event.text)
+        elif event.kind == "P" and not self.quiet:
+            n = len(runner.inv.nodes)
+            if event.text == "sync":
+                runner.reporter.info(f"Copying from the head to the other {n - 1} node(s)")
+            elif event.text == "setup":
+                runner.registry.update_job(cluster, self.job_id, status="SETTING_UP", started_at=time.time())
+                runner.reporter.info(f"Running setup on {n} node(s)")
+            elif event.text == "run":
+                runner.reporter.info(f"Starting job {self.job_id} on {len(self.job_nodes)} node(s)")
+            elif event.text == "running":
+                job = runner.registry.job(cluster, self.job_id)
+                runner.registry.update_job(cluster, self.job_id, status="RUNNING",
+                                           started_at=(job.started_at if job and job.started_at else time.time()))
+                runner.reporter.info(f"Job {self.job_id} running ({self.task})")
+                self.running = True
+        elif event.kind == "X" and event.stage == "run" and event.code not in (0, None) and not self.failed_seen:
+            self.failed_seen = True
+            if not self.quiet and event.rank in by_rank:
+                others = len(self.job_nodes) - 1
+                runner.reporter.info(f"rank {event.rank} ({by_rank[event.rank].name}) exited with code "
+                                     f"{event.code}; stopping the other {others} rank(s)")
+        elif event.kind == "L" and not self.quiet and event.rank in by_rank:
+            runner.reporter.info(f"rank {event.rank} ({by_rank[event.rank].name}) lost: {event.text}")
+        elif event.kind == "D":
+            self.logs.close()
+
+
 def describe_result(result: playbooks.PlaybookResult) -> str:
     parts = [f"{f.host}: {f.message}" + (f" (exit code {f.rc})" if f.rc is not None and "exit code" not in f.message
                                           else "") for f in result.failures]
@@ -278,3 +346,4 @@ def describe_result(result: playbooks.PlaybookResult) -> str:
     if result.error:
         parts.append(result.error)
     return "; ".join(parts) or "ansible reported a failure"
+

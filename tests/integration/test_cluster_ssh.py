@@ -27,7 +27,7 @@ from typing import Iterator
 import pytest
 import testhosts
 
-from gpuctl import playbooks
+from gpuctl.configplane import playbooks
 from gpuctl.inventory import Node, write_inventory
 from gpuctl.sshkeys import ensure_internal_key
 

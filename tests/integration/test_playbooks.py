@@ -21,7 +21,8 @@ from typing import Any, Iterator
 import pytest
 import testhosts
 
-from gpuctl import playbooks, ssh, stream
+from gpuctl import ssh, stream
+from gpuctl.configplane import playbooks
 from gpuctl.inventory import Node, write_inventory
 
 pytestmark = pytest.mark.integration

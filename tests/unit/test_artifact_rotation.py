@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from gpuctl.playbooks import rotate_artifacts
+from gpuctl.configplane.playbooks import rotate_artifacts
 
 
 def _runs(root: Path, n: int) -> list[Path]:

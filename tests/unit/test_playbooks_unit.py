@@ -15,7 +15,7 @@ import jinja2
 import pytest
 import yaml
 
-from gpuctl import playbooks
+from gpuctl.configplane import playbooks
 from gpuctl.paths import ansible_dir
 
 ENV_TEMPLATE = ansible_dir() / "roles" / "gpuctl_env" / "templates" / "env.sh.j2"

@@ -49,7 +49,7 @@ import yaml
 from gpuctl import ssh
 from gpuctl.paths import ansible_dir
 
-PLAYBOOKS = ("wait", "sync", "setup", "env", "run", "kill")
+PLAYBOOKS = ("prepare", "wait", "sync", "setup", "env", "run", "kill")
 MAX_FORKS = 256
 KEEP_ARTIFACTS = 40
 _EXIT_CODE_RE = re.compile(r"exit code (-?\d+)")

@@ -1,0 +1,83 @@
+"""Prepare: the one playbook between provisioning and jobs, and when to run it again.
+
+The prepared state of a node is what the prepare play leaves there: the
+agent, the cluster's internal key and Host entries, sshd limits, the fabric
+env. Its fingerprint, a hash of everything that shapes that state, is written
+on every node by the play and kept on the controller. A job carries the
+fingerprint it expects; each node compares it with its own record before
+running anything (the check costs no extra call), and the controller runs
+prepare again when a node differs: a new agent, a rotated key, a replaced
+node, a changed fabric env.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Mapping
+
+from gpuctl.configplane import playbooks
+from gpuctl.inventory import Inventory
+from gpuctl.jobplane.payload import peer_port
+from gpuctl.paths import ansible_dir
+
+AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "agent.py"
+# The parts of the Ansible tree that shape a prepared node.
+_PREPARE_TREE = ("playbooks/prepare.yml", "roles/gpuctl_node", "roles/gpuctl_cluster_ssh",
+                 "roles/gpuctl_sshd_limits")
+
+
+def _tree_bytes() -> list[tuple[str, bytes]]:
+    root = ansible_dir()
+    out: list[tuple[str, bytes]] = [("agent", AGENT.read_bytes())]
+    for rel in _PREPARE_TREE:
+        path = root / rel
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for f in files:
+            if f.name == "gpuctl-node":  # the agent again (a link to it)
+                continue
+            out.append((str(f.relative_to(root)), f.read_bytes()))
+    return out
+
+
+def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping[str, str]) -> str:
+    """sha256 of the agent, the prepare roles and the cluster's SSH and fabric settings."""
+    h = hashlib.sha256()
+    for name, data in _tree_bytes():
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    shape = {
+        "peers": [[n.name, n.address, peer_port(n), n.ssh_user] for n in inv.nodes],
+        "internal_key": internal_public_key.strip(),
+        "fabric": dict(sorted(fabric_env.items())),
+    }
+    h.update(json.dumps(shape, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def recorded(cluster_dir: Path) -> str | None:
+    """The fingerprint this controller last prepared the cluster with."""
+    try:
+        return (cluster_dir / "prepared").read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def record(cluster_dir: Path, value: str) -> None:
+    (cluster_dir / "prepared").write_text(value + "\n")
+
+
+def forget(cluster_dir: Path) -> None:
+    (cluster_dir / "prepared").unlink(missing_ok=True)
+
+
+def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Path, fingerprint_value: str,
+                internal_key: Path, fabric_env: Mapping[str, str],
+                limit: list[str] | None = None) -> playbooks.PlaybookResult:
+    extravars = {
+        "gpuctl_prepare_fingerprint": fingerprint_value,
+        "gpuctl_internal_key": str(internal_key),
+        "gpuctl_fabric_env": dict(fabric_env),
+    }
+    return playbooks.run_playbook("prepare.yml", inventory=inventory_path, private_data_dir=private_data_dir,
+                                  extravars=extravars, control_dir=control_dir, limit=limit)

@@ -1,0 +1,1360 @@
+#!/usr/bin/env python3
+"""gpuctl-node: the node agent gpuctl installs on every node (the job plane).
+
+Standard library only, Python >= 3.6: nodes have nothing but their system
+python3. One file, copied to ~/.gpuctl/bin/gpuctl-node by the prepare play.
+
+A job reaches a cluster as ONE ssh call from the controller to the head:
+`gpuctl-node submit` reads the job (JSON) and its secrets from stdin, starts a
+detached coordinator, and streams the job's events back. The coordinator
+fans the job out to the workers over the cluster's internal key as a tree of
+`gpuctl-node relay` processes (at most `branching` children per node), so the
+controller's cost does not grow with the number of nodes. Every rank's output
+lines and exit code flow up the tree into JOBDIR/events.log on the head, which
+`submit` (and later `attach`) streams to the controller. Fail-fast is decided
+by the coordinator, which sees every exit first: it keeps working when the
+controller detaches or goes away.
+
+Per stage STAGE (setup, run), files in JOBDIR (~/.gpuctl/jobs/<job_id>):
+  STAGE.sh         the user's script (run under bash, in the workdir)
+  STAGE.env.sh     exported variables of the stage (env.sh: older layout)
+  secrets.sh       exported secrets (0600), removed when the job ends
+  STAGE.log        the script's stdout and stderr, appended as written
+  STAGE.pid        process-group id of the stage (bash is the group leader)
+  STAGE.supervisor pid of the supervisor that waits for the stage
+  STAGE.exit       exit code, written atomically when the stage ended
+                   (128+N when a signal N ended it, or when `kill` stopped it)
+  STAGE.killed     the last signal `kill` sent, if it was used
+The coordinator's own files on the head: payload.json (the job, no secrets),
+events.log / events.supervisor / events.exit (followed like a stage),
+job.json (the outcome), coordinator.log (its own errors).
+
+Events (one line each, up the tree and to the controller):
+  H RANK ok | H RANK unprepared REASON   the node is ready / needs `prepare`
+  C RANK [OWNER,...]                     owners of the sync destinations
+  Y RANK CODE MESSAGE                    a sync push to RANK ended
+  S RANK STAGE                           the stage started on RANK
+  O RANK STAGE TEXT                      one output line
+  X RANK STAGE CODE|?                    the stage ended on RANK
+  L RANK REASON                          RANK was lost (ssh to it ended)
+  P PHASE                                the coordinator's phase
+  D STATUS JSON                          the job ended (last event)
+Commands down the tree (one line each, on a relay's stdin):
+  claim TOKEN | sync JSON | start STAGE | kill GRACE STAGE... | cleanup | end
+
+Other commands: launch/follow/kill/status of one stage on this node (used by
+`gpuctl logs` and as a fallback), claim (shared-filesystem detection), cancel,
+attach and job-status of a coordinated job.
+"""
+
+import argparse
+import errno
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+SENTINEL = "__GPUCTL_EXIT__"
+OFFSET_HEADER = "__GPUCTL_OFFSET__"
+POLL_S = 0.15
+CHUNK = 65536
+
+PROTOCOL = 1
+GPUCTL_DIR = os.path.expanduser("~/.gpuctl")
+PREPARED_FILE = os.path.join(GPUCTL_DIR, "prepared")  # the prepare play's fingerprint
+FABRIC_ENV = os.path.join(GPUCTL_DIR, "fabric.env")  # the prepare play's NCCL/fabric defaults
+JOBS_DIR = os.path.join(GPUCTL_DIR, "jobs")
+CLAIM_PREFIX = ".gpuctl-claim-"
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Sources fabric.env, the stage's env file, then secrets.sh with every
+# assignment exported, then replaces itself with `bash STAGE.sh`. The paths
+# travel as $1..$4, never in the shell text.
+WRAPPER = (
+    'set -a; for f in "$1" "$2" "$3"; do if [ -f "$f" ]; then . "$f"; fi; done; set +a; '
+    'script="$4"; shift 4; exec bash "$script" "$@"'
+)
+
+
+class Stage(object):
+    def __init__(self, jobdir, stage):
+        if not stage or "/" in stage or stage.startswith("."):
+            raise SystemExit("gpuctl-node: invalid stage name %r" % stage)
+        self.jobdir = os.path.abspath(os.path.expanduser(jobdir))
+        self.name = stage
+        base = os.path.join(self.jobdir, stage)
+        self.script = base + ".sh"
+        self.log = base + ".log"
+        self.pid = base + ".pid"
+        self.supervisor = base + ".supervisor"
+        self.exit = base + ".exit"
+        self.killed = base + ".killed"
+        self.env = base + ".env.sh"
+        if not os.path.exists(self.env):
+            self.env = os.path.join(self.jobdir, "env.sh")  # written by the Ansible env role
+        self.secrets = os.path.join(self.jobdir, "secrets.sh")
+
+    def pgid(self):
+        return read_int(self.pid)
+
+    def exit_code(self):
+        return read_int(self.exit)
+
+    def supervisor_alive(self):
+        return pid_alive(read_int(self.supervisor))
+
+    def running(self):
+        return self.pgid() is not None and self.exit_code() is None and self.supervisor_alive()
+
+
+def read_int(path):
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_atomic(path, text):
+    tmp = "%s.tmp%d" % (path, os.getpid())
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _proc_state(pid):
+    """(state letter, pgrp) from /proc, or None when the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(")") + 2:].split()
+    return fields[0], int(fields[2])
+
+
+def pid_alive(pid):
+    if not pid or pid <= 0:
+        return False
+    if os.path.isdir("/proc/self"):
+        st = _proc_state(pid)
+        return st is not None and st[0] != "Z"  # a zombie has ended
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_alive(pgid):
+    """Whether any live (non-zombie) process is in process group `pgid`."""
+    if not pgid or pgid <= 1:
+        return False
+    if not os.path.isdir("/proc/self"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _proc_state(int(entry))
+            if st is not None and st[1] == pgid and st[0] != "Z":
+                return True
+    return False
+
+
+def killpg(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def status_of(st):
+    return {
+        "pid": st.pgid(),
+        "running": st.running(),
+        "exit": st.exit_code(),
+        "killed": os.path.exists(st.killed),
+    }
+
+
+# --------------------------------------------------------------------- launch
+
+
+def _supervise(st, cwd, notify_fd):
+    """Runs in the detached grandchild: start the stage, wait, record its exit."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)  # hold none of the SSH session's pipes
+    log_fd = os.open(st.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    keep = sorted({notify_fd, log_fd, devnull})
+    low = 3
+    for fd in keep:
+        if fd > low:
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, min(os.sysconf("SC_OPEN_MAX"), 65536))
+
+    def notify(text):
+        try:
+            os.write(notify_fd, text.encode())
+        except OSError:
+            pass  # the launcher is gone (e.g. Ansible's async timeout); carry on
+
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # live logs from Python ranks
+    try:
+        child = subprocess.Popen(
+            ["bash", "-c", WRAPPER, "gpuctl-" + st.name, FABRIC_ENV, st.env, st.secrets, st.script],
+            cwd=cwd, env=env, stdin=devnull, stdout=log_fd, stderr=log_fd,
+            start_new_session=True, close_fds=True,
+        )
+    except OSError as exc:
+        os.write(log_fd, ("gpuctl-node: cannot start bash: %s\n" % exc).encode())
+        write_atomic(st.supervisor, str(os.getpid()))
+        write_atomic(st.exit, "127")
+        notify("started 0\nexit 127\n")
+        return
+    write_atomic(st.supervisor, str(os.getpid()))
+    write_atomic(st.pid, str(child.pid))
+    notify("started %d\n" % child.pid)
+    rc = child.wait()
+    code = rc if rc >= 0 else 128 - rc
+    killed = read_int(st.killed)
+    if killed:
+        code = 128 + killed
+    write_atomic(st.exit, str(code))
+    notify("exit %d\n" % code)
+
+
+def start_stage(st, workdir, wait=False):
+    """Start STAGE.sh detached in its own session; (exit status for the caller, error text).
+
+    Without `wait` the status is 0 once the stage's process group exists;
+    with it, the stage's exit code.
+    """
+    if not os.path.isfile(st.script):
+        return 2, "%s does not exist" % st.script
+    if st.running():
+        return 3, "stage %s is already running (pgid %s)" % (st.name, st.pgid())
+    for path in (st.exit, st.killed, st.pid, st.supervisor):
+        remove(path)
+    os.close(os.open(st.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+    workdir = os.path.expanduser(workdir)
+    cwd = workdir if os.path.isdir(workdir) else os.path.expanduser("~")
+
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # intermediate: new session, then fork the supervisor and leave
+        code = 0
+        try:
+            os.close(read_fd)
+            os.setsid()
+            if os.fork() == 0:
+                try:
+                    _supervise(st, cwd, write_fd)
+                finally:
+                    os._exit(0)
+        except BaseException:  # noqa: BLE001 - never return into the launcher's code
+            code = 1
+        os._exit(code)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_fd, "rb") as pipe:
+        first = pipe.readline()
+        if not first.startswith(b"started"):
+            return 1, "the supervisor of %s did not start" % st.name
+        if not wait:
+            return 0, ""
+        last = pipe.readline()  # "exit N", or EOF if the supervisor died
+    if last.startswith(b"exit "):
+        return int(last.split()[1]) & 0xFF, ""
+    code = st.exit_code()
+    return (255 if code is None else code & 0xFF), ""
+
+
+def cmd_launch(args):
+    code, err = start_stage(Stage(args.jobdir, args.stage), args.workdir, wait=args.wait)
+    if err:
+        sys.stderr.write("gpuctl-node: %s\n" % err)
+    return code
+
+
+# --------------------------------------------------------------------- follow
+
+
+class Out(object):
+    """Writes to stdout (fd 1); notices when the reader went away."""
+
+    def __init__(self):
+        self.fd = 1
+        self.poller = select.poll()
+        self.poller.register(self.fd, 0)  # only error / hang-up conditions
+
+    def write(self, data):
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+
+    def idle(self, seconds):
+        """Sleep, returning False early if the reader closed the pipe."""
+        for _fd, ev in self.poller.poll(int(seconds * 1000)):
+            if ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                return False
+        return True
+
+
+def _tail_offset(fh, size, lines):
+    """Byte offset where the last `lines` lines of the file start."""
+    if lines <= 0:
+        return size
+    seen = 0
+    end = size
+    # A final line without a newline counts as a line too.
+    if size:
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            end = size - 1
+    pos = end
+    while pos > 0:
+        step = min(CHUNK, pos)
+        pos -= step
+        fh.seek(pos)
+        block = fh.read(step)
+        idx = len(block)
+        while True:
+            idx = block.rfind(b"\n", 0, idx)
+            if idx < 0:
+                break
+            seen += 1
+            if seen == lines:
+                return pos + idx + 1
+    return 0
+
+
+def cmd_follow(args):
+    return follow_stage(Stage(args.jobdir, args.stage), Out(), offset=args.offset, tail=args.tail,
+                        print_offset=args.print_offset)
+
+
+def follow_stage(st, out, offset=None, tail=None, print_offset=False):
+    """Print the stage's log from `offset` (or the last `tail` lines) until it ended, then the sentinel."""
+    try:
+        while not os.path.exists(st.log):
+            if not out.idle(POLL_S):
+                return 0
+        with open(st.log, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if offset is not None:
+                start = min(max(offset, 0), size)
+            elif tail is not None:
+                start = _tail_offset(fh, size, tail)
+            else:
+                start = 0
+            fh.seek(start)
+            if print_offset:
+                out.write(("%s %d\n" % (OFFSET_HEADER, start)).encode())
+            at_line_start = True
+            lost_since = None
+            while True:
+                chunk = fh.read(CHUNK)
+                if chunk:
+                    out.write(chunk)
+                    at_line_start = chunk.endswith(b"\n")
+                    continue
+                code = st.exit_code()
+                if code is not None:
+                    rest = fh.read()  # the stage wrote everything before its exit was recorded
+                    if rest:
+                        out.write(rest)
+                        at_line_start = rest.endswith(b"\n")
+                        continue
+                    out.write(("%s%s %d\n" % ("" if at_line_start else "\n", SENTINEL, code)).encode())
+                    return 0
+                if not st.supervisor_alive():
+                    # No supervisor and no exit: it died without recording one
+                    # (OOM killer, reboot...). Allow a launch a moment to start it.
+                    lost_since = lost_since or time.time()
+                    if time.time() - lost_since > 3.0 and st.exit_code() is None:
+                        out.write(("%s%s unknown\n" % ("" if at_line_start else "\n", SENTINEL)).encode())
+                        return 0
+                else:
+                    lost_since = None
+                if not out.idle(POLL_S):
+                    return 0
+    except (BrokenPipeError, ConnectionResetError):
+        return 0
+
+
+# ----------------------------------------------------------------- kill/status
+
+
+def cmd_kill(args):
+    st = Stage(args.jobdir, args.stage)
+    kill_stage(st, args.grace)
+    print(json.dumps(status_of(st)))
+    return 0
+
+
+def kill_stage(st, grace):
+    """SIGTERM the stage's process group, SIGKILL after `grace` s; record the exit."""
+    pgid = st.pgid()
+    if pgid is None:
+        return
+    if st.exit_code() is None or group_alive(pgid):
+        sig = signal.SIGTERM
+        if st.exit_code() is None:
+            write_atomic(st.killed, str(int(sig)))
+        killpg(pgid, sig)
+        deadline = time.time() + max(grace, 0)
+        while group_alive(pgid) and time.time() < deadline:
+            time.sleep(0.1)
+        if group_alive(pgid):
+            sig = signal.SIGKILL
+            if st.exit_code() is None:
+                write_atomic(st.killed, str(int(sig)))
+            killpg(pgid, sig)
+            deadline = time.time() + 5
+            while group_alive(pgid) and time.time() < deadline:
+                time.sleep(0.1)
+        deadline = time.time() + 5  # the supervisor records the exit
+        while st.exit_code() is None and st.supervisor_alive() and time.time() < deadline:
+            time.sleep(0.05)
+        if st.exit_code() is None:
+            write_atomic(st.exit, str(128 + int(sig)))
+
+
+def cmd_status(args):
+    print(json.dumps(status_of(Stage(args.jobdir, args.stage))))
+    return 0
+
+
+# ----------------------------------------------------------------- job plane
+
+
+def shell_quote(value):
+    """POSIX single quotes (shlex.quote, which Python 3.6's agent may lack as shlex.quote)."""
+    value = str(value)
+    if value and re.match(r"^[A-Za-z0-9_@%+=:,./-]+$", value):
+        return value
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+def write_private(path, text, mode=0o600):
+    """Write a file only its owner can read, replacing it atomically."""
+    tmp = "%s.tmp%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read_text(path, default=None):
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return default
+
+
+def job_dir(job_id):
+    if not JOB_ID_RE.fullmatch(job_id or ""):
+        raise SystemExit("gpuctl-node: invalid job id %r" % job_id)
+    return os.path.join(JOBS_DIR, job_id)
+
+
+def prepared_problem(expected):
+    """Why this node is not in the state gpuctl expects, or None when it is."""
+    found = (read_text(PREPARED_FILE) or "").strip()
+    if not found:
+        return "never prepared"
+    if found != expected:
+        return "prepared state %s differs from the expected %s" % (found[:12], (expected or "")[:12])
+    return None
+
+
+def stage_env_text(stage, spec, rank, jobdir):
+    """The exported variables of one stage on one node (values single-quoted)."""
+    lines = ["# Written by gpuctl-node: the %s environment of this job. Values are single-quoted." % stage]
+    for name in sorted(spec.get("env") or {}):
+        if NAME_RE.fullmatch(name):
+            lines.append("export %s=%s" % (name, shell_quote(spec["env"][name])))
+    for name in spec.get("rank_vars") or []:
+        if NAME_RE.fullmatch(name):
+            lines.append("export %s=%s" % (name, rank))
+    if spec.get("hostfile") is not None:
+        lines.append("export GPUCTL_HOSTFILE=%s" % shell_quote(os.path.join(jobdir, stage + ".hostfile")))
+    return "\n".join(lines) + "\n"
+
+
+def dest_paths(dest):
+    """(local absolute path, path as rsync's remote side takes it: relative to home for ~/...)."""
+    path = dest.rstrip("/") or "/"
+    if path == "~":
+        return os.path.expanduser("~"), "."
+    if path.startswith("~/"):
+        return os.path.expanduser(path), path[2:]
+    return path, path
+
+
+def claim_destinations(token, dests, rank):
+    """Create every destination, then claim it for this node unless a node sharing its
+    filesystem already did; the owner's rank per destination.
+
+    The claim is a marker created with O_EXCL in the destination directory (in
+    the parent for a file), which NFS and local filesystems create atomically:
+    of the nodes sharing a filesystem exactly one creates it, and the others
+    read its rank. Only owners receive a copy, so nodes that share a filesystem
+    get the bytes once and never race one another into one directory.
+    """
+    owners = []
+    for dest in dests:
+        path, _ = dest_paths(dest["path"])
+        where = path if dest.get("dir") else (os.path.dirname(path) or "/")
+        marker = os.path.join(where, CLAIM_PREFIX + token + ("" if dest.get("dir") else "-" + os.path.basename(path)))
+        os.makedirs(where, exist_ok=True)
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+            owner = None
+            deadline = time.time() + 5
+            while owner is None and time.time() < deadline:  # the winner writes right after creating
+                owner = read_int(marker)
+                if owner is None:
+                    time.sleep(0.02)
+            owners.append(owner if owner is not None else -1)
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(rank))
+        owners.append(rank)
+    return owners
+
+
+def release_claims(token, dests, owners, rank):
+    for dest, owner in zip(dests, owners):
+        if owner != rank:
+            continue
+        path, _ = dest_paths(dest["path"])
+        where = path if dest.get("dir") else (os.path.dirname(path) or "/")
+        remove(os.path.join(where, CLAIM_PREFIX + token + ("" if dest.get("dir") else "-" + os.path.basename(path))))
+
+
+def cmd_claim(args):
+    dests = [{"path": d, "dir": True} for d in args.dir] + [{"path": f, "dir": False} for f in args.file]
+    owners = claim_destinations(args.token, dests, args.rank)
+    if args.release:
+        release_claims(args.token, dests, owners, args.rank)
+    print(json.dumps(owners))
+    return 0
+
+
+def ev(*fields):
+    return (" ".join(str(f) for f in fields) + "\n").encode("utf-8", "replace")
+
+
+def partition(ranks, branching):
+    """Split `ranks` into at most `branching` contiguous groups of near-equal size."""
+    groups = []
+    n = len(ranks)
+    k = min(max(branching, 1), n)
+    start = 0
+    for i in range(k):
+        size = n // k + (1 if i < n % k else 0)
+        groups.append(ranks[start:start + size])
+        start += size
+    return [g for g in groups if g]
+
+
+class LineReader(object):
+    """Non-blocking line reader over one fd."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = b""
+        self.eof = False
+        os.set_blocking(fd, False)
+
+    def read_lines(self):
+        try:
+            data = os.read(self.fd, CHUNK)
+        except BlockingIOError:
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self.eof = True
+            rest, self.buf = self.buf, b""
+            return [rest] if rest else []
+        self.buf += data
+        parts = self.buf.split(b"\n")
+        self.buf = parts.pop()
+        return parts
+
+
+class Child(object):
+    """A child relay: `ssh child gpuctl-node relay`, carrying a subtree of ranks."""
+
+    def __init__(self, relay, subtree):
+        self.relay = relay
+        self.rank = subtree[0]
+        self.subtree = subtree
+        self.open_ranks = set(subtree)  # ranks whose end this child still owes
+        self.err = b""
+        peer = relay.peers[self.rank]
+        argv = ["ssh"] + list(peer["ssh"]) + ["--", peer["host"], "~/.gpuctl/bin/gpuctl-node relay"]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     close_fds=True)
+        self.out = LineReader(self.proc.stdout.fileno())
+        self.errs = LineReader(self.proc.stderr.fileno())
+        payload = dict(relay.payload, subtree=subtree)
+        self.send(json.dumps(payload, separators=(",", ":")).encode() + b"\n"
+                  + json.dumps(relay.secrets).encode() + b"\n")
+
+    def send(self, data):
+        if self.proc.stdin is None:
+            return
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def close_stdin(self):
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            self.proc.stdin = None
+
+    def reason(self):
+        text = self.err.decode("utf-8", "replace").strip().splitlines()
+        return (text[-1] if text else "ssh exited with code %s" % self.proc.poll())[:300]
+
+
+class LocalStage(object):
+    """A stage started on this node: its log is read as it grows into O events."""
+
+    def __init__(self, st):
+        self.st = st
+        self.fh = open(st.log, "rb")
+        self.buf = b""
+        self.lost_since = None
+        self.done = False
+
+    def poll(self, emit, rank):
+        chunk = self.fh.read(CHUNK)
+        while chunk:
+            self._lines(chunk, emit, rank)
+            chunk = self.fh.read(CHUNK)
+        code = self.st.exit_code()
+        if code is None and not self.st.supervisor_alive():
+            self.lost_since = self.lost_since or time.time()
+            if time.time() - self.lost_since < 3.0:
+                return
+            code = "?"
+        elif code is None:
+            return
+        self._lines(self.fh.read(), emit, rank)
+        if self.buf:
+            emit(ev("O", rank, self.st.name, self.buf.decode("utf-8", "replace")))
+            self.buf = b""
+        self.fh.close()
+        self.done = True
+        emit(ev("X", rank, self.st.name, code))
+
+    def _lines(self, data, emit, rank):
+        if not data:
+            return
+        self.buf += data
+        parts = self.buf.split(b"\n")
+        self.buf = parts.pop()
+        if len(self.buf) > (1 << 20):  # a very long run without newline goes out in pieces
+            parts.append(self.buf)
+            self.buf = b""
+        for line in parts:
+            emit(ev("O", rank, self.st.name, line.decode("utf-8", "replace").rstrip("\r")))
+
+
+class Relay(object):
+    """One node's part of a job: its own rank, and the children it fans out to.
+
+    The head's coordinator and every worker's `relay` command run this; a
+    command given to a relay is done here and passed on to its children.
+    """
+
+    def __init__(self, payload, secrets, rank, emit):
+        self.payload = payload
+        self.secrets = secrets
+        self.rank = rank
+        self.emit = emit
+        self.job = payload["job"]
+        self.jobdir = job_dir(self.job)
+        self.peers = dict((p["rank"], p) for p in payload["peers"])
+        self.subtree = payload.get("subtree") or [rank]
+        self.children = []
+        self.stages = {}
+        self.claim_owners = []
+        self.pushes = []  # running rsync pushes: (proc, to_rank, reader of stderr, its lines)
+        self.ok = False
+        self.closing = False  # `end` was sent: children closing now are not lost
+
+    # -- setup ---------------------------------------------------------------
+    def prepare_local(self):
+        """Check the node's prepared state and write the job's files; emits H."""
+        problem = prepared_problem(self.payload.get("fingerprint"))
+        if problem:
+            self.emit(ev("H", self.rank, "unprepared", problem))
+            return False
+        if self.rank != 0:  # the head's submit already wrote its job directory
+            if os.path.isdir(self.jobdir):
+                shutil.rmtree(self.jobdir, ignore_errors=True)
+            os.makedirs(self.jobdir, 0o700)
+        os.chmod(self.jobdir, 0o700)
+        if self.secrets:
+            write_private(os.path.join(self.jobdir, "secrets.sh"), self.secrets)
+        for stage, spec in (self.payload.get("stages") or {}).items():
+            if not spec or stage not in ("setup", "run"):
+                continue
+            if stage == "run" and self.rank >= self.payload.get("job_ranks", len(self.peers)):
+                continue
+            write_private(os.path.join(self.jobdir, stage + ".sh"), spec["script"], 0o700)
+            write_private(os.path.join(self.jobdir, stage + ".env.sh"),
+                          stage_env_text(stage, spec, self.rank, self.jobdir), 0o600)
+            if spec.get("hostfile") is not None:
+                write_private(os.path.join(self.jobdir, stage + ".hostfile"),
+                              "".join(line + "\n" for line in spec["hostfile"]), 0o644)
+        self.emit(ev("H", self.rank, "ok"))
+        self.ok = True
+        return True
+
+    def spawn_children(self):
+        for group in partition(self.subtree[1:], int(self.payload.get("branching") or 32)):
+            try:
+                self.children.append(Child(self, group))
+            except OSError as exc:
+                for r in group:
+                    self.emit(ev("L", r, "cannot start ssh: %s" % exc))
+
+    # -- commands ------------------------------------------------------------
+    def command(self, line):
+        """Do one command here and pass it to every child."""
+        for child in self.children:
+            child.send(line.encode() + b"\n")
+        words = line.split(" ", 1)
+        verb, rest = words[0], (words[1] if len(words) > 1 else "")
+        if verb == "end":
+            self.closing = True
+        if not self.ok and verb not in ("kill", "cleanup", "end"):
+            return
+        try:
+            if verb == "claim":
+                self._claim(rest.strip())
+            elif verb == "sync":
+                self._sync(json.loads(rest))
+            elif verb == "start":
+                self._start(rest.strip())
+            elif verb == "kill":
+                parts = rest.split()
+                self.kill_local(float(parts[0]), parts[1:])
+            elif verb == "cleanup":
+                self.cleanup()
+        except Exception as exc:  # noqa: BLE001 - a failed command is reported, never fatal to the tree
+            self.emit(ev("O", self.rank, "gpuctl", "gpuctl-node: %s failed: %s" % (verb, exc)))
+            if verb == "start":
+                self.emit(ev("X", self.rank, rest.strip(), 127))
+
+    def _claim(self, token):
+        dests = self.payload.get("sync") or []
+        self.claim_token = token
+        self.claim_owners = claim_destinations(token, dests, self.rank)
+        self.emit(ev("C", self.rank, json.dumps(self.claim_owners, separators=(",", ":"))))
+
+    def _sync(self, wave):
+        """Push the destinations named in this wave to the ranks this node feeds."""
+        dests = self.payload.get("sync") or []
+        for src, dst, indexes in wave:
+            if src != self.rank:
+                continue
+            peer = self.peers[dst]
+            for i in indexes:
+                self._push(dests[i], dst, peer)
+
+    def _push(self, dest, to_rank, peer):
+        local, remote = dest_paths(dest["path"])
+        argv = ["rsync", "--archive", "--exclude=/" + CLAIM_PREFIX + "*"]
+        argv += list(dest.get("rsync_args") or [])
+        rsh = " ".join(shell_quote(a) for a in ["ssh"] + list(peer["ssh"]))
+        host = peer["host"]
+        target = "%s:%s" % ("[%s]" % host if ":" in host else host, remote)
+        if dest.get("dir"):
+            argv += ["-e", rsh, "--", local.rstrip("/") + "/", target.rstrip("/") + "/"]
+        else:
+            argv += ["-e", rsh, "--", local, target]
+        if shutil.which("rsync") is None:
+            self.emit(ev("Y", to_rank, 127, "rsync is not installed on %s" % self.peers[self.rank]["name"]))
+            return
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                close_fds=True)
+        self.pushes.append((proc, to_rank, LineReader(proc.stderr.fileno()), []))
+
+    def _start(self, stage):
+        if stage not in ("setup", "run"):
+            return
+        if stage == "run" and self.rank >= self.payload.get("job_ranks", len(self.peers)):
+            return
+        st = Stage(self.jobdir, stage)
+        code, err = start_stage(st, self.payload.get("workdir") or "~/gpuctl_workdir")
+        if code != 0:
+            self.emit(ev("O", self.rank, stage, "gpuctl-node: %s" % err))
+            self.emit(ev("X", self.rank, stage, 127))
+            return
+        self.stages[stage] = LocalStage(st)
+        self.emit(ev("S", self.rank, stage))
+
+    def kill_local(self, grace, stages):
+        for stage in stages:
+            if stage in ("setup", "run"):
+                st = Stage(self.jobdir, stage)
+                if st.pgid() is not None:
+                    kill_stage(st, grace)
+
+    def cleanup(self):
+        remove(os.path.join(self.jobdir, "secrets.sh"))
+        if self.claim_owners:
+            release_claims(getattr(self, "claim_token", ""), self.payload.get("sync") or [], self.claim_owners,
+                           self.rank)
+
+    # -- the loop ------------------------------------------------------------
+    def fds(self):
+        out = []
+        for child in self.children:
+            if not child.out.eof:
+                out.append((child.out.fd, ("out", child)))
+            if not child.errs.eof:
+                out.append((child.errs.fd, ("err", child)))
+        for push in self.pushes:
+            if not push[2].eof:
+                out.append((push[2].fd, ("push", push)))
+        return out
+
+    def busy(self):
+        return bool(self.pushes) or any(not s.done for s in self.stages.values())
+
+    def step(self, extra=(), timeout=0.5):
+        """One round: read children and pushes, poll local stages; returns the ready `extra` fds."""
+        watched = dict(self.fds())
+        for fd in extra:
+            watched[fd] = ("extra", None)
+        wait = 0.05 if self.busy() else timeout
+        try:
+            ready, _, _ = select.select(list(watched), [], [], wait) if watched else ([], [], [])
+        except InterruptedError:
+            ready = []
+        if not watched:
+            time.sleep(wait)
+        extra_ready = []
+        for fd in ready:
+            kind, obj = watched[fd]
+            if kind == "extra":
+                extra_ready.append(fd)
+            elif kind == "out":
+                for line in obj.out.read_lines():
+                    self._from_child(obj, line)
+                if obj.out.eof:
+                    self._child_ended(obj)
+            elif kind == "err":
+                for line in obj.errs.read_lines():
+                    obj.err = (obj.err + line + b"\n")[-4096:]
+            elif kind == "push":
+                for line in obj[2].read_lines():
+                    obj[3].append(line.decode("utf-8", "replace"))
+        for push in list(self.pushes):
+            proc, to_rank, reader, errs = push
+            if reader.eof and proc.poll() is not None:
+                self.pushes.remove(push)
+                msg = (errs[-1] if errs else "") if proc.returncode else "ok"
+                self.emit(ev("Y", to_rank, proc.returncode, msg.strip()[:300] or "rsync exit code %d" % proc.returncode))
+        for stage in list(self.stages.values()):
+            if not stage.done:
+                stage.poll(self.emit, self.rank)
+        return extra_ready
+
+    def _from_child(self, child, line):
+        kind, _, rest = line.partition(b" ")
+        if kind in (b"X", b"L", b"H"):
+            rank_text = rest.split(b" ", 1)[0]
+            if rank_text.isdigit():
+                rank = int(rank_text)
+                if kind == b"L" or (kind == b"H" and b" unprepared" in rest):
+                    child.open_ranks.discard(rank)
+        self.emit(line + b"\n")
+
+    def _child_ended(self, child):
+        """The child's connection closed: every rank it still owed is lost."""
+        child.proc.wait()
+        if self.closing:
+            child.open_ranks.clear()
+            return
+        reason = child.reason()
+        for rank in sorted(child.open_ranks):
+            self.emit(ev("L", rank, "connection to %s ended: %s" % (self.peers[child.rank]["name"], reason)))
+        child.open_ranks.clear()
+
+    def close(self, grace=3.0):
+        """End of the job on this node: stop what still runs, drop secrets, close the children."""
+        self.kill_local(grace, [s for s, ls in self.stages.items() if not ls.done])
+        remove(os.path.join(self.jobdir, "secrets.sh"))
+        for child in self.children:
+            child.close_stdin()
+        deadline = time.time() + 10
+        for child in self.children:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+        for proc, _, _, _ in self.pushes:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def read_payload(stream):
+    """The job (first line, JSON) and its secrets (second line, a JSON string) from a pipe."""
+    payload = json.loads(stream.readline().decode("utf-8"))
+    if payload.get("v") != PROTOCOL:
+        raise SystemExit("gpuctl-node: job protocol %r, this agent speaks %d" % (payload.get("v"), PROTOCOL))
+    secrets_line = stream.readline()
+    secrets = json.loads(secrets_line.decode("utf-8")) if secrets_line.strip() else ""
+    return payload, secrets
+
+
+def cmd_relay(args):
+    """A worker's part of a job: commands from the parent on stdin, events to stdout."""
+    stdin = sys.stdin.buffer
+    payload, secrets = read_payload(stdin)
+    out = Out()
+    out_lost = []
+
+    def emit(data):
+        if out_lost:
+            return
+        try:
+            out.write(data)
+        except (BrokenPipeError, OSError):
+            out_lost.append(True)
+
+    rank = payload["subtree"][0]
+    relay = Relay(payload, secrets, rank, emit)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the parent's ssh going away shows as stdin EOF
+    relay.spawn_children()
+    try:
+        relay.prepare_local()
+    except Exception as exc:  # noqa: BLE001
+        emit(ev("H", rank, "unprepared", "cannot write the job: %s" % exc))
+    commands = LineReader(stdin.fileno())
+    try:
+        while not commands.eof and not out_lost:
+            for fd in relay.step(extra=[commands.fd]):
+                for line in commands.read_lines():
+                    text = line.decode("utf-8", "replace").strip()
+                    if text == "end":
+                        commands.eof = True
+                        break
+                    if text:
+                        relay.command(text)
+    finally:
+        # Parent gone or job over: nothing of the job may outlive it here.
+        relay.close(grace=float(payload.get("grace") or 3.0))
+        while relay.children and any(not c.out.eof for c in relay.children):
+            relay.step(timeout=0.1)
+            if all(c.proc.poll() is not None for c in relay.children):
+                for c in relay.children:
+                    for line in c.out.read_lines():
+                        relay._from_child(c, line)
+                break
+    return 0
+
+
+class Coordinator(object):
+    """The head's side of a job: drives the phases, decides fail-fast, writes events.log."""
+
+    def __init__(self, jobdir, payload, secrets):
+        self.jobdir = jobdir
+        self.payload = payload
+        self.n = len(payload["peers"])
+        self.job_ranks = int(payload.get("job_ranks") or self.n)
+        self.grace = float(payload.get("grace") or 3.0)
+        self.events = os.open(os.path.join(jobdir, "events.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.cancelled = False
+        self.hello = {}
+        self.claims = {}
+        self.synced = {}
+        self.started = {"setup": set(), "run": set()}
+        self.exits = {"setup": {}, "run": {}}
+        self.lost = {}
+        self.first_failed = None
+        payload["subtree"] = list(range(self.n))  # the head's subtree is the whole cluster
+        self.relay = Relay(payload, secrets, 0, self.on_event)
+
+    def write(self, data):
+        os.write(self.events, data)
+
+    def on_event(self, data):
+        self.write(data)
+        parts = data.decode("utf-8", "replace").rstrip("\n").split(" ", 3)
+        kind = parts[0]
+        if len(parts) < 2 or not parts[1].lstrip("-").isdigit():
+            return
+        rank = int(parts[1])
+        if kind == "H":
+            self.hello[rank] = parts[2] if len(parts) > 2 else "?"
+        elif kind == "C":
+            self.claims[rank] = json.loads(parts[2])
+        elif kind == "Y":
+            self.synced[rank] = (int(parts[2]), parts[3] if len(parts) > 3 else "")
+        elif kind == "S" and parts[2] in self.started:
+            self.started[parts[2]].add(rank)
+        elif kind == "X" and parts[2] in self.exits:
+            code = None if parts[3] == "?" else int(parts[3])
+            self.exits[parts[2]][rank] = code
+            if parts[2] == "run" and code != 0 and self.first_failed is None and not self.cancelled:
+                self.first_failed = rank
+        elif kind == "L":
+            self.lost[rank] = parts[2] + (" " + parts[3] if len(parts) > 3 else "")
+            if self.first_failed is None and rank < self.job_ranks and self.started["run"] and not self.cancelled:
+                self.first_failed = rank
+
+    def phase(self, name):
+        self.write(ev("P", name))
+
+    def check_cancel(self):
+        if os.path.exists(os.path.join(self.jobdir, "cancel")):
+            self.cancelled = True
+        return self.cancelled
+
+    def wait(self, done, timeout=None):
+        """Step the tree until `done()`; False when cancelled or timed out."""
+        deadline = None if timeout is None else time.time() + timeout
+        while not done():
+            if self.check_cancel():
+                return False
+            if deadline is not None and time.time() > deadline:
+                return False
+            self.relay.step(timeout=0.2)
+        return True
+
+    def accounted(self, ranks, table):
+        return all(r in table or r in self.lost for r in ranks)
+
+    def run(self):
+        try:
+            return self._run()
+        except Exception as exc:  # noqa: BLE001 - always leave an outcome behind
+            self.write(ev("O", 0, "gpuctl", "gpuctl-node: coordinator failed: %s" % exc))
+            return self.finish("FAILED", "coordinator failed: %s" % exc)
+
+    def _run(self):
+        all_ranks = list(range(self.n))
+        self.phase("start")
+        self.relay.prepare_local()
+        self.relay.spawn_children()
+        if not self.wait(lambda: self.accounted(all_ranks, self.hello), timeout=float(self.payload.get("connect_timeout") or 120)):
+            return self.finish("CANCELLED" if self.cancelled else "FAILED", "nodes did not answer in time")
+        unprepared = [r for r, h in self.hello.items() if h != "ok"]
+        if unprepared:
+            return self.finish("UNPREPARED", "node(s) need prepare", ranks=unprepared)
+        if self.lost:
+            return self.finish("FAILED", "lost before start: " + self.describe_lost())
+        if self.payload.get("sync"):
+            self.phase("sync")
+            if not self.do_sync():
+                return self.finish("CANCELLED" if self.cancelled else "FAILED", self.sync_failure or "sync failed")
+        stages = self.payload.get("stages") or {}
+        if stages.get("setup"):
+            self.phase("setup")
+            self.relay.command("start setup")
+            if not self.wait(lambda: self.accounted(all_ranks, self.exits["setup"])):
+                return self.cancel(("setup",))
+            failed = [r for r in all_ranks if self.exits["setup"].get(r) != 0]
+            if failed:
+                return self.finish("FAILED_SETUP", "setup failed", ranks=failed)
+        if stages.get("run"):
+            job = list(range(self.job_ranks))
+            self.phase("run")
+            self.relay.command("start run")
+            if not self.wait(lambda: self.accounted(job, self.started["run"]) or self.first_failed is not None):
+                return self.cancel(("run",))
+            self.phase("running")
+            killed = False
+            while not self.accounted(job, self.exits["run"]):
+                if self.check_cancel():
+                    return self.cancel(("run",))
+                if self.first_failed is not None and not killed:
+                    killed = True  # fail fast: the others are stopped at once
+                    self.relay.command("kill %g run" % self.grace)
+                self.relay.step(timeout=0.2)
+            failed = [r for r in job if self.exits["run"].get(r) != 0]
+            return self.finish("FAILED" if failed else "SUCCEEDED", "", ranks=failed)
+        return self.finish("SUCCEEDED", "")
+
+    def do_sync(self):
+        """Claims on every node, then copies from the head to the owners in waves (a tree)."""
+        self.sync_failure = None
+        dests = self.payload["sync"]
+        token = "%s-%s" % (self.payload["job"], self.payload.get("nonce") or os.getpid())
+        self.relay.command("claim " + token)
+        all_ranks = list(range(self.n))
+        if not self.wait(lambda: self.accounted(all_ranks, self.claims), timeout=300):
+            self.sync_failure = "claiming the destinations timed out"
+            return False
+        if self.lost:
+            self.sync_failure = "lost during sync: " + self.describe_lost()
+            return False
+        branching = int(self.payload.get("branching") or 32)
+        edges = {}  # (src, dst) -> [dest index]
+        depth_of = {}
+        for i in range(len(dests)):
+            owners = [0] + [r for r in range(1, self.n) if self.claims.get(r, [None] * len(dests))[i] == r]
+            for pos in range(1, len(owners)):
+                parent = (pos - 1) // branching
+                depth_of[(owners[parent], owners[pos])] = depth_of.get((owners[parent], owners[pos]), 0)
+                edges.setdefault((owners[parent], owners[pos]), []).append(i)
+                d, p = 1, parent
+                while p > 0:
+                    p, d = (p - 1) // branching, d + 1
+                depth_of[(owners[parent], owners[pos])] = max(depth_of[(owners[parent], owners[pos])], d)
+        waves = {}
+        for edge, idx in edges.items():
+            waves.setdefault(depth_of[edge], []).append([edge[0], edge[1], idx])
+        for depth in sorted(waves):
+            wave = waves[depth]
+            targets = [w[1] for w in wave]
+            for t in targets:
+                self.synced.pop(t, None)
+            self.relay.command("sync " + json.dumps(wave, separators=(",", ":")))
+            if not self.wait(lambda: self.accounted(targets, self.synced)):
+                self.sync_failure = "sync cancelled"
+                return False
+            bad = ["%s: %s" % (self.payload["peers"][t]["name"], self.synced[t][1]) for t in targets
+                   if t in self.synced and self.synced[t][0] != 0]
+            if bad or self.lost:
+                self.sync_failure = "sync failed: " + "; ".join(bad + ([self.describe_lost()] if self.lost else []))
+                return False
+        return True
+
+    def describe_lost(self):
+        return "; ".join("rank %d (%s): %s" % (r, self.payload["peers"][r]["name"], why)
+                         for r, why in sorted(self.lost.items()))
+
+    def cancel(self, stages):
+        self.cancelled = True
+        self.relay.command("kill %g %s" % (self.grace, " ".join(stages)))
+        self.phase("cancelling")
+        deadline = time.time() + self.grace + 15
+        for stage in stages:
+            started = sorted(self.started[stage])
+            while not self.accounted(started, self.exits[stage]) and time.time() < deadline:
+                self.relay.step(timeout=0.2)
+        return self.finish("CANCELLED", "cancelled")
+
+    def finish(self, status, detail, ranks=()):
+        codes = dict((str(r), c) for r, c in self.exits["run"].items())
+        for r in self.lost:
+            codes.setdefault(str(r), None)
+        outcome = {
+            "status": status, "detail": detail, "ranks": list(ranks),
+            "setup": dict((str(r), c) for r, c in self.exits["setup"].items()),
+            "run": codes, "first_failed": self.first_failed,
+            "lost": dict((str(r), why) for r, why in self.lost.items()),
+        }
+        self.relay.command("cleanup")
+        self.relay.command("end")
+        self.relay.close(grace=self.grace)
+        deadline = time.time() + 10
+        while any(not c.out.eof for c in self.relay.children) and time.time() < deadline:
+            self.relay.step(timeout=0.1)
+        write_atomic(os.path.join(self.jobdir, "job.json"), json.dumps(outcome))
+        self.write(ev("D", status, json.dumps(outcome, separators=(",", ":"))))
+        write_atomic(os.path.join(self.jobdir, "events.exit"), "0")
+        return 0
+
+
+def cmd_coordinate(args):
+    """Detached, started by `submit`: the secrets arrive on stdin, then it runs the job."""
+    jobdir = job_dir(args.job)
+    with open(os.path.join(jobdir, "payload.json")) as fh:
+        payload = json.load(fh)
+    secrets = json.loads(sys.stdin.buffer.read().decode("utf-8") or '""')
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    coordinator = Coordinator(jobdir, payload, secrets)
+
+    def on_term(signum, frame):
+        coordinator.cancelled = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, on_term)
+    return coordinator.run()
+
+
+def cmd_submit(args):
+    """The controller's one call: take the job from stdin, start the coordinator, stream its events."""
+    out = Out()
+    payload, secrets = read_payload(sys.stdin.buffer)
+    problem = prepared_problem(payload.get("fingerprint"))
+    if problem:
+        out.write(("%s 0\n" % OFFSET_HEADER).encode())
+        out.write(ev("H", 0, "unprepared", problem))
+        out.write(ev("D", "UNPREPARED", json.dumps({"status": "UNPREPARED", "ranks": [0], "detail": problem})))
+        out.write(("%s 3\n" % SENTINEL).encode())
+        return 0
+    jobdir = job_dir(payload["job"])
+    if os.path.isdir(jobdir):
+        shutil.rmtree(jobdir, ignore_errors=True)
+    os.makedirs(jobdir, 0o700)
+    write_private(os.path.join(jobdir, "payload.json"), json.dumps(payload))
+    os.close(os.open(os.path.join(jobdir, "events.log"), os.O_WRONLY | os.O_CREAT, 0o600))
+    with open(os.path.join(jobdir, "coordinator.log"), "ab") as log:
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "coordinate", payload["job"]],
+                                stdin=subprocess.PIPE, stdout=log, stderr=log, close_fds=True,
+                                start_new_session=True, cwd=os.path.expanduser("~"))
+    write_atomic(os.path.join(jobdir, "events.supervisor"), str(proc.pid))
+    proc.stdin.write(json.dumps(secrets).encode())
+    proc.stdin.close()
+    return follow_stage(Stage(jobdir, "events"), out, offset=0, print_offset=True)
+
+
+def cmd_attach(args):
+    """Stream a job's events from a byte offset (a controller reconnecting, `gpuctl logs`)."""
+    return follow_stage(Stage(job_dir(args.job), "events"), Out(), offset=args.offset, print_offset=True)
+
+
+def cmd_cancel(args):
+    """Ask the coordinator to stop the job everywhere; wait until it recorded the outcome."""
+    jobdir = job_dir(args.job)
+    if not os.path.isdir(jobdir):
+        print(json.dumps({"status": "UNKNOWN"}))
+        return 0
+    write_atomic(os.path.join(jobdir, "cancel"), "1")
+    events = Stage(jobdir, "events")
+    pid = read_int(events.supervisor)
+    if pid_alive(pid):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+        deadline = time.time() + args.wait
+        while events.exit_code() is None and pid_alive(pid) and time.time() < deadline:
+            time.sleep(0.05)
+    return cmd_job_status(args)
+
+
+def cmd_job_status(args):
+    jobdir = job_dir(args.job)
+    outcome = read_text(os.path.join(jobdir, "job.json"))
+    if outcome:
+        print(outcome.strip())
+        return 0
+    events = Stage(jobdir, "events")
+    alive = pid_alive(read_int(events.supervisor))
+    print(json.dumps({"status": "RUNNING" if alive else ("UNKNOWN" if not os.path.isdir(jobdir) else "LOST")}))
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="gpuctl-node", description="gpuctl node agent")
+    sub = parser.add_subparsers(dest="cmd")
+    sub.required = True
+
+    p = sub.add_parser("launch", help="start STAGE.sh detached, in its own session")
+    p.add_argument("jobdir")
+    p.add_argument("stage")
+    p.add_argument("--wait", action="store_true", help="wait and exit with the stage's exit code")
+    p.add_argument("--workdir", default="~/gpuctl_workdir",
+                   help="directory to run in (default ~/gpuctl_workdir; $HOME if missing)")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("follow", help="print STAGE.log as it grows, then the exit sentinel")
+    p.add_argument("jobdir")
+    p.add_argument("stage")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--from-start", action="store_true", help="print the whole log (default)")
+    where.add_argument("--tail", type=int, metavar="N", help="start with the last N lines")
+    where.add_argument("--offset", type=int, metavar="BYTES", help="start at this byte offset")
+    p.add_argument("--print-offset", action="store_true",
+                   help="first print '%s <byte offset>' (used to resume)" % OFFSET_HEADER)
+    p.set_defaults(func=cmd_follow)
+
+    p = sub.add_parser("kill", help="SIGTERM the stage's process group, SIGKILL after --grace")
+    p.add_argument("jobdir")
+    p.add_argument("stage")
+    p.add_argument("--grace", type=float, default=10.0)
+    p.set_defaults(func=cmd_kill)
+
+    p = sub.add_parser("status", help="print {pid, running, exit, killed} as JSON")
+    p.add_argument("jobdir")
+    p.add_argument("stage")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("claim", help="create and claim destinations; print each one's owner rank (JSON)")
+    p.add_argument("token")
+    p.add_argument("rank", type=int)
+    p.add_argument("--dir", action="append", default=[], help="a destination directory")
+    p.add_argument("--file", action="append", default=[], help="a destination file")
+    p.add_argument("--release", action="store_true", help="remove this node's markers again")
+    p.set_defaults(func=cmd_claim)
+
+    p = sub.add_parser("submit", help="run a job from stdin on the cluster, streaming its events")
+    p.set_defaults(func=cmd_submit)
+    p = sub.add_parser("relay", help="a worker's part of a job (started by its parent node)")
+    p.set_defaults(func=cmd_relay)
+    p = sub.add_parser("coordinate", help="the head's coordinator of a job (started by submit)")
+    p.add_argument("job")
+    p.set_defaults(func=cmd_coordinate)
+    p = sub.add_parser("attach", help="stream a job's events from a byte offset")
+    p.add_argument("job")
+    p.add_argument("--offset", type=int, default=0)
+    p.set_defaults(func=cmd_attach)
+    p = sub.add_parser("cancel", help="stop a job on every node and wait for its outcome")
+    p.add_argument("job")
+    p.add_argument("--wait", type=float, default=30.0)
+    p.set_defaults(func=cmd_cancel)
+    p = sub.add_parser("job-status", help="a job's outcome (job.json), or RUNNING / LOST")
+    p.add_argument("job")
+    p.set_defaults(func=cmd_job_status)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The controller's side of the job plane: one SSH session to the head per job.
+
+`submit` starts `gpuctl-node submit` on the head over the cluster's
+ControlMaster, writes the job and its secrets to its stdin, and hands every
+event that comes back to `on_event` in the calling thread. A dropped
+connection is resumed with `gpuctl-node attach JOB --offset N` from the byte
+after the last whole event: nothing is lost or repeated. The ssh process runs
+in its own session, so a Ctrl-C sent to gpuctl's process group reaches only
+gpuctl, which then cancels the job through the head (`cancel`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from gpuctl import ssh
+from gpuctl.inventory import Node
+from gpuctl.jobplane.events import Event, Outcome, parse_event
+from gpuctl.stream import LineSplitter
+
+# ssh's exit codes that mean "the agent is not what this gpuctl expects":
+# 127 no such command, 126 not executable, 2 an older agent without `submit`.
+_AGENT_MISSING = (2, 126, 127)
+
+
+class HeadUnreachable(Exception):
+    """ssh to the head failed before the agent answered."""
+
+
+class AgentMissing(Exception):
+    """The head has no (or an older) agent: the cluster needs `prepare`."""
+
+
+@dataclass
+class Session:
+    """One job's event stream from the head."""
+
+    head: Node
+    job_id: int
+    control_dir: Path
+    on_event: Callable[[Event], None]
+    offset: int | None = None
+    outcome: Outcome | None = None
+    header_seen: bool = False
+    proc: subprocess.Popen[bytes] | None = None
+    stderr: bytearray = field(default_factory=bytearray)
+
+    # -- connections ----------------------------------------------------------
+    def _start(self, command: str, stdin_data: bytes | None) -> None:
+        argv = ssh.ssh_argv(self.head, command, control_dir=self.control_dir)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        self.stderr = bytearray()
+        if stdin_data is not None:
+            assert self.proc.stdin is not None
+            try:
+                self.proc.stdin.write(stdin_data)
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def submit(self, payload: Mapping[str, Any], secrets_text: str,
+               stop: Callable[[], bool] = lambda: False) -> Outcome | None:
+        """Run the job; its outcome, or None when `stop()` said to leave it running."""
+        data = (json.dumps(payload, separators=(",", ":")) + "\n" + json.dumps(secrets_text) + "\n").encode()
+        self._start(f"{ssh.AGENT} submit", data)
+        return self._pump(stop, first=True)
+
+    def attach(self, offset: int = 0, stop: Callable[[], bool] = lambda: False) -> Outcome | None:
+        """Stream a submitted job's events from `offset` (0: all of them again)."""
+        self.offset = offset
+        self._start(f"{ssh.AGENT} attach {self.job_id} --offset {offset}", None)
+        return self._pump(stop, first=True)
+
+    def _pump(self, stop: Callable[[], bool], *, first: bool) -> Outcome | None:
+        failures = 0
+        while True:
+            ended = self._read_connection(stop)
+            if self.outcome is not None:
+                return self.outcome
+            if ended:
+                self.outcome = Outcome("FAILED", detail="the job's coordinator on the head ended without an outcome")
+                return self.outcome
+            if stop():
+                return None
+            assert self.proc is not None
+            rc = self.proc.returncode
+            reason = self.stderr.decode(errors="replace").strip().splitlines()
+            why = reason[-1] if reason else f"ssh exit code {rc}"
+            if not self.header_seen:
+                if rc in _AGENT_MISSING:
+                    raise AgentMissing(why)
+                raise HeadUnreachable(why)
+            failures += 1
+            if failures > 3:
+                raise HeadUnreachable(f"the connection to the head dropped {failures} times: {why}")
+            time.sleep(min(2.0 ** (failures - 1), 8.0))
+            self._start(f"{ssh.AGENT} attach {self.job_id} --offset {self.offset or 0}", None)
+
+    def _read_connection(self, stop: Callable[[], bool]) -> bool:
+        """Read one connection to its end; True when the stream ended with the agent's sentinel."""
+        assert self.proc is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        splitter = LineSplitter(offset=self.offset)
+        sel = selectors.DefaultSelector()
+        for pipe, kind in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
+            os.set_blocking(pipe.fileno(), False)
+            sel.register(pipe, selectors.EVENT_READ, kind)
+        try:
+            open_pipes = 2
+            while open_pipes:
+                if stop():
+                    self.close()
+                    return False
+                for key, _ in sel.select(timeout=0.5):
+                    try:
+                        data = os.read(key.fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        open_pipes -= 1
+                        continue
+                    if key.data == "err":
+                        self.stderr += data
+                        del self.stderr[:-4096]
+                        continue
+                    for line in splitter.feed(data):
+                        if splitter.header_seen:
+                            self.header_seen = True
+                        event = parse_event(line)
+                        if event is not None:
+                            self.offset = splitter.offset
+                            self._handle(event)
+                            if stop():
+                                self.close()
+                                return False
+                    if splitter.header_seen:
+                        self.header_seen = True
+                        self.offset = splitter.offset
+        finally:
+            sel.close()
+        self.proc.wait()
+        ended, _ = splitter.finish()
+        if splitter.header_seen:
+            self.offset = splitter.offset
+        return ended
+
+    def _handle(self, event: Event) -> None:
+        if event.kind == "D":
+            self.outcome = Outcome.from_data(event.text, event.data)
+        self.on_event(event)
+
+    def close(self) -> None:
+        """Leave the job running on the cluster; end this controller's connection."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def wait_until_started(self, timeout: float = 15.0) -> None:
+        """After a Ctrl-C: let a submit that is under way reach the point where the job exists on
+        the head (its first line), so a cancel cannot arrive before the job it cancels."""
+        if self.header_seen or self.proc is None:
+            return
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        splitter = LineSplitter()
+        while time.monotonic() < deadline and self.proc.poll() is None and not splitter.header_seen:
+            try:
+                data = os.read(self.proc.stdout.fileno(), 65536)
+            except BlockingIOError:
+                time.sleep(0.05)
+                continue
+            if not data:
+                break
+            for line in splitter.feed(data):
+                event = parse_event(line)
+                if event is not None:
+                    self._handle(event)
+        self.header_seen = self.header_seen or splitter.header_seen
+
+
+def cancel_on_head(head: Node, job_id: int, control_dir: Path, wait: float = 30.0) -> dict[str, Any] | None:
+    """Ask the head's coordinator to end the job everywhere; its outcome, or None if unreachable."""
+    proc = ssh.run_ssh(head, f"{ssh.AGENT} cancel {job_id} --wait {wait:g}", control_dir, timeout=wait + 30)
+    if proc.returncode != 0:
+        return None
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+def job_status_on_head(head: Node, job_id: int, control_dir: Path) -> dict[str, Any] | None:
+    """The head's record of a job (job.json), {"status": "RUNNING"|"LOST"|"UNKNOWN"}, or None if unreachable."""
+    proc = ssh.run_ssh(head, f"{ssh.AGENT} job-status {job_id}", control_dir, timeout=30)
+    if proc.returncode != 0:
+        return None
+    try:
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return data if isinstance(data, dict) else None

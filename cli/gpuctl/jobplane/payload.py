@@ -1,0 +1,140 @@
+"""The job as the head's agent receives it: one JSON document (pure, unit-tested).
+
+Everything a node needs to run its part travels in it: the rank table with
+how each node reaches the others (`peers`), each stage's script and
+environment, the destinations to copy from the head's copy, and the
+fingerprint of the prepared state the nodes must have. Secrets travel beside
+it on the same stdin, never in it (the head stores the payload for the job's
+lifetime; see agent.py).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets as _secrets
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from gpuctl import jobenv
+from gpuctl.inventory import Inventory, Node
+
+PROTOCOL = 1
+DEFAULT_FANOUT = 32
+FANOUT_ENV = "GPUCTL_FANOUT"
+WORKDIR_DEST = "~/gpuctl_workdir"
+INTERNAL_KEY_ON_NODE = "~/.ssh/gpuctl_cluster"
+NODE_CONTROL_DIR = "~/.gpuctl/cm"  # made by the prepare play
+# The workdir's rsync rules, on every hop: .gitignore honoured in every directory
+# (SkyPilot: dir-merge,- .gitignore), no .git, files gone locally deleted after
+# the transfer (so the node reads the new .gitignore files first).
+WORKDIR_RSYNC_ARGS = ("--delete-after", "--filter=:- .gitignore", "--exclude=.git")
+
+PEER_SSH_OPTIONS = (
+    "BatchMode=yes",
+    "StrictHostKeyChecking=no",
+    "UserKnownHostsFile=/dev/null",
+    "LogLevel=ERROR",
+    "ConnectTimeout=10",
+    # A peer that vanishes without a reset (power loss) is noticed in ~15 s.
+    "ServerAliveInterval=5",
+    "ServerAliveCountMax=3",
+)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    script: str
+    env: Mapping[str, str]
+    rank_vars: Sequence[str]
+    hostfile: Sequence[str] | None
+
+
+def fanout() -> int:
+    """Children per node in the fan-out tree (GPUCTL_FANOUT, default 32)."""
+    raw = os.environ.get(FANOUT_ENV, "").strip()
+    if raw.isdigit() and int(raw) >= 1:
+        return int(raw)
+    return DEFAULT_FANOUT
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def peer_port(node: Node) -> int:
+    """The port other nodes reach the node's sshd on (see the gpuctl_cluster_ssh role)."""
+    if node.peer_ssh_port is not None:
+        return node.peer_ssh_port
+    return node.ssh_port if node.ssh_host == node.address else 22
+
+
+def peer_entry(node: Node) -> dict[str, Any]:
+    """How the other nodes log in to `node`: ssh options (no destination) and the host.
+
+    Nodes on loopback (local nodes without root) are processes on the
+    controller's own machine, so the controller's access key and coordinates
+    serve; elsewhere the cluster's internal key, which prepare installs.
+    """
+    common = [a for o in PEER_SSH_OPTIONS for a in ("-o", o)]
+    if is_loopback(node.address):
+        opts = ["-p", str(node.ssh_port), "-l", node.ssh_user] + common
+        if node.ssh_key:
+            opts += ["-i", node.ssh_key, "-o", "IdentitiesOnly=yes"]
+        host = node.ssh_host
+    else:
+        opts = ["-p", str(peer_port(node)), "-l", node.ssh_user, "-i", INTERNAL_KEY_ON_NODE,
+                "-o", "IdentitiesOnly=yes", *common,
+                "-o", "ControlMaster=auto", "-o", f"ControlPath={NODE_CONTROL_DIR}/%C",
+                "-o", "ControlPersist=60s"]
+        host = node.address
+    return {"rank": node.rank, "name": node.name, "host": host, "ssh": opts}
+
+
+def stage_plan(script: str | None, env: jobenv.StageEnv, hostfile: Sequence[str] | None) -> dict[str, Any] | None:
+    if not script:
+        return None
+    return {"script": script if script.endswith("\n") else script + "\n", "env": dict(env.common),
+            "rank_vars": list(env.rank_vars), "hostfile": list(hostfile) if hostfile is not None else None}
+
+
+def build_payload(
+    inv: Inventory,
+    *,
+    job_id: int,
+    fingerprint: str,
+    job_nodes: int,
+    setup: dict[str, Any] | None,
+    run: dict[str, Any] | None,
+    sync: Sequence[Mapping[str, Any]] = (),
+    branching: int | None = None,
+    grace: float = 3.0,
+) -> dict[str, Any]:
+    return {
+        "v": PROTOCOL,
+        "job": str(job_id),
+        "nonce": _secrets.token_hex(6),
+        "fingerprint": fingerprint,
+        "branching": branching or fanout(),
+        "grace": grace,
+        "connect_timeout": 120,
+        "workdir": WORKDIR_DEST,
+        "job_ranks": job_nodes,
+        "peers": [peer_entry(n) for n in inv.nodes],
+        "stages": {"setup": setup, "run": run},
+        "sync": [dict(s) for s in sync],
+    }
+
+
+def sync_destinations(has_workdir: bool, file_mounts: Mapping[str, str], mount_is_dir: Mapping[str, bool]
+                      ) -> list[dict[str, Any]]:
+    """What the head copies on to the workers once it holds it: workdir first, then file_mounts."""
+    out: list[dict[str, Any]] = []
+    if has_workdir:
+        out.append({"path": WORKDIR_DEST, "dir": True, "rsync_args": list(WORKDIR_RSYNC_ARGS)})
+    for dest in file_mounts:
+        out.append({"path": dest, "dir": bool(mount_is_dir[dest]), "rsync_args": []})
+    return out
