@@ -13,19 +13,25 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from gpuctl import joblogs, jobs, provision, ssh, sshconfig, usage
+from gpuctl import joblogs, jobs, ssh, sshconfig, usage
 from gpuctl.cluster import ClusterRequest, check_cluster_name, request_from_task
 from gpuctl.console import Reporter
+from gpuctl.envargs import parse_env_assignments
 from gpuctl.errors import JobCancelled, JobFailed, ProvisionError, UserError
-from gpuctl.inventory import Inventory
+from gpuctl.inventory import Inventory, load_inventory
 from gpuctl.launch import JobRunner, JobSpec
 from gpuctl.paths import cluster_dir, state_root
-from gpuctl.spec import Task, load_task, parse_env_assignments
 from gpuctl.state import TERMINAL_JOB_STATES, Registry
+
+if TYPE_CHECKING:
+    from gpuctl.spec import Task
+
+# The spec (pydantic) and provisioning (Terraform) layers are imported by the
+# commands that use them, so a job on a running cluster starts fast.
 
 app = typer.Typer(
     name="gpuctl",
@@ -51,6 +57,8 @@ FileArg = typer.Argument(..., metavar="FILE", help="Task YAML in SkyPilot's form
 
 
 def _load(file: Path, env: list[str] | None, secret: list[str] | None = None) -> Task:
+    from gpuctl.spec import load_task
+
     return load_task(file, env_overrides=parse_env_assignments(env or []),
                      secret_overrides=parse_env_assignments(secret or [], flag="--secret", secret=True))
 
@@ -70,6 +78,8 @@ def _job_spec(task: Task, req: ClusterRequest) -> JobSpec:
 @app.command()
 def validate(file: Path = FileArg) -> None:
     """Check a cluster.yaml without provisioning anything."""
+    from gpuctl.spec import load_task
+
     task = load_task(file)
     req = _request(task, file, cluster=None, infra=None, num_nodes=None)
     typer.echo(f"{file}: OK ({req.num_nodes} node(s) on {req.cloud}"
@@ -90,6 +100,8 @@ def apply(
     detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started; follow with `gpuctl logs`."),
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
+    from gpuctl import provision
+
     reporter = Reporter()
     task = _load(file, env, secret)
     req = _request(task, file, cluster=cluster, infra=infra, num_nodes=num_nodes)
@@ -129,16 +141,16 @@ def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts:
         outcome = runner.run(spec, run_setup=run_setup, sync_file_mounts=sync_file_mounts, detach=detach)
     except KeyboardInterrupt:
         raise JobCancelled("job cancelled (Ctrl-C); its processes were stopped on every node") from None
-    if outcome is None:
-        name = runner.inv.cluster
-        job = runner.registry.jobs(name)[-1]
-        runner.reporter.info(f"Job {job.job_id} detached. Follow it: gpuctl logs {name} {job.job_id}; "
-                             f"cancel it: gpuctl cancel {name} {job.job_id}")
+    if outcome.status == "RUNNING":
+        name, job_id = runner.inv.cluster, outcome.job_id
+        runner.reporter.info(f"Job {job_id} detached. Follow it: gpuctl logs {name} {job_id}; "
+                             f"cancel it: gpuctl cancel {name} {job_id}")
 
 
 def _cluster_inventory(name: str) -> Inventory:
     check_cluster_name(name)
-    inv = provision.load_inventory_of(name)
+    path = cluster_dir(name) / "inventory.yml"
+    inv = load_inventory(path, cluster=name) if path.is_file() else None
     if inv is None:
         raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
     return inv
@@ -162,6 +174,8 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
            refresh: bool = typer.Option(False, "--refresh", "-r",
                                         help="Check Terraform state and whether each node answers over SSH.")) -> None:
     """Show clusters, their nodes and addresses, and their last jobs."""
+    from gpuctl import provision
+
     registry = Registry()
     records = [registry.cluster(check_cluster_name(name))] if name else registry.clusters()
     if name and records[0] is None:
@@ -376,6 +390,8 @@ def watch_(name: str, job_id: int) -> None:
 def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear down."),
          yes: bool = typer.Option(True, "-y", "--yes", hidden=True)) -> None:
     """Destroy a cluster (terraform destroy) and forget it."""
+    from gpuctl import provision
+
     reporter = Reporter()
     check_cluster_name(name)
     registry = Registry()

@@ -15,6 +15,7 @@ bring any unwatched job up to date from the head (jobs.py).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from typing import Mapping, Sequence
 from gpuctl import joblogs, jobenv, ssh, stream
 from gpuctl.configplane import playbooks, prepare
 from gpuctl.console import Reporter
-from gpuctl.errors import JobFailed
+from gpuctl.errors import JobCancelled, JobFailed
 from gpuctl.inventory import Inventory, Node
 from gpuctl.jobplane import client, payload, upload
 from gpuctl.jobplane.events import Event, Outcome
@@ -122,8 +123,8 @@ class JobRunner:
         """One line of a rank's output, prefixed `(worker1, rank=1)`."""
         self.reporter.rank_line(stream.format_prefix(node), node.rank, line)
 
-    def run(self, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> JobOutcome | None:
-        """The whole job; its outcome (None when detached). Raises JobFailed when it failed."""
+    def run(self, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> JobOutcome:
+        """The whole job; its outcome (status RUNNING when detached). Raises JobFailed when it failed."""
         inv = self.inv
         job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
@@ -170,11 +171,12 @@ class JobRunner:
             if outcome is None:  # detached once every rank started
                 joblogs.unmark_watching(inv.cluster, job.job_id)
                 self.spawn_watcher(job.job_id)
-                return None
+                return JobOutcome(job.job_id, "RUNNING", {})
             return self.conclude(job.job_id, job_nodes, outcome)
         except KeyboardInterrupt:
             self._interrupted(job.job_id, job_nodes, session)
-            raise
+            raise JobCancelled(f"job {job.job_id} cancelled (Ctrl-C); its processes were stopped on every node") \
+                from None
         finally:
             joblogs.unmark_watching(inv.cluster, job.job_id)
 
@@ -316,16 +318,20 @@ class _JobView:
             n = len(runner.inv.nodes)
             if event.text == "sync":
                 runner.reporter.info(f"Copying from the head to the other {n - 1} node(s)")
+            elif event.text.startswith("plan "):
+                for line in describe_copies(event.text[5:], n):
+                    runner.reporter.info(f"  {line}")
             elif event.text == "setup":
                 runner.registry.update_job(cluster, self.job_id, status="SETTING_UP", started_at=time.time())
                 runner.reporter.info(f"Running setup on {n} node(s)")
             elif event.text == "run":
+                # Printed as the ranks start, before their first lines (scripts read the job id here).
                 runner.reporter.info(f"Starting job {self.job_id} on {len(self.job_nodes)} node(s)")
-            elif event.text == "running":
+                runner.reporter.info(f"Job {self.job_id} running ({self.task})")
+            elif event.text == "running":  # every rank started
                 job = runner.registry.job(cluster, self.job_id)
                 runner.registry.update_job(cluster, self.job_id, status="RUNNING",
                                            started_at=(job.started_at if job and job.started_at else time.time()))
-                runner.reporter.info(f"Job {self.job_id} running ({self.task})")
                 self.running = True
         elif event.kind == "X" and event.stage == "run" and event.code not in (0, None) and not self.failed_seen:
             self.failed_seen = True
@@ -337,6 +343,24 @@ class _JobView:
             runner.reporter.info(f"rank {event.rank} ({by_rank[event.rank].name}) lost: {event.text}")
         elif event.kind == "D":
             self.logs.close()
+
+
+def describe_copies(plan_json: str, num_nodes: int) -> list[str]:
+    """The head's copy plan as users read it: where bytes go, and which nodes share a filesystem."""
+    try:
+        copies = json.loads(plan_json).get("copies") or []
+    except (ValueError, AttributeError):
+        return []
+    lines = []
+    for path, ranks in copies:
+        others = num_nodes - 1
+        if not ranks and others:
+            lines.append(f"{path}: shared with the head by all {others} other node(s)")
+        else:
+            shared = others - len(ranks)
+            lines.append(f"{path}: to {len(ranks)} node(s)"
+                         + (f"; {shared} share a filesystem with one of them or the head" if shared else ""))
+    return lines
 
 
 def describe_result(result: playbooks.PlaybookResult) -> str:

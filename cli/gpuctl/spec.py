@@ -48,13 +48,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from gpuctl.envargs import _ENV_NAME_RULE, ENV_NAME_RE, parse_env_assignments
 from gpuctl.errors import UserError
 from gpuctl.infra import Infra, infra_from_legacy, parse_infra
 
 __all__ = ["ENV_NAME_RE", "Resources", "Task", "load_task", "parse_env_assignments"]
 
-ENV_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_ENV_NAME_RULE = "use letters, digits and '_', not starting with a digit"
 _ACCEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ACCEL_HINT = "write NAME:COUNT such as A100:8"
 _CPUS_RE = re.compile(r"^(\d+(?:\.\d+)?)\+?$")
@@ -803,25 +802,3 @@ def load_task(
         raise UserError(_redact(_one_line(err, source, lines), secret_values)) from None
 
 
-def parse_env_assignments(
-    items: Iterable[str], *, flag: str = "--env", secret: bool = False, environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The CLI's repeated `--env K=V` (later ones win). A bare `--env K` takes K's
-    value from the current environment, as SkyPilot does. With `secret=True`
-    (for `--secret`) a malformed item is named by its position, never quoted,
-    since it may be the secret itself."""
-    env = os.environ if environ is None else environ
-    out: dict[str, str] = {}
-    for position, item in enumerate(items, start=1):
-        name, sep, value = item.partition("=")
-        label = f"{flag} #{position}" if secret else f"{flag} {item}"
-        if not name:
-            raise UserError(f"{label}: missing NAME before '='; write {flag} NAME=VALUE")
-        if not ENV_NAME_RE.match(name):
-            raise UserError(f"{label}: not NAME=VALUE with a valid NAME; {_ENV_NAME_RULE}")
-        if not sep:
-            if name not in env:
-                raise UserError(f"{flag} {name}: {name} is not set in your environment; write {flag} {name}=VALUE")
-            value = env[name]
-        out[name] = value
-    return out

@@ -88,6 +88,13 @@ def expected_log_lines(rank: int) -> list[str]:
 # -- helpers -----------------------------------------------------------------------
 
 
+def shell(script: str) -> list[str]:
+    """`exec` arguments running `script` under bash on every node. After `--` gpuctl keeps argv as
+    given (no shell), and the script travels in the environment so the markers it names are not in
+    any process's command line."""
+    return ["--env", f"JL_SCRIPT={script}", "--", "bash", "-c", 'eval "$JL_SCRIPT"']
+
+
 def wait_for(what: str, predicate: Callable[[], object], timeout: float, interval: float = 0.25):
     """Poll until `predicate()` is truthy; its value, or a failure naming `what`."""
     deadline = time.monotonic() + timeout
@@ -315,7 +322,7 @@ def test_exec_runs_no_setup_syncs_workdir_but_not_file_mounts(jl: JobsCluster):
             in res.stdout.splitlines(), res.describe()
 
     (jl.project / "proj" / "version.txt").write_text("v3\n")
-    res = jl.gpuctl("exec", NAME, "--", 'echo "dashes rank $GPUCTL_NODE_RANK version $(cat version.txt)"').check()
+    res = jl.gpuctl("exec", NAME, *shell('echo "dashes rank $GPUCTL_NODE_RANK version $(cat version.txt)"')).check()
     assert "Running setup" not in res.stdout
     for n in jl.nodes:
         assert f"({n.name}, rank={n.rank}) dashes rank {n.rank} version v3" in res.stdout.splitlines(), res.stdout
@@ -385,7 +392,7 @@ def subset(jl: JobsCluster) -> SubsetJob:
                f"touch {touched}; "
                'if [ "$GPUCTL_NODE_RANK" == "0" ]; then for h in worker1 worker2; do '
                'echo "$h is $(ssh -o BatchMode=yes $h hostname)"; done; fi')
-    res = jl.gpuctl("exec", NAME, "--num-nodes", "2", "--env", f"JL_K={value}", "--", command).check()
+    res = jl.gpuctl("exec", NAME, "--num-nodes", "2", "--env", f"JL_K={value}", *shell(command)).check()
     return SubsetJob(res=res, job=job_id_of(res), value=value, touched=touched)
 
 
@@ -451,7 +458,7 @@ def test_failing_rank_stops_the_others_fast(jl: JobsCluster):
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        res = jl.gpuctl("exec", NAME, "--", command, timeout=200)
+        res = jl.gpuctl("exec", NAME, *shell(command), timeout=200)
     finally:
         done.set()
         sampler.join()
@@ -480,7 +487,7 @@ def test_failing_rank_stops_the_others_fast(jl: JobsCluster):
 
 
 def _detach_sleeper(jl: JobsCluster, marker: str) -> Result:
-    return jl.gpuctl("exec", NAME, "-d", "--", f"echo started; (exec -a {marker} sleep 300); echo survived")
+    return jl.gpuctl("exec", NAME, "-d", *shell(f"echo started; (exec -a {marker} sleep 300); echo survived"))
 
 
 @pytest.fixture(scope="module")
@@ -538,8 +545,8 @@ def test_cancel_all_stops_every_unfinished_job(jl: JobsCluster, sleepers: dict[i
 
 def test_ctrl_c_cancels_the_attached_job(jl: JobsCluster):
     marker = f"{MOD}-ctrlc"
-    argv = [sys.executable, "-m", "gpuctl", "exec", NAME, "--",
-            f'echo "started $GPUCTL_NODE_RANK"; (exec -a {marker} sleep 300); echo survived']
+    argv = [sys.executable, "-m", "gpuctl", "exec", NAME,
+            *shell(f'echo "started $GPUCTL_NODE_RANK"; (exec -a {marker} sleep 300); echo survived')]
     # Its own process group, signalled as a whole as a terminal's Ctrl-C does (its ssh children included).
     proc = subprocess.Popen(argv, cwd=REPO, env=gpuctl_env(jl.cluster.state_dir), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
@@ -607,8 +614,8 @@ class Pair:
 @pytest.fixture(scope="module")
 def pair(jl: JobsCluster) -> Pair:
     with ThreadPoolExecutor(2) as pool:
-        log_f = pool.submit(jl.gpuctl, "exec", NAME, "-d", "--", LOG_JOB)
-        other_f = pool.submit(jl.gpuctl, "exec", NAME, "-d", "--", 'echo "other rank $GPUCTL_NODE_RANK"; sleep 1')
+        log_f = pool.submit(jl.gpuctl, "exec", NAME, "-d", *shell(LOG_JOB))
+        other_f = pool.submit(jl.gpuctl, "exec", NAME, "-d", *shell('echo "other rank $GPUCTL_NODE_RANK"; sleep 1'))
         time.sleep(1.0)
         meanwhile = jl.gpuctl("queue", NAME)
         both_running = not log_f.done() and not other_f.done()

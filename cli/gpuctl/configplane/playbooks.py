@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import ansible_runner
+
 import yaml
 
 from gpuctl import ssh
@@ -283,6 +283,8 @@ def run_playbook(
     long. `timeout` (s) and `cancel` stop ansible-playbook (not processes it
     started on nodes: use kill.yml or ssh.kill_stage for those).
     """
+    import ansible_runner  # here, not at import: a job on a prepared cluster never needs it
+
     playbook = playbook_path(name)
     inventory = Path(inventory).absolute()
     ranks = inventory_ranks(inventory)

@@ -627,6 +627,7 @@ class Child(object):
         self.rank = subtree[0]
         self.subtree = subtree
         self.open_ranks = set(subtree)  # ranks whose end this child still owes
+        self.hello = False  # the child answered (H)
         self.err = b""
         peer = relay.peers[self.rank]
         argv = ["ssh"] + list(peer["ssh"]) + ["--", peer["host"], "~/.gpuctl/bin/gpuctl-node relay"]
@@ -914,6 +915,8 @@ class Relay(object):
             rank_text = rest.split(b" ", 1)[0]
             if rank_text.isdigit():
                 rank = int(rank_text)
+                if kind == b"H" and rank == child.rank:
+                    child.hello = True
                 if kind == b"L" or (kind == b"H" and b" unprepared" in rest):
                     child.open_ranks.discard(rank)
         self.emit(line + b"\n")
@@ -925,6 +928,10 @@ class Relay(object):
             child.open_ranks.clear()
             return
         reason = child.reason()
+        if not child.hello and child.proc.returncode in (126, 127):
+            # ssh reached the node but there is no agent to run: prepare puts it back.
+            self.emit(ev("H", child.rank, "unprepared", "no gpuctl agent: %s" % reason))
+            child.open_ranks.discard(child.rank)
         for rank in sorted(child.open_ranks):
             self.emit(ev("L", rank, "connection to %s ended: %s" % (self.peers[child.rank]["name"], reason)))
         child.open_ranks.clear()
@@ -976,7 +983,10 @@ def cmd_relay(args):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the parent's ssh going away shows as stdin EOF
     relay.spawn_children()
     try:
-        relay.prepare_local()
+        if relay.prepare_local():
+            # Who fed this node (the parent's address): the fan-out tree, for people and tests.
+            with open(os.path.join(relay.jobdir, "relay.from"), "w") as fh:
+                fh.write(os.environ.get("SSH_CONNECTION", "") + "\n")
     except Exception as exc:  # noqa: BLE001
         emit(ev("H", rank, "unprepared", "cannot write the job: %s" % exc))
     commands = LineReader(stdin.fileno())
@@ -1151,6 +1161,9 @@ class Coordinator(object):
                 while p > 0:
                     p, d = (p - 1) // branching, d + 1
                 depth_of[(owners[parent], owners[pos])] = max(depth_of[(owners[parent], owners[pos])], d)
+        copies = [[dests[i]["path"], sorted(dst for (src, dst), idx in edges.items() if i in idx)]
+                  for i in range(len(dests))]
+        self.write(ev("P", "plan", json.dumps({"copies": copies}, separators=(",", ":"))))
         waves = {}
         for edge, idx in edges.items():
             waves.setdefault(depth_of[edge], []).append([edge[0], edge[1], idx])

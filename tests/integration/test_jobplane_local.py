@@ -1,0 +1,318 @@
+"""The job plane on a real 5-node local cluster whose fan-out is forced to a
+depth-2 tree (GPUCTL_FANOUT=2: the head feeds worker1 and worker3, which feed
+worker2 and worker4), through the real `gpuctl` command:
+
+- a job on a prepared cluster starts no ansible-playbook, and the controller
+  opens one ssh session for it whatever the number of nodes;
+- ranks, output and exit codes are right through the tree;
+- argv after `--` is kept as given;
+- a node whose prepared state differs, or whose agent is missing, is prepared
+  again by itself; a rotated internal key too;
+- file_mounts to a directory every node shares are copied once (to the head)
+  and never race, ten applies in a row; a node's own directory gets its copy;
+- Ctrl-C during the copy, during setup and during run ends everything and
+  records CANCELLED;
+- a detached job whose gpuctl (and watcher) are gone still fails fast, and
+  `queue` shows the true outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from e2e import REPO, Cluster, NodeInfo, Result, gpuctl_env, needs_local_nodes, pids_matching
+
+pytestmark = [pytest.mark.integration, needs_local_nodes]
+
+NAME = "jp5"
+MOD = f"jp{uuid.uuid4().hex[:10]}"  # every marker of this module starts with it
+SHARED = Path(f"/tmp/{MOD}-shared")  # outside ~: every netns node sees this machine's /tmp
+
+TASK = f"""\
+name: {NAME}
+num_nodes: 5
+resources:
+  infra: local
+workdir: ./proj
+file_mounts:
+  {SHARED}/data: ./data
+  ~/own/data: ./data
+setup: |
+  echo "setup on $GPUCTL_NODE_RANK"
+run: |
+  echo "rank $GPUCTL_NODE_RANK sees $(cat {SHARED}/data/blob.txt) and $(cat ~/own/data/blob.txt)"
+  ls -a {SHARED}/data ~/own/data | grep -c gpuctl-claim || true
+"""
+
+
+@dataclass
+class JP:
+    cluster: Cluster
+    project: Path
+    yaml: Path
+    nodes: list[NodeInfo]
+    shim_log: Path
+    env_extra: dict[str, str]
+
+    def gpuctl(self, *args: str, timeout: float = 300, shim: bool = False) -> Result:
+        env_before = dict(os.environ)
+        os.environ.update(self.env_extra)
+        if shim:
+            os.environ["PATH"] = f"{self.shim_log.parent}:{os.environ['PATH']}"
+        try:
+            return self.cluster.gpuctl(*args, timeout=timeout)
+        finally:
+            os.environ.clear()
+            os.environ.update(env_before)
+
+    def controller_ssh_calls(self) -> list[str]:
+        """ssh invocations made with the cluster's access key (the controller's, not the nodes')."""
+        key = str(self.cluster.cdir / "ssh" / "id_ed25519")
+        if not self.shim_log.exists():
+            return []
+        return [line for line in self.shim_log.read_text().splitlines() if key in line]
+
+    def artifacts(self) -> set[str]:
+        root = self.cluster.cdir / "runner" / "artifacts"
+        return {p.name for p in root.iterdir()} if root.is_dir() else set()
+
+
+def job_id_of(res: Result, word: str = "running") -> int:
+    m = re.search(rf"^Job (\d+) {word}\b", res.stdout, re.M)
+    assert m, f"no 'Job N {word}' line\n" + res.describe()
+    return int(m.group(1))
+
+
+def shell(script: str) -> list[str]:
+    return ["--env", f"JP_SCRIPT={script}", "--", "bash", "-c", 'eval "$JP_SCRIPT"']
+
+
+@pytest.fixture(scope="module")
+def jp(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("jobplane")
+    project = root / "project"
+    (project / "proj").mkdir(parents=True)
+    (project / "proj" / "code.txt").write_text("code v1\n")
+    (project / "data").mkdir()
+    (project / "data" / "blob.txt").write_text("blob v1\n")
+    yaml_path = project / "cluster.yaml"
+    yaml_path.write_text(TASK)
+    shim_dir = root / "shim"
+    shim_dir.mkdir()
+    shim_log = shim_dir / "ssh.log"
+    (shim_dir / "ssh").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {shim_log}\nexec /usr/bin/ssh "$@"\n')
+    (shim_dir / "ssh").chmod(0o755)
+    cluster = Cluster(NAME, root / "state")
+    env_extra = {"GPUCTL_FANOUT": "2"}
+    jp = JP(cluster, project, yaml_path, [], shim_log, env_extra)
+    try:
+        res = jp.gpuctl("apply", str(yaml_path)).check()
+        jp.nodes = cluster.nodes()
+        jp.first = res  # type: ignore[attr-defined]
+        yield jp
+    finally:
+        cluster.down_quietly()
+        subprocess.run(["rm", "-rf", str(SHARED)], check=False)
+        for pid in pids_matching(MOD):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_first_apply_prepares_then_runs_through_the_tree(jp: JP):
+    res = jp.first  # type: ignore[attr-defined]
+    assert "Preparing 5 node(s)" in res.stdout, res.describe()
+    lines = res.stdout.splitlines()
+    for n in jp.nodes:
+        assert f"({n.name}, rank={n.rank}) rank {n.rank} sees blob v1 and blob v1" in lines, res.describe()
+        assert f"({n.name}, rank={n.rank}) setup on {n.rank}" in lines
+    # the markers of the shared-filesystem claim are gone from both destinations on every node
+    assert sum(1 for line in lines if line.endswith(") 0")) == 5, res.describe()
+
+
+def test_fanout_tree_has_depth_two(jp: JP):
+    """Who fed whom: each relay records the address its parent connected from."""
+    res = jp.gpuctl("exec", NAME, "--", "true").check()
+    job = job_id_of(res)
+    head, w1, w2, w3, w4 = jp.nodes
+    parent = {n.name: jp.cluster.read(n, f"~/.gpuctl/jobs/{job}/relay.from").split()[0] for n in (w1, w2, w3, w4)}
+    assert parent == {"worker1": head.address, "worker2": w1.address, "worker3": head.address,
+                      "worker4": w3.address}, parent
+
+
+def test_ranks_output_and_exit_codes_through_the_tree(jp: JP):
+    res = jp.gpuctl("exec", NAME, *shell('echo "out $GPUCTL_NODE_RANK"; echo "err $GPUCTL_NODE_RANK" >&2; '
+                                          'exit $((GPUCTL_NODE_RANK == 4 ? 7 : 0))'))
+    assert res.returncode == 1, res.describe()
+    lines = res.stdout.splitlines()
+    for n in jp.nodes:
+        assert f"({n.name}, rank={n.rank}) out {n.rank}" in lines
+        assert f"({n.name}, rank={n.rank}) err {n.rank}" in lines
+    assert re.search(r"rank 4 \(worker4, [0-9.]+\) failed first with exit code 7; "
+                     r"return codes: rank 0: 0, rank 1: 0, rank 2: 0, rank 3: 0, rank 4: 7$", res.stderr, re.M), \
+        res.describe()
+
+
+def test_warm_job_runs_no_playbook_and_one_ssh_session(jp: JP):
+    jp.gpuctl("exec", NAME, "--", "true").check()  # warm: the ControlMaster is up
+    before = jp.artifacts()
+    jp.shim_log.unlink(missing_ok=True)
+    all5 = jp.gpuctl("exec", NAME, "--", "true", shim=True).check()
+    calls_all = jp.controller_ssh_calls()
+    jp.shim_log.unlink(missing_ok=True)
+    one = jp.gpuctl("exec", NAME, "--num-nodes", "1", "--", "true", shim=True).check()
+    calls_one = jp.controller_ssh_calls()
+    assert jp.artifacts() == before, "an ansible-playbook ran for a job on a prepared cluster"
+    assert "Preparing" not in all5.stdout + one.stdout
+    assert len(calls_all) == 1 and "gpuctl-node submit" in calls_all[0], calls_all
+    assert len(calls_one) == len(calls_all), (calls_one, calls_all)
+
+
+def test_argv_after_dashes_is_kept(jp: JP):
+    res = jp.gpuctl("exec", NAME, "--num-nodes", "2", "--", "printf", "[%s]", "a b", "$HOME", "it's",
+                    '"q"', "--flag").check()
+    for n in jp.nodes[:2]:
+        assert f"({n.name}, rank={n.rank}) [a b][$HOME][it's][\"q\"][--flag]" in res.stdout.splitlines(), \
+            res.describe()
+
+
+def test_node_with_other_prepared_state_is_prepared_again(jp: JP):
+    w3 = jp.nodes[3]
+    jp.cluster.ssh(w3, "echo stale > ~/.gpuctl/prepared")
+    res = jp.gpuctl("exec", NAME, "--", "true").check()
+    assert "Preparing 5 node(s) (worker3 not as prepared)" in res.stdout, res.describe()
+    assert jp.cluster.read(w3, "~/.gpuctl/prepared").strip() == (jp.cluster.cdir / "prepared").read_text().strip()
+
+
+def test_node_without_agent_is_prepared_again(jp: JP):
+    w4 = jp.nodes[4]
+    jp.cluster.ssh(w4, "rm ~/.gpuctl/bin/gpuctl-node")
+    res = jp.gpuctl("exec", NAME, "--", "echo", "back").check()
+    assert "Preparing 5 node(s)" in res.stdout, res.describe()
+    assert f"({w4.name}, rank=4) back" in res.stdout.splitlines()
+
+
+def test_rotated_internal_key_is_prepared_again(jp: JP):
+    key = jp.cluster.cdir / "ssh" / "internal_ed25519"
+    old = key.with_suffix(".pub").read_text()
+    key.unlink()
+    key.with_suffix(".pub").unlink()
+    res = jp.gpuctl("exec", NAME, "--", "true").check()
+    assert "Preparing 5 node(s) (gpuctl or the cluster changed)" in res.stdout, res.describe()
+    new = key.with_suffix(".pub").read_text()
+    assert new != old
+    head, *workers = jp.nodes
+    authorized = jp.cluster.read(workers[1], "~/.ssh/authorized_keys")
+    assert new.split()[1] in authorized and old.split()[1] not in authorized
+
+
+def test_shared_destination_ten_applies_in_a_row(jp: JP):
+    """Every node shares /tmp: the head gets the bytes, nobody else copies into it, nothing races.
+    ~/own is each node's own: each gets its copy from the tree."""
+    for i in range(10):
+        (jp.project / "data" / "blob.txt").write_text(f"blob v{i + 2}\n")
+        res = jp.gpuctl("apply", str(jp.yaml), "--no-setup").check()
+        assert "File exists" not in res.stdout + res.stderr
+        for n in jp.nodes:
+            assert f"({n.name}, rank={n.rank}) rank {n.rank} sees blob v{i + 2} and blob v{i + 2}" in \
+                res.stdout.splitlines(), res.describe()
+        assert f"{SHARED}/data: shared with the head by all 4 other node(s)" in res.stdout, res.describe()
+        assert "~/own/data: to 4 node(s)" in res.stdout, res.describe()
+    assert not list(SHARED.rglob(".gpuctl-claim-*"))
+
+
+# -- Ctrl-C at each stage --------------------------------------------------------------
+
+
+def interrupt_when(jp: JP, args: list[str], trigger: str, marker: str) -> tuple[int, str]:
+    """Run gpuctl in its own process group, SIGINT the group when a stdout line contains
+    `trigger`; (exit code, output)."""
+    os_env = {**gpuctl_env(jp.cluster.state_dir), **jp.env_extra}
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", *args], cwd=REPO, env=os_env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            bufsize=1, start_new_session=True)
+    out: list[str] = []
+    err: list[str] = []
+    hit = threading.Event()
+
+    def pump(stream, sink: list[str], watch: bool) -> None:
+        for line in iter(stream.readline, ""):
+            sink.append(line.rstrip("\n"))
+            if watch and trigger in line:
+                hit.set()
+
+    readers = [threading.Thread(target=pump, args=(proc.stdout, out, True), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, err, False), daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        assert hit.wait(120), "never saw " + trigger + "\n" + "\n".join(out + err)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for t in readers:
+            t.join(timeout=10)
+    text = "\n".join(out) + "\n--- stderr\n" + "\n".join(err)
+    deadline = time.monotonic() + 15
+    while pids_matching(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not pids_matching(marker), f"processes of {marker} survived Ctrl-C\n{text}"
+    return proc.returncode, text
+
+
+def last_job(jp: JP) -> tuple[int, str]:
+    res = jp.gpuctl("queue", NAME).check()
+    last = res.stdout.splitlines()[-1].split()
+    return int(last[0]), last[2]
+
+
+@pytest.mark.parametrize("stage", ["copy", "setup", "run"])
+def test_ctrl_c_at_each_stage_ends_everything_and_records_cancelled(jp: JP, stage: str, tmp_path: Path):
+    marker = f"{MOD}-ctrlc-{stage}"
+    project = tmp_path / "p"
+    (project / "w").mkdir(parents=True)
+    if stage == "copy":  # a workdir large enough that Ctrl-C lands while rsync copies it
+        with open(project / "w" / "big.bin", "wb") as fh:
+            fh.write(os.urandom(256 << 20))
+    task = (f"name: ctrlc\nnum_nodes: 5\nresources:\n  infra: local\nworkdir: ./w\n"
+            f"setup: |\n  echo setup-started\n  (exec -a {marker} sleep 120)\n"
+            f"run: |\n  echo run-started\n  (exec -a {marker} sleep 120)\n")
+    (project / "c.yaml").write_text(task)
+    trigger = {"copy": "Copying the workdir to the head", "setup": "setup-started", "run": "run-started"}[stage]
+    args = ["apply", str(project / "c.yaml"), "-c", NAME] + (["--no-setup"] if stage == "run" else [])
+    rc, text = interrupt_when(jp, args, trigger, marker)
+    assert rc == 130, text
+    assert "Traceback" not in text
+    _, status = last_job(jp)
+    assert status == "CANCELLED", text
+
+
+def test_detached_job_fails_fast_without_gpuctl(jp: JP):
+    marker = f"{MOD}-orphan"
+    res = jp.gpuctl("exec", NAME, "-d", *shell(
+        f'if [ "$GPUCTL_NODE_RANK" == "3" ]; then sleep 3; exit 9; fi; (exec -a {marker} sleep 120)')).check()
+    job = job_id_of(res, "detached")
+    for pid in pids_matching(f"_watch\0{NAME}\0{job}\0"):  # gpuctl is gone: the head alone decides
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while pids_matching(marker) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not pids_matching(marker), "the other ranks were not stopped"
+    row = jp.gpuctl("queue", NAME).check().stdout.splitlines()
+    mine = next(line for line in row if line.split()[0] == str(job))
+    assert " FAILED " in f" {mine} " and mine.split()[-1].split(",")[3] == "9", mine

@@ -1,0 +1,215 @@
+"""The node agent's job plane without a network: one-node jobs run by `submit`
+in a scratch HOME (the coordinator, its events, fail states, secrets), the
+claim markers that keep nodes sharing a filesystem from copying into one
+directory at once, and the small pure helpers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from gpuctl.jobplane.events import Outcome, parse_event
+from gpuctl.stream import LineSplitter
+
+AGENT_PATH = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "agent.py"
+
+
+def load_agent():
+    spec = importlib.util.spec_from_file_location("gpuctl_node_agent", AGENT_PATH)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+agent = load_agent()
+
+
+# -- pure helpers -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,b", [(1, 4), (5, 2), (10, 3), (64, 32), (7, 100)])
+def test_partition_covers_in_order_with_at_most_b_groups(n: int, b: int):
+    ranks = list(range(1, n + 1))
+    groups = agent.partition(ranks, b)
+    assert [r for g in groups for r in g] == ranks
+    assert len(groups) == min(b, n)
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+
+
+@pytest.mark.parametrize("value", ["plain", "", "it's", "a b\tc\nd", "$HOME `id` \\ \"q\" ;&|<>", "--opt"])
+def test_shell_quote_round_trips_through_bash(value: str):
+    out = subprocess.run(["bash", "-c", f"printf %s {agent.shell_quote(value)}"], capture_output=True, text=True)
+    assert out.stdout == value
+
+
+def test_stage_env_text_exports_values_literally(tmp_path: Path):
+    tricky = "it's \"quoted\" $HOME `id`\nsecond line"
+    text = agent.stage_env_text("run", {"env": {"TRICKY": tricky, "bad name": "x", "EMPTY": ""},
+                                         "rank_vars": ["GPUCTL_NODE_RANK"], "hostfile": ["10.0.0.1 slots=8"]},
+                                3, str(tmp_path))
+    env_file = tmp_path / "env.sh"
+    env_file.write_text(text)
+    out = subprocess.run(["bash", "-c", f". {env_file}; printf '%s|%s|%s|%s' \"$TRICKY\" \"$GPUCTL_NODE_RANK\" "
+                          "\"$EMPTY\" \"$GPUCTL_HOSTFILE\""], capture_output=True, text=True)
+    assert out.stdout == f"{tricky}|3||{tmp_path}/run.hostfile"
+    assert "bad name" not in text
+
+
+def test_dest_paths_home_relative_and_absolute():
+    home = os.path.expanduser("~")
+    assert agent.dest_paths("~/gpuctl_workdir/") == (f"{home}/gpuctl_workdir", "gpuctl_workdir")
+    assert agent.dest_paths("/data/x") == ("/data/x", "/data/x")
+    assert agent.dest_paths("~") == (home, ".")
+
+
+# -- claims: one owner per filesystem -----------------------------------------------------
+
+
+def _claim(args: tuple[str, str, list[dict], int]) -> list[int]:
+    path_agent, token, dests, rank = args
+    spec = importlib.util.spec_from_file_location("a", path_agent)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.claim_destinations(token, dests, rank)
+
+
+def test_claims_on_one_filesystem_elect_exactly_one_owner(tmp_path: Path):
+    shared = tmp_path / "shared"
+    dests = [{"path": str(shared / "dir"), "dir": True}, {"path": str(shared / "sub" / "file.txt"), "dir": False}]
+    for attempt in range(5):  # nodes racing: every one must see the same single owner
+        token = f"job{attempt}-x"
+        with ProcessPoolExecutor(6) as pool:
+            results = list(pool.map(_claim, [(str(AGENT_PATH), token, dests, r) for r in range(6)]))
+        for i in range(len(dests)):
+            owners = {res[i] for res in results}
+            assert len(owners) == 1, results
+            owner = owners.pop()
+            assert results[owner][i] == owner
+    assert (shared / "dir").is_dir() and (shared / "sub").is_dir()  # created before any copy
+
+
+def test_claims_on_separate_filesystems_each_own_their_copy(tmp_path: Path):
+    owners = [agent.claim_destinations("t", [{"path": str(tmp_path / f"node{r}" / "w"), "dir": True}], r)
+              for r in range(3)]
+    assert owners == [[0], [1], [2]]
+
+
+def test_release_removes_only_the_owners_markers(tmp_path: Path):
+    dests = [{"path": str(tmp_path / "d"), "dir": True}]
+    first = agent.claim_destinations("tok", dests, 0)
+    second = agent.claim_destinations("tok", dests, 1)
+    assert first == [0] and second == [0]
+    agent.release_claims("tok", dests, second, 1)
+    assert list((tmp_path / "d").glob(".gpuctl-claim-*"))
+    agent.release_claims("tok", dests, first, 0)
+    assert not list((tmp_path / "d").glob(".gpuctl-claim-*"))
+
+
+# -- one-node jobs through submit -----------------------------------------------------
+
+
+@pytest.fixture
+def node_home(tmp_path: Path) -> Path:
+    """A scratch HOME with the agent installed and prepared as fingerprint 'fp1'."""
+    home = tmp_path / "home"
+    (home / ".gpuctl" / "bin").mkdir(parents=True)
+    (home / ".gpuctl" / "prepared").write_text("fp1\n")
+    (home / ".gpuctl" / "fabric.env").write_text("export FABRIC_VAR=from-fabric\nexport OVERRIDE=fabric\n")
+    return home
+
+
+def payload(job: str, run: str | None, setup: str | None = None, **extra) -> dict:
+    env = {"GPUCTL_NUM_NODES": "1", "OVERRIDE": "task"}
+    stage = lambda script: None if script is None else {  # noqa: E731
+        "script": script, "env": env, "rank_vars": ["GPUCTL_NODE_RANK"], "hostfile": ["127.0.0.1 slots=0"]}
+    body = {"v": 1, "job": job, "fingerprint": "fp1", "branching": 4, "grace": 1, "workdir": "~/gpuctl_workdir",
+            "job_ranks": 1, "peers": [{"rank": 0, "name": "head", "host": "127.0.0.1", "ssh": []}],
+            "stages": {"setup": stage(setup), "run": stage(run)}, "sync": []}
+    body.update(extra)
+    return body
+
+
+def submit(home: Path, body: dict, secrets_text: str = "", timeout: float = 60) -> tuple[list, Outcome | None, str]:
+    data = json.dumps(body) + "\n" + json.dumps(secrets_text) + "\n"
+    proc = subprocess.run([sys.executable, str(AGENT_PATH), "submit"], input=data.encode(), capture_output=True,
+                          timeout=timeout, env={**os.environ, "HOME": str(home)})
+    splitter = LineSplitter()
+    events = [e for e in map(parse_event, splitter.feed(proc.stdout)) if e is not None]
+    ended, _ = splitter.finish()
+    assert ended, proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
+    outcome = next((Outcome.from_data(e.text, e.data) for e in events if e.kind == "D"), None)
+    return events, outcome, proc.stderr.decode(errors="replace")
+
+
+def test_one_node_job_streams_output_and_succeeds(node_home: Path):
+    events, outcome, _ = submit(node_home, payload("7", 'echo "rank=$GPUCTL_NODE_RANK $FABRIC_VAR $OVERRIDE"; '
+                                                        'echo err >&2', setup="echo setting up"))
+    lines = [(e.stage, e.text) for e in events if e.kind == "O"]
+    assert ("setup", "setting up") in lines
+    assert ("run", "rank=0 from-fabric task") in lines and ("run", "err") in lines
+    assert [e.text for e in events if e.kind == "P"][:1] == ["start"]
+    assert outcome is not None and outcome.status == "SUCCEEDED" and outcome.run == {0: 0}
+    job = node_home / ".gpuctl" / "jobs" / "7"
+    assert json.loads((job / "job.json").read_text())["status"] == "SUCCEEDED"
+    assert (job / "run.log").read_text() == "rank=0 from-fabric task\nerr\n"
+
+
+def test_failing_setup_stops_before_run(node_home: Path):
+    _, outcome, _ = submit(node_home, payload("8", "echo never", setup="exit 4"))
+    assert outcome is not None and outcome.status == "FAILED_SETUP" and outcome.setup == {0: 4}
+    assert not (node_home / ".gpuctl" / "jobs" / "8" / "run.log").exists()
+
+
+def test_failing_run_is_failed_with_its_code(node_home: Path):
+    _, outcome, _ = submit(node_home, payload("9", "exit 3"))
+    assert outcome is not None and outcome.status == "FAILED" and outcome.run == {0: 3}
+    assert outcome.first_failed == 0
+
+
+def test_unprepared_node_runs_nothing(node_home: Path):
+    (node_home / ".gpuctl" / "prepared").write_text("other\n")
+    events, outcome, _ = submit(node_home, payload("10", "touch ~/ran"))
+    assert outcome is not None and outcome.status == "UNPREPARED"
+    assert any(e.kind == "H" and e.text.startswith("unprepared") for e in events)
+    assert not (node_home / "ran").exists()
+
+
+def test_secrets_reach_the_job_and_leave_no_file(node_home: Path):
+    secret = "s3cr3t-'quoted' $x"
+    _, outcome, _ = submit(node_home, payload("11", 'printf "%s" "$TOKEN" > ~/seen'),
+                           secrets_text=f"export TOKEN={agent.shell_quote(secret)}\n")
+    assert outcome is not None and outcome.status == "SUCCEEDED"
+    assert (node_home / "seen").read_text() == secret
+    job = node_home / ".gpuctl" / "jobs" / "11"
+    assert not (job / "secrets.sh").exists()
+    for path in job.rglob("*"):
+        assert secret not in path.read_text(errors="replace"), path
+
+
+def test_cancel_ends_a_running_job(node_home: Path):
+    body = payload("12", "echo started; sleep 60; echo survived")
+    data = json.dumps(body) + "\n" + json.dumps("") + "\n"
+    env = {**os.environ, "HOME": str(node_home)}
+    proc = subprocess.Popen([sys.executable, str(AGENT_PATH), "submit"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(data.encode())
+    proc.stdin.close()
+    seen = b""
+    while b"started" not in seen:
+        seen += proc.stdout.readline()
+    answer = subprocess.run([sys.executable, str(AGENT_PATH), "cancel", "12", "--wait", "20"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    proc.stdin = None  # closed above
+    out, _ = proc.communicate(timeout=30)
+    assert json.loads(answer.stdout)["status"] == "CANCELLED"
+    assert b"survived" not in seen + out
+    assert b"D CANCELLED" in seen + out
