@@ -69,6 +69,8 @@ JOB_RUNNING = re.compile(r"^Job (?P<id>\d+) running \(")
 # Stage titles (cli.py / launch.py) -> short names; titles carry node counts.
 STAGE_KEYS = (
     ("Provisioning", "provision"),
+    ("Preparing", "prepare"),
+    ("Copying the", "upload"),
     ("Waiting for", "wait"),
     ("Syncing workdir", "sync"),
     ("Running setup", "setup"),
@@ -289,17 +291,24 @@ class Footprint:
 
 class LocalCluster:
     """`gpuctl apply FILE --provision-only` on enter, `gpuctl down` on exit (always),
-    then a check that its namespaces, sshd processes and directories are gone."""
+    then a check that its namespaces, sshd processes and directories are gone.
+
+    With provision_only=False the whole `gpuctl apply FILE` runs on enter
+    (provision, prepare, setup, run): `provision_run` holds it either way."""
 
     def __init__(self, name: str, num_nodes: int, workdir: Path, env: dict[str, str],
-                 run: str = "true") -> None:
+                 run: str = "true", *, setup: str | None = None, provision_only: bool = True,
+                 timeout: float = 900) -> None:
         self.name = name
         self.num_nodes = num_nodes
         self.state_dir = Path(env["GPUCTL_STATE_DIR"])
         self.env = env
+        self.provision_only = provision_only
+        self.timeout = timeout
         self.yaml = workdir / f"{name}.yaml"
         self.yaml.write_text(f"name: {name}\nnum_nodes: {num_nodes}\nresources:\n  infra: local\n"
-                             f"run: {json.dumps(run)}\n")
+                             + (f"setup: {json.dumps(setup)}\n" if setup is not None else "")
+                             + f"run: {json.dumps(run)}\n")
         self.provision_run: Gpuctl | None = None
         self.down_run: Gpuctl | None = None
         self.footprint = Footprint()
@@ -310,7 +319,10 @@ class LocalCluster:
 
     def __enter__(self) -> "LocalCluster":
         try:
-            self.provision_run = run_gpuctl("apply", str(self.yaml), "--provision-only", env=self.env)
+            args = ("apply", str(self.yaml), *(("--provision-only",) if self.provision_only else ()))
+            self.provision_run = Gpuctl(*args, env=self.env)  # kept when it fails, for its output
+            if self.provision_run.wait(timeout=self.timeout) != 0:
+                raise RuntimeError(f"gpuctl apply failed:\n{self.provision_run.describe()}")
         finally:
             if self.cdir.exists():
                 self.footprint = Footprint.read(self.cdir)

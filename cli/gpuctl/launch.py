@@ -150,7 +150,7 @@ class JobRunner:
                         raise JobFailed(f"job {job.job_id}: {exc}") from None
             body = self._payload(job.job_id, task, spec, job_nodes, fingerprint, items, run_setup)
             secrets_text = jobenv.secrets_script(spec.secrets)
-            view = _JobView(self, job.job_id, job_nodes, task, echo=True)
+            view = _JobView(self, job.job_id, job_nodes, task, echo=not detach)  # detached: `gpuctl logs` shows it
             for attempt in (1, 2):
                 session = client.Session(inv.head, job.job_id, self.control_dir, view.on_event)
                 try:

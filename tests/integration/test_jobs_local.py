@@ -616,14 +616,15 @@ def pair(jl: JobsCluster) -> Pair:
     with ThreadPoolExecutor(2) as pool:
         log_f = pool.submit(jl.gpuctl, "exec", NAME, "-d", *shell(LOG_JOB))
         other_f = pool.submit(jl.gpuctl, "exec", NAME, "-d", *shell('echo "other rank $GPUCTL_NODE_RANK"; sleep 1'))
-        time.sleep(1.0)
+        time.sleep(0.2)
         meanwhile = jl.gpuctl("queue", NAME)
-        both_running = not log_f.done() and not other_f.done()
         log_res = log_f.result()
         queue_after = jl.gpuctl("queue", NAME)
         log_job = job_id_of(log_res.check(), "detached")
         follow = jl.gpuctl("logs", NAME, str(log_job), "--follow", timeout=120)
         other_res = other_f.result()
+    # queue started while both exec commands still ran (exec -d now returns in about a second)
+    both_running = meanwhile.started < min(log_res.ended, other_res.ended)
     return Pair(log_job=log_job, other_job=job_id_of(other_res.check(), "detached"), submitted=[log_res, other_res],
                 queue_meanwhile=meanwhile, both_running_after_queue=both_running, queue_after_detach=queue_after,
                 follow=follow)
