@@ -10,11 +10,14 @@ dir. Nothing here imports gpuctl: what is measured is the command.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -236,6 +239,37 @@ def run_gpuctl(*args: str, env: dict[str, str], timeout: float = 900, check: boo
     return g
 
 
+@dataclass
+class Timed:
+    """One command run to its end: exit code, wall seconds, CPU seconds of its process tree."""
+
+    rc: int
+    wall: float
+    cpu: float  # user+sys of the command and every descendant that was waited for
+    output: str  # stdout and stderr, for a failure's message
+
+
+def timed_command(argv: Sequence[str], env: dict[str, str], timeout: float = 900) -> Timed:
+    """Run `argv` to its end (no other child of this process may end meanwhile).
+
+    CPU is the RUSAGE_CHILDREN delta around the run: the command and every
+    descendant reaped below it (ssh, ansible forks, rsync), not daemons it
+    leaves behind (an ssh ControlMaster: see ssh_masters).
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(list(argv), env=env, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, errors="replace", timeout=timeout)
+        rc, output = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, output = 124, f"timed out after {timeout:g}s: {exc.stdout or ''}{exc.stderr or ''}"
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return Timed(rc, wall, cpu, output)
+
+
 # -- a local cluster that is always torn down -----------------------------------------
 
 
@@ -287,6 +321,43 @@ class Footprint:
         left += [f"sshd pid {pid}" for pid, start in self.sshd if proc_alive(pid, start)]
         left += [f"dir {d}" for d in self.node_dirs if d.exists()]
         return left
+
+
+def read_inventory(cdir: Path) -> list[dict]:
+    """The cluster's hosts from clusters/<name>/inventory.yml in rank order: each host's
+    variables (ansible_host, ansible_port, ansible_user, ansible_ssh_private_key_file, ...)."""
+    import yaml  # a gpuctl dependency, in the venv that runs the benchmarks
+
+    hosts: list[dict] = []
+
+    def walk(group: dict) -> None:
+        for name, hv in (group.get("hosts") or {}).items():
+            hosts.append({"name": str(name), **(hv or {})})
+        for child in (group.get("children") or {}).values():
+            walk(child or {})
+
+    data = yaml.safe_load((cdir / "inventory.yml").read_text()) or {}
+    for top in data.values():
+        walk(top or {})
+    return sorted(hosts, key=lambda h: h.get("gpuctl_rank", 0))
+
+
+def bridge_tx_bytes(cdir: Path) -> int | None:
+    """Bytes this machine has sent into the cluster's bridge (netns mode; None otherwise).
+
+    The bridge device's TX counter in the root namespace counts only what the
+    host itself transmits through it, i.e. the controller's traffic to the
+    nodes; frames the bridge forwards from one node's veth to another's are not
+    counted there.
+    """
+    env_file = cdir / "nodes" / "bridge.env"
+    if not env_file.exists():
+        return None
+    bridge = _env_file(env_file).get("LN_BRIDGE")
+    try:
+        return int(Path(f"/sys/class/net/{bridge}/statistics/tx_bytes").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class LocalCluster:
@@ -444,6 +515,55 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+def control_hash(host: str, port: int, user: str) -> str:
+    """OpenSSH's %C for a destination (sha1 of local host name, host, port, user): the
+    ControlPath socket name, whatever directory a client keeps its sockets in."""
+    return hashlib.sha1(f"{socket.gethostname()}{host}{port}{user}".encode()).hexdigest()
+
+
+def ssh_masters(hashes: Iterable[str]) -> dict[int, Path]:
+    """Live ssh ControlMaster processes (`ssh: PATH [mux]`) whose socket is named by one
+    of `hashes`: pid -> socket path. They are daemons: no rusage of ours counts them."""
+    wanted = set(hashes)
+    found: dict[int, Path] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                cmd = fh.read().rstrip(b"\0").decode(errors="replace")
+        except OSError:
+            continue
+        if cmd.startswith("ssh: ") and cmd.endswith(" [mux]"):
+            path = Path(cmd[5:-6])
+            if path.name in wanted:
+                found[int(name)] = path
+    return found
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds of each process itself (not its children), summed; 0 for one that is gone.
+
+    From /proc/PID/schedstat (ns on the CPU, of the main thread: ssh has no
+    other) where the kernel has it, else utime+stime in clock ticks (10 ms steps).
+    """
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat", "rb") as fh:
+                total += int(fh.read().split()[0]) / 1e9
+            continue
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        total += sum(int(x) for x in stat[stat.rfind(b")") + 2:].split()[11:13]) / CLK_TCK
+    return total
+
+
 def memory_of(pid: int) -> int:
     """PSS in bytes (shared pages split between their users), else RSS; 0 when gone."""
     try:
@@ -536,6 +656,16 @@ def summary(values: Sequence[float]) -> tuple[float, float, float] | None:
     if not vals:
         return None
     return min(vals), statistics.median(vals), max(vals)
+
+
+def slope(xs: Sequence[float], ys: Sequence[float | None]) -> float | None:
+    """Least-squares slope of ys over xs (pairs with a None left out); None under 2 points."""
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+    if len(pts) < 2 or len({x for x, _ in pts}) < 2:
+        return None
+    mx = statistics.fmean(x for x, _ in pts)
+    my = statistics.fmean(y for _, y in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
 
 
 def fmt_s(v: float | None, digits: int = 2) -> str:

@@ -40,7 +40,7 @@ Events (one line each, up the tree and to the controller):
   P PHASE                                the coordinator's phase
   D STATUS JSON                          the job ended (last event)
 Commands down the tree (one line each, on a relay's stdin):
-  claim TOKEN | sync JSON | start STAGE | kill GRACE STAGE... | cleanup | end
+  claim TOKEN | sync JSON | release | start STAGE | kill GRACE STAGE... | cleanup | end
 
 Other commands: launch/follow/kill/status of one stage on this node (used by
 `gpuctl logs` and as a fallback), claim (shared-filesystem detection), cancel,
@@ -767,9 +767,26 @@ class Relay(object):
 
     # -- commands ------------------------------------------------------------
     def command(self, line):
-        """Do one command here and pass it to every child."""
+        """Do one command here and pass it to every child.
+
+        A claim is made here before the children hear of it, so a node claims
+        ahead of every node below it: the head owns whatever it shares, and
+        nothing is copied into the directory the head's copy already is.
+        """
+        words = line.split(" ", 1)
+        if words[0] != "claim":
+            self.forward(line)
+        try:
+            self._do(line)
+        finally:
+            if words[0] == "claim":
+                self.forward(line)
+
+    def forward(self, line):
         for child in self.children:
             child.send(line.encode() + b"\n")
+
+    def _do(self, line):
         words = line.split(" ", 1)
         verb, rest = words[0], (words[1] if len(words) > 1 else "")
         if verb == "end":
@@ -786,6 +803,8 @@ class Relay(object):
             elif verb == "kill":
                 parts = rest.split()
                 self.kill_local(float(parts[0]), parts[1:])
+            elif verb == "release":
+                self.release()
             elif verb == "cleanup":
                 self.cleanup()
         except Exception as exc:  # noqa: BLE001 - a failed command is reported, never fatal to the tree
@@ -848,11 +867,16 @@ class Relay(object):
                 if st.pgid() is not None:
                     kill_stage(st, grace)
 
-    def cleanup(self):
-        remove(os.path.join(self.jobdir, "secrets.sh"))
+    def release(self):
+        """Remove this node's claim markers (the copies are done)."""
         if self.claim_owners:
             release_claims(getattr(self, "claim_token", ""), self.payload.get("sync") or [], self.claim_owners,
                            self.rank)
+            self.claim_owners = []
+
+    def cleanup(self):
+        remove(os.path.join(self.jobdir, "secrets.sh"))
+        self.release()
 
     # -- the loop ------------------------------------------------------------
     def fds(self):
@@ -996,6 +1020,7 @@ def cmd_relay(args):
                 for line in commands.read_lines():
                     text = line.decode("utf-8", "replace").strip()
                     if text == "end":
+                        relay.command(text)  # passed on: the children close too, and are not lost
                         commands.eof = True
                         break
                     if text:
@@ -1181,6 +1206,7 @@ class Coordinator(object):
             if bad or self.lost:
                 self.sync_failure = "sync failed: " + "; ".join(bad + ([self.describe_lost()] if self.lost else []))
                 return False
+        self.relay.command("release")
         return True
 
     def describe_lost(self):
