@@ -183,11 +183,12 @@ def tool_commands(cluster: bl.LocalCluster, env: dict[str, str], root: Path) -> 
     ansible_cp = root / f"cp{n}"  # short: the socket path must stay under 108 bytes
     ansible_cp.mkdir(mode=0o700, exist_ok=True)
 
-    def masters(mine: bool) -> Callable[[], dict[int, Path]]:
-        return lambda: {pid: p for pid, p in bl.ssh_masters(hashes).items() if (p.parent == ansible_cp) != mine}
+    def masters(ansibles: bool) -> Callable[[], dict[int, Path]]:
+        """The cluster's ControlMasters with sockets in Ansible's directory, or elsewhere (gpuctl's)."""
+        return lambda: {pid: p for pid, p in bl.ssh_masters(hashes).items() if (p.parent == ansible_cp) == ansibles}
 
     tools = {"gpuctl": Tool([bl.gpuctl_python(), "-m", "gpuctl", "exec", cluster.name, "--", "true"], env,
-                            masters(True))}
+                            masters(False))}
     ports = {int(h.get("ansible_port", 22)) for h in hosts}
     if len(ports) == 1:
         key = hosts[0]["ansible_ssh_private_key_file"]
@@ -202,7 +203,7 @@ def tool_commands(cluster: bl.LocalCluster, env: dict[str, str], root: Path) -> 
         {**env, "ANSIBLE_CONFIG": str(bl.REPO / "ansible" / "ansible.cfg"),
          "ANSIBLE_SSH_CONTROL_PATH_DIR": str(ansible_cp),
          "PATH": os.pathsep.join([str(venv_bin), env.get("PATH", os.defpath)])},
-        masters(False))
+        masters(True))
     return tools
 
 
@@ -298,25 +299,23 @@ def measure_copy(cluster: bl.LocalCluster, workdir: Path, size: int, env: dict[s
 
 # -- cold apply ------------------------------------------------------------------------
 
-# Points of a cold `gpuctl apply` in its output, in order (None: the process start / exit).
-COLD_POINTS = (
-    ("start", None),
-    ("provision", r"^==> Provisioning"),
-    ("provisioned", r"^    Provisioning .*: done in"),
-    ("prepared", r"^    Preparing .*: done in"),
-    ("setup", r"^Running setup on"),
-    ("running", r"^Job \d+ running \("),
-    ("succeeded", r"^Job \d+ succeeded"),
-    ("exit", None),
-)
+# Points of a cold `gpuctl apply` in its output, besides the process's start and exit.
+COLD_POINTS = {
+    "provision": r"^==> Provisioning",
+    "provisioned": r"^    Provisioning .*: done in",
+    "prepared": r"^    Preparing .*: done in",
+    "setup": r"^Running setup on",
+    "running": r"^Job \d+ running \(",
+    "succeeded": r"^Job \d+ succeeded",
+}
 
 
 def cold_phases(g: bl.Gpuctl) -> tuple[dict[str, float], dict[str, float]]:
     """Wall and CPU seconds per phase, between consecutive points that were printed."""
     assert g.ended is not None
     points: dict[str, tuple[float, float | None]] = {"start": (g.started, 0.0), "exit": (g.ended, g.cpu)}
-    for key, pattern in COLD_POINTS:
-        if pattern is not None and (line := g.first(pattern)) is not None:
+    for key, pattern in COLD_POINTS.items():
+        if (line := g.first(pattern)) is not None:
             points[key] = (line.t, line.cpu)
     spans = {"startup": ("start", "provision"), "provision": ("provision", "provisioned"),
              "prepare": ("provisioned", "prepared"), "submit": ("prepared", "setup"),
@@ -353,22 +352,6 @@ def measure_cold(n: int, name: str, root: Path, env: dict[str, str], timeout: fl
 
 
 # -- kill-after-failure ----------------------------------------------------------------
-
-
-def kill_unusable(root: Path) -> str | None:
-    """Why kill_after_failure's jobs would not span the cluster, or None.
-
-    `gpuctl exec NAME FILE` runs on the file's num_nodes (default 1), so its
-    task file must name the cluster size.
-    """
-    import yaml
-
-    probe = root / "kill-probe.yaml"
-    kaf.write_task(probe, marker="probe", fail_rank=1, ts_dir=root, ignore_term=False)
-    if "num_nodes" not in (yaml.safe_load(probe.read_text()) or {}):
-        return ("kill_after_failure.write_task writes no num_nodes, so `gpuctl exec NAME task.yaml` runs "
-                "rank 0 only (a task's num_nodes defaults to 1) and the fail scenarios never fail")
-    return None
 
 
 def measure_kill(cluster: bl.LocalCluster, root: Path, env: dict[str, str], repeats: int,
@@ -651,10 +634,6 @@ def main() -> int:
     netns_before = bl.netns_names()
     res = Results(bl.machine_note(), {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
     with bl.state_dir("gpuctl-bench-jp-", keep=args.keep) as (root, env):
-        if args.kill_nodes:
-            res.kill_skipped = kill_unusable(root)
-            if res.kill_skipped:
-                args.kill_nodes = 0
         sizes = sorted(set(args.nodes) | set(args.copy_nodes) | ({args.kill_nodes} if args.kill_nodes else set()))
         workdir = make_workdir(root, args.copy_mb) if args.copy_nodes else None
         for n in sizes:

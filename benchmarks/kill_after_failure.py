@@ -79,10 +79,11 @@ class Sample:
     error: str | None = None
 
 
-def write_task(path: Path, *, marker: str, fail_rank: int, ts_dir: Path, ignore_term: bool) -> None:
+def write_task(path: Path, *, marker: str, fail_rank: int, ts_dir: Path, ignore_term: bool, nodes: int) -> None:
     envs = {"BENCH_MARKER": marker, "BENCH_FAIL_RANK": str(fail_rank), "BENCH_DIR": str(ts_dir),
             "BENCH_IGNORE_TERM": "1" if ignore_term else "0"}
-    lines = ["name: bench-kill", "envs:"] + [f"  {k}: {json.dumps(v)}" for k, v in envs.items()]
+    # `gpuctl exec NAME FILE` runs on the file's num_nodes first nodes, as `sky exec` does.
+    lines = ["name: bench-kill", f"num_nodes: {nodes}", "envs:"] + [f"  {k}: {json.dumps(v)}" for k, v in envs.items()]
     lines += ["run: |"] + ["  " + ln for ln in RUN_SCRIPT.splitlines()]
     path.write_text("\n".join(lines) + "\n")
 
@@ -121,7 +122,8 @@ def one_job(scenario: str, rep: int, *, cluster: str, nodes: int, root: Path, ts
     failing = scenario.startswith("fail")
     fail_rank = nodes - 1 if failing else -1
     task = root / f"task-{marker}.yaml"
-    write_task(task, marker=marker, fail_rank=fail_rank, ts_dir=ts_dir, ignore_term=scenario.endswith("-ignoreterm"))
+    write_task(task, marker=marker, fail_rank=fail_rank, ts_dir=ts_dir, ignore_term=scenario.endswith("-ignoreterm"),
+               nodes=nodes)
     watched = {r for r in range(nodes) if r != fail_rank}
     g = bl.Gpuctl("exec", cluster, str(task), env=env)
     s = Sample(scenario, rep, None)

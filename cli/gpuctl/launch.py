@@ -316,9 +316,9 @@ class _JobView:
                 runner.print_line(by_rank[event.rank], event.text)
         elif event.kind == "P" and not self.quiet:
             n = len(runner.inv.nodes)
-            if event.text == "sync":
+            if event.text == "sync" and n > 1:
                 runner.reporter.info(f"Copying from the head to the other {n - 1} node(s)")
-            elif event.text.startswith("plan "):
+            elif event.text.startswith("plan ") and n > 1:
                 for line in describe_copies(event.text[5:], n):
                     runner.reporter.info(f"  {line}")
             elif event.text == "setup":

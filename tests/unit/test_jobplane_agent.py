@@ -59,7 +59,7 @@ def test_stage_env_text_exports_values_literally(tmp_path: Path):
     env_file.write_text(text)
     out = subprocess.run(["bash", "-c", f". {env_file}; printf '%s|%s|%s|%s' \"$TRICKY\" \"$GPUCTL_NODE_RANK\" "
                           "\"$EMPTY\" \"$GPUCTL_HOSTFILE\""], capture_output=True, text=True)
-    assert out.stdout == f"{tricky}|3||{tmp_path}/run.hostfile"
+    assert out.stdout == f"{tricky}|3||{tmp_path}/hostfile"
     assert "bad name" not in text
 
 

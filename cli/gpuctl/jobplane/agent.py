@@ -509,7 +509,7 @@ def stage_env_text(stage, spec, rank, jobdir):
         if NAME_RE.fullmatch(name):
             lines.append("export %s=%s" % (name, rank))
     if spec.get("hostfile") is not None:
-        lines.append("export GPUCTL_HOSTFILE=%s" % shell_quote(os.path.join(jobdir, stage + ".hostfile")))
+        lines.append("export GPUCTL_HOSTFILE=%s" % shell_quote(os.path.join(jobdir, "hostfile")))
     return "\n".join(lines) + "\n"
 
 
@@ -742,7 +742,8 @@ class Relay(object):
         os.chmod(self.jobdir, 0o700)
         if self.secrets:
             write_private(os.path.join(self.jobdir, "secrets.sh"), self.secrets)
-        for stage, spec in (self.payload.get("stages") or {}).items():
+        stages = self.payload.get("stages") or {}
+        for stage, spec in stages.items():
             if not spec or stage not in ("setup", "run"):
                 continue
             if stage == "run" and self.rank >= self.payload.get("job_ranks", len(self.peers)):
@@ -750,12 +751,18 @@ class Relay(object):
             write_private(os.path.join(self.jobdir, stage + ".sh"), spec["script"], 0o700)
             write_private(os.path.join(self.jobdir, stage + ".env.sh"),
                           stage_env_text(stage, spec, self.rank, self.jobdir), 0o600)
-            if spec.get("hostfile") is not None:
-                write_private(os.path.join(self.jobdir, stage + ".hostfile"),
-                              "".join(line + "\n" for line in spec["hostfile"]), 0o644)
+        first = stages.get("setup") or stages.get("run")
+        if first and first.get("hostfile") is not None:
+            self.write_hostfile(first)
         self.emit(ev("H", self.rank, "ok"))
         self.ok = True
         return True
+
+    def write_hostfile(self, spec):
+        """JOBDIR/hostfile: every cluster node during setup, the job's nodes during run (one path:
+        GPUCTL_HOSTFILE is the same in both stages)."""
+        write_private(os.path.join(self.jobdir, "hostfile"), "".join(line + "\n" for line in spec["hostfile"]),
+                      0o644)
 
     def spawn_children(self):
         for group in partition(self.subtree[1:], int(self.payload.get("branching") or 32)):
@@ -851,6 +858,9 @@ class Relay(object):
             return
         if stage == "run" and self.rank >= self.payload.get("job_ranks", len(self.peers)):
             return
+        spec = (self.payload.get("stages") or {}).get(stage) or {}
+        if spec.get("hostfile") is not None:
+            self.write_hostfile(spec)
         st = Stage(self.jobdir, stage)
         code, err = start_stage(st, self.payload.get("workdir") or "~/gpuctl_workdir")
         if code != 0:
