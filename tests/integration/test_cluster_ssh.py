@@ -27,6 +27,7 @@ from typing import Iterator
 import pytest
 import testhosts
 
+from gpuctl import ssh
 from gpuctl.configplane import playbooks
 from gpuctl.inventory import Node, write_inventory
 from gpuctl.sshkeys import ensure_internal_key
@@ -101,6 +102,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                       pdd=base / "runner", control=base / "cm", cdir=base / "cluster")
     finally:
         testhosts.stop_hosts(hosts)
+        ssh.remove_control_dir(base / "cm")  # its socket dir may lie under /tmp (short path)
 
 
 def test_nodes_reach_each_other_with_the_cluster_key(cluster: Cluster) -> None:

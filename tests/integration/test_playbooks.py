@@ -70,6 +70,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                       pdd=base / "runner", control=base / "cm", secret=secret, secrets_file=secrets_file)
     finally:
         testhosts.stop_hosts(hosts)
+        ssh.remove_control_dir(base / "cm")  # its socket dir may lie under /tmp (short path)
 
 
 def extravars(cluster: Cluster, job: str, **over: Any) -> dict[str, Any]:
