@@ -127,6 +127,8 @@ def apply(
                                 num_nodes=len(inv.nodes), status="UP",
                                 request={**asdict(req), "workdir": str(task.workdir) if task.workdir else None})
     write_ssh_config(inv)
+    if inv.head.known_hosts:  # nodes Terraform replaced are new entries; their old keys go
+        ssh.forget_host_keys(Path(inv.head.known_hosts), {n.host_key_alias for n in inv.nodes}, keep_only=True)
     for node in inv.nodes:
         reporter.info(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}")
     if provision_only or not task.run and not task.setup:
@@ -364,9 +366,28 @@ def ssh_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
     conf = write_ssh_config(inv)
     alias = sshconfig.host_alias(name, inv.nodes[rank])
     command = _command_after_dashes()
-    argv = ["ssh", "-F", str(conf), alias] + (["--", *command] if command else [])
+    argv = ["ssh", "-F", str(conf), "--", alias, *command]
     sys.stdout.flush()
     os.execvp("ssh", argv)
+
+
+@app.command("forget-host-key")
+def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
+                    node: str = typer.Argument(..., metavar="NODE", help="Node name (head, worker1, ...) or rank.")
+                    ) -> None:
+    """Forget a node's SSH host key (after you rebuilt the machine); the next job learns the new one."""
+    from gpuctl.configplane import prepare
+
+    inv = _cluster_inventory(name)
+    target = next((n for n in inv.nodes if node in (n.name, str(n.rank))), None)
+    if target is None:
+        raise UserError(f"node '{node}': cluster '{name}' has {', '.join(n.name for n in inv.nodes)}")
+    if not target.known_hosts:
+        raise UserError(f"cluster '{name}' keeps no host keys")
+    dropped = ssh.forget_host_keys(Path(target.known_hosts), {target.host_key_alias})
+    prepare.forget(cluster_dir(name))  # the other nodes must learn the new key too: prepare runs again
+    typer.echo(f"Forgot {dropped} host key(s) of {target.name} ({target.ssh_host}); the next job learns its key "
+               "again and copies it to the other nodes")
 
 
 @app.command("_watch", hidden=True)
@@ -454,6 +475,9 @@ def main() -> None:
     # set explicitly since a parent may have started us with SIGINT ignored.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
+    # Everything gpuctl writes (state dir, Terraform state, ansible-runner artifacts,
+    # logs) is private to the user: group and others get no bits.
+    os.umask(0o077)
     argv = sys.argv[1:]
     if "--" in argv:
         cut = argv.index("--")

@@ -46,7 +46,7 @@ def default_cluster_name(task_name: str | None) -> str:
 
 
 def check_cluster_name(name: str) -> str:
-    if not CLUSTER_NAME_RE.match(name):
+    if not CLUSTER_NAME_RE.fullmatch(name):
         raise UserError(
             f"cluster name '{name}': use 1-40 lowercase letters, digits and '-', starting with a letter"
         )

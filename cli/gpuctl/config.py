@@ -4,6 +4,7 @@
 aws:
   profile: training            # AWS profile for boto3 and Terraform (default: the usual chain)
   ssh_ingress_cidrs: [203.0.113.7/32]   # who may SSH in; default: nobody
+  ssh_open_to_world: false     # must be true for a /0 in ssh_ingress_cidrs (the whole internet)
   endpoint_url: http://127.0.0.1:5000   # an EC2 emulator (moto); unset for real AWS
   placement: auto              # auto | cluster | none
   efa: true                    # false only for emulators without EFA
@@ -12,7 +13,8 @@ aws:
 
 Environment variables override the file, key by key:
 `GPUCTL_AWS_ENDPOINT_URL`, `GPUCTL_SSH_INGRESS_CIDRS` (comma-separated),
-`GPUCTL_AWS_PROFILE`, `GPUCTL_AWS_PLACEMENT`, `GPUCTL_AWS_EFA`, `GPUCTL_AWS_MAX_RETRIES`.
+`GPUCTL_AWS_PROFILE`, `GPUCTL_AWS_PLACEMENT`, `GPUCTL_AWS_EFA`, `GPUCTL_AWS_MAX_RETRIES`,
+`GPUCTL_SSH_OPEN_TO_WORLD`.
 
 `max_retries` goes to the Terraform provider block. hashicorp/aws 5.x retries
 `InsufficientInstanceCapacity` like a throttle, up to `max_retries` times with
@@ -46,7 +48,8 @@ EFA_ENV = "GPUCTL_AWS_EFA"
 RETRIES_ENV = "GPUCTL_AWS_MAX_RETRIES"
 DEFAULT_MAX_RETRIES = 8
 PLACEMENT_CHOICES = ("auto", "cluster", "none")
-_AWS_KEYS = ("profile", "ssh_ingress_cidrs", "endpoint_url", "placement", "efa", "max_retries")
+_AWS_KEYS = ("profile", "ssh_ingress_cidrs", "ssh_open_to_world", "endpoint_url", "placement", "efa", "max_retries")
+OPEN_WORLD_ENV = "GPUCTL_SSH_OPEN_TO_WORLD"
 
 
 @dataclass(frozen=True)
@@ -147,13 +150,23 @@ def aws_settings(env: Mapping[str, str] | None = None, *, path: Path | None = No
     placement = str(values.get("placement", "auto")).strip().lower()
     if placement not in PLACEMENT_CHOICES:
         raise UserError(f"{source['placement']} '{placement}': use one of {', '.join(PLACEMENT_CHOICES)}")
+    cidrs = _cidrs(values.get("ssh_ingress_cidrs"), where=source.get("ssh_ingress_cidrs", ""))
+    if env.get(OPEN_WORLD_ENV):
+        values["ssh_open_to_world"], source["ssh_open_to_world"] = env[OPEN_WORLD_ENV], OPEN_WORLD_ENV
+    acknowledged = (_bool(values["ssh_open_to_world"], where=source["ssh_open_to_world"])
+                    if "ssh_open_to_world" in values else False)
+    world = [c for c in cidrs if ipaddress.ip_network(c).prefixlen == 0]
+    if world and not acknowledged:
+        raise UserError(f"{source['ssh_ingress_cidrs']} '{world[0]}': opens SSH (port 22) of every node to the whole "
+                        f"internet; give your own address (e.g. 203.0.113.7/32), or, if you mean it, also set "
+                        f"aws.ssh_open_to_world: true in {path} or {OPEN_WORLD_ENV}=1")
     endpoint = str(values["endpoint_url"]).strip() if values.get("endpoint_url") else None
     if endpoint and not endpoint.startswith(("http://", "https://")):
         raise UserError(f"{source['endpoint_url']} '{endpoint}': give a URL such as http://127.0.0.1:5000")
     return AwsSettings(
         endpoint_url=endpoint.rstrip("/") if endpoint else None,
         profile=str(values["profile"]) if values.get("profile") else None,
-        ssh_ingress_cidrs=_cidrs(values.get("ssh_ingress_cidrs"), where=source.get("ssh_ingress_cidrs", "")),
+        ssh_ingress_cidrs=cidrs,
         placement=placement,
         efa=_bool(values["efa"], where=source["efa"]) if "efa" in values else True,
         max_retries=(_count(values["max_retries"], where=source["max_retries"]) if "max_retries" in values

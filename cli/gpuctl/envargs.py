@@ -26,7 +26,7 @@ def parse_env_assignments(
         label = f"{flag} #{position}" if secret else f"{flag} {item}"
         if not name:
             raise UserError(f"{label}: missing NAME before '='; write {flag} NAME=VALUE")
-        if not ENV_NAME_RE.match(name):
+        if not ENV_NAME_RE.fullmatch(name):
             raise UserError(f"{label}: not NAME=VALUE with a valid NAME; {_ENV_NAME_RULE}")
         if not sep:
             if name not in env:

@@ -43,13 +43,13 @@ def parse_infra(value: str, *, field: str = "resources.infra") -> Infra:
         region = None
     if zone and not region:
         # SkyPilot's `aws/*/ZONE` (and legacy `zone:` without `region:`): the zone names its region.
-        derived = _REGION_PREFIX_RE.match(zone) if _ZONE_RE.match(zone) else None
+        derived = _REGION_PREFIX_RE.match(zone) if _ZONE_RE.fullmatch(zone) else None
         if not derived:
             raise UserError(f"{field} '{text}': '{zone}' is not an AWS zone name such as us-east-1a")
         region = derived.group(0)
-    if region and not _REGION_RE.match(region):
+    if region and not _REGION_RE.fullmatch(region):
         raise UserError(f"{field} '{text}': '{region}' is not an AWS region name such as us-east-1")
-    if zone and not (_ZONE_RE.match(zone) and region and zone.startswith(region)):
+    if zone and not (_ZONE_RE.fullmatch(zone) and region and zone.startswith(region)):
         raise UserError(f"{field} '{text}': '{zone}' is not a zone of {region} (e.g. {region}a)")
     return Infra(cloud=cloud, region=region, zone=zone)
 

@@ -10,8 +10,9 @@ re-applies (matched by Terraform's node id).
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -21,6 +22,59 @@ from gpuctl.errors import UserError
 from gpuctl.yamlfile import load_yaml
 
 NODE_GROUP = "gpuctl_nodes"
+
+# What may reach ssh's argv or an ssh config file from an inventory: host names
+# (RFC 1123 labels) or IP addresses, POSIX user names, ports. Nothing that
+# starts with '-' (ssh would read an option) or holds spaces or control bytes
+# (a newline would add a line to a generated config file).
+_DNS_RE = re.compile(r"(?=.{1,253}\.?\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
+
+
+def check_host(value: Any, where: str) -> str:
+    """An IP address or a DNS name, else one clear error naming `where`."""
+    text = str(value)
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    if not _DNS_RE.fullmatch(text):
+        raise UserError(f"{where} {text!r}: not an IP address or host name; give one such as 10.0.0.5 or "
+                        "node1.example.com")
+    return text
+
+
+def check_port(value: Any, where: str) -> int:
+    try:
+        port = int(str(value).strip())
+    except ValueError:
+        port = 0
+    if isinstance(value, bool) or not 1 <= port <= 65535 or str(value).strip() != str(port):
+        raise UserError(f"{where} {str(value)!r}: not a port number (1-65535)")
+    return port
+
+
+def check_user(value: Any, where: str) -> str:
+    text = str(value)
+    if not _USER_RE.fullmatch(text):
+        raise UserError(f"{where} {text!r}: not a user name (letters, digits, '.', '_', '-'; not starting with '-')")
+    return text
+
+
+def check_proxy(value: Any, where: str) -> str:
+    """A bastion as `[user@]host[:port]`, each part checked."""
+    text = str(value)
+    user, _, rest = text.rpartition("@")
+    host, port = rest, None
+    if rest.count(":") == 1:
+        host, port = rest.split(":")
+    if user:
+        check_user(user, f"{where} (user)")
+    check_host(host, f"{where} (host)")
+    if port is not None:
+        check_port(port, f"{where} (port)")
+    return text
 
 
 @dataclass(frozen=True)
@@ -38,6 +92,13 @@ class Node:
     gpus: int = 0
     proxy_jump: str | None = None  # "user@host[:port]" of a bastion
     peer_ssh_port: int | None = None  # where other nodes reach its sshd, when not derivable
+    known_hosts: str | None = None  # the cluster's known_hosts file on the controller (None: no pinning)
+
+    @property
+    def host_key_alias(self) -> str:
+        """The name its host key is kept under: its Terraform id, so a replaced node (a new id)
+        is a new entry, and a changed key on the same node is refused."""
+        return "gpuctl-" + re.sub(r"[^A-Za-z0-9._-]", "_", self.node_id)
 
 
 @dataclass(frozen=True)
@@ -56,6 +117,13 @@ class Inventory:
     def first(self, count: int) -> tuple[Node, ...]:
         """The nodes of a job that uses the first `count` nodes (ranks 0..count-1)."""
         return self.nodes[:count]
+
+
+def known_hosts_path(cluster: str) -> Path:
+    """`clusters/<name>/known_hosts`: every node's host key, learned at first contact."""
+    from gpuctl.paths import cluster_dir
+
+    return cluster_dir(cluster) / "known_hosts"
 
 
 def node_name(rank: int) -> str:
@@ -87,7 +155,7 @@ def inventory_from_outputs(
     bastion = values.get("bastion")
     proxy = None
     if isinstance(bastion, Mapping) and bastion.get("public_ip"):
-        proxy = f"{bastion.get('ssh_user') or ssh_user}@{bastion['public_ip']}"
+        proxy = check_proxy(f"{bastion.get('ssh_user') or ssh_user}@{bastion['public_ip']}", "terraform output bastion")
 
     old_ranks = {n.node_id: n.rank for n in previous.nodes} if previous else {}
     ids = [str(n["id"]) for n in raw_nodes]
@@ -102,9 +170,10 @@ def inventory_from_outputs(
     for raw in raw_nodes:
         node_id = str(raw["id"])
         rank = ranks[node_id]
-        private_ip = raw.get("private_ip")
+        private_ip = check_host(raw.get("private_ip"), f"terraform output nodes[{node_id}].private_ip")
         public_ip = raw.get("public_ip") or None
-        ssh_host = raw.get("ssh_host") or (None if proxy else public_ip) or private_ip
+        ssh_host = check_host(raw.get("ssh_host") or (None if proxy else public_ip) or private_ip,
+                              f"terraform output nodes[{node_id}].ssh_host")
         nodes.append(
             Node(
                 name=node_name(rank),
@@ -112,11 +181,12 @@ def inventory_from_outputs(
                 node_id=node_id,
                 address=str(private_ip),
                 ssh_host=str(ssh_host),
-                ssh_port=int(raw.get("ssh_port") or 22),
-                ssh_user=str(ssh_user),
+                ssh_port=check_port(raw.get("ssh_port") or 22, f"terraform output nodes[{node_id}].ssh_port"),
+                ssh_user=check_user(ssh_user, "terraform output ssh_user"),
                 ssh_key=ssh_key,
                 gpus=gpus_per_node,
                 proxy_jump=proxy,
+                known_hosts=str(known_hosts_path(cluster)),
             )
         )
     nodes.sort(key=lambda n: n.rank)
@@ -140,11 +210,14 @@ def to_ansible(inv: Inventory) -> dict[str, Any]:
             host["ansible_ssh_private_key_file"] = n.ssh_key
         if n.peer_ssh_port is not None:
             host["gpuctl_peer_ssh_port"] = n.peer_ssh_port
-        if n.proxy_jump:
-            from gpuctl.ssh import proxy_command  # ssh builds on Node; imported here to keep layers one-way
+        from gpuctl.ssh import host_key_options, proxy_command  # ssh builds on Node; kept one-way
 
+        common = [shlex.quote(a) for a in host_key_options(n)]
+        host["gpuctl_host_key_alias"] = n.host_key_alias
+        if n.proxy_jump:
             host["gpuctl_proxy_jump"] = n.proxy_jump
-            host["ansible_ssh_common_args"] = f"-o ProxyCommand={shlex.quote(proxy_command(n))}"
+            common += ["-o", shlex.quote(f"ProxyCommand={proxy_command(n)}")]
+        host["ansible_ssh_common_args"] = " ".join(common)
         hosts[n.name] = host
     cluster_vars: dict[str, Any] = {"gpuctl_cluster": inv.cluster, "gpuctl_cloud": inv.cloud}
     if inv.cloud == "local":
@@ -196,7 +269,8 @@ def load_inventory(path: Path, *, cluster: str | None = None, default_key: str |
     explicit = [hv.get("gpuctl_rank") for hv in seen.values()]
     nodes = []
     for order, (name, hv) in enumerate(seen.items()):
-        host = hv.get("ansible_host") or name
+        here = f"{where}: host '{name}':"
+        host = check_host(hv.get("ansible_host") or name, f"{here} ansible_host")
         rank = hv.get("gpuctl_rank", order) if all(r is not None for r in explicit) else order
         try:
             addr = str(hv.get("gpuctl_address") or host)
@@ -209,6 +283,8 @@ def load_inventory(path: Path, *, cluster: str | None = None, default_key: str |
         common = str(hv.get("ansible_ssh_common_args") or "")
         if not proxy and "ProxyJump=" in common:
             proxy = common.split("ProxyJump=", 1)[1].split()[0]
+        if proxy:
+            proxy = check_proxy(proxy, f"{here} gpuctl_proxy_jump")
         nodes.append(
             Node(
                 name=node_name(int(rank)),
@@ -216,21 +292,24 @@ def load_inventory(path: Path, *, cluster: str | None = None, default_key: str |
                 node_id=str(hv.get("gpuctl_node_id") or name),
                 address=addr,
                 ssh_host=str(host),
-                ssh_port=int(hv.get("ansible_port") or 22),
-                ssh_user=str(hv.get("ansible_user") or "root"),
+                ssh_port=check_port(hv.get("ansible_port") or 22, f"{here} ansible_port"),
+                ssh_user=check_user(hv.get("ansible_user") or "root", f"{here} ansible_user"),
                 ssh_key=_expand(hv.get("ansible_ssh_private_key_file")) or default_key,
                 gpus=int(hv.get("gpuctl_gpus") or 0),
                 proxy_jump=proxy,
-                peer_ssh_port=int(hv["gpuctl_peer_ssh_port"]) if hv.get("gpuctl_peer_ssh_port") else None,
+                peer_ssh_port=(check_port(hv["gpuctl_peer_ssh_port"], f"{here} gpuctl_peer_ssh_port")
+                               if hv.get("gpuctl_peer_ssh_port") else None),
             )
         )
+    cluster_name = cluster or str((top.get("vars") or {}).get("gpuctl_cluster") or path.stem)
+    nodes = [replace(n, known_hosts=str(known_hosts_path(cluster_name))) for n in nodes]
     ranks = sorted(n.rank for n in nodes)
     if ranks != list(range(len(nodes))):
         raise UserError(f"{where}: gpuctl_rank values must be 0..{len(nodes) - 1}, each once (got {ranks})")
     nodes.sort(key=lambda n: n.rank)
     tv = top.get("vars") or {}
     return Inventory(
-        cluster=cluster or str(tv.get("gpuctl_cluster") or path.stem),
+        cluster=cluster_name,
         cloud=str(tv.get("gpuctl_cloud") or "ssh"),
         region=tv.get("gpuctl_region"),
         zone=tv.get("gpuctl_zone"),
@@ -239,4 +318,6 @@ def load_inventory(path: Path, *, cluster: str | None = None, default_key: str |
 
 
 def _expand(path: Any) -> str | None:
+    if path and any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
+        raise UserError(f"key path {str(path)!r}: control characters are not allowed in a file name here")
     return str(Path(str(path)).expanduser()) if path else None

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 from gpuctl import joblogs, jobenv, ssh, stream
 from gpuctl.configplane import playbooks, prepare
 from gpuctl.console import Reporter
-from gpuctl.errors import JobCancelled, JobFailed
+from gpuctl.errors import JobCancelled, JobFailed, UserError
 from gpuctl.inventory import Inventory, Node
 from gpuctl.jobplane import client, payload, upload
 from gpuctl.jobplane.events import Event, Outcome
@@ -112,9 +112,15 @@ class JobRunner:
         with self.reporter.stage(f"Preparing {len(self.inv.nodes)} node(s) ({why})"):
             result = prepare.run_prepare(self.inventory_path, private_data_dir=self.private_data_dir,
                                          control_dir=self.control_dir, fingerprint_value=fingerprint,
-                                         internal_key=key, fabric_env=self.fabric_env())
+                                         internal_key=key, fabric_env=self.fabric_env(),
+                                         known_hosts=Path(self.inv.head.known_hosts) if self.inv.head.known_hosts
+                                         else None)
         if not result.ok:
             prepare.forget(self.cdir)
+            for host, reason in result.unreachable_reasons.items():
+                node = next((n for n in self.inv.nodes if n.name == host), None)
+                if node is not None and ssh.host_key_changed(reason):
+                    raise UserError(ssh.host_key_error(node))
             raise JobFailed(f"preparing the nodes failed: {describe_result(result)}")
         prepare.record(self.cdir, fingerprint)
 
@@ -147,6 +153,8 @@ class JobRunner:
                                               control_dir=self.control_dir)
                     except upload.UploadError as exc:
                         self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
+                        if ssh.host_key_changed(str(exc)):
+                            raise UserError(ssh.host_key_error(inv.head)) from None
                         raise JobFailed(f"job {job.job_id}: {exc}") from None
             body = self._payload(job.job_id, task, spec, job_nodes, fingerprint, items, run_setup)
             secrets_text = jobenv.secrets_script(spec.secrets)
@@ -157,6 +165,9 @@ class JobRunner:
                     outcome = session.submit(body, secrets_text, stop=(lambda: view.running) if detach else
                                              (lambda: False))
                 except (client.AgentMissing, client.HeadUnreachable) as exc:
+                    if ssh.host_key_changed(str(exc)):
+                        self.record_outcome(job.job_id, "FAILED", {}, ["the head's host key changed"])
+                        raise UserError(ssh.host_key_error(inv.head)) from None
                     if attempt == 2:
                         raise JobFailed(f"job {job.job_id}: the head ({inv.head.ssh_host}) did not take the job: "
                                         f"{exc}") from None
@@ -215,6 +226,10 @@ class JobRunner:
             detail = failed or [outcome.detail]
             self.record_outcome(job_id, "FAILED_SETUP", outcome.setup, detail)
             raise JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail))
+        changed = [r for r, why in sorted(outcome.lost.items()) if ssh.host_key_changed(why)]
+        if changed:  # a node's key is not the one the others know: nothing ran
+            self.record_outcome(job_id, "FAILED", {}, [f"host key of rank {changed[0]} changed"])
+            raise UserError(ssh.host_key_error(self.by_rank[changed[0]]))
         if not outcome.run:
             if outcome.status == "SUCCEEDED":  # nothing to run (setup only)
                 self.record_outcome(job_id, "SUCCEEDED", {}, [])

@@ -16,9 +16,12 @@ CLUSTER_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 
 
 def state_root() -> Path:
-    """The user's gpuctl state directory (created on first use)."""
+    """The user's gpuctl state directory (created on first use, 0700)."""
     root = Path(os.environ.get(STATE_DIR_ENV) or Path.home() / ".gpuctl").expanduser()
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = root.stat()
+    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        os.chmod(root, 0o700)  # keys, Terraform state and logs: this user's only
     return root
 
 

@@ -51,6 +51,7 @@ from pydantic_core import PydanticCustomError
 from gpuctl.envargs import _ENV_NAME_RULE, ENV_NAME_RE, parse_env_assignments
 from gpuctl.errors import UserError
 from gpuctl.infra import Infra, infra_from_legacy, parse_infra
+from gpuctl.yamlfile import check_printable
 
 __all__ = ["ENV_NAME_RE", "Resources", "Task", "load_task", "parse_env_assignments"]
 
@@ -178,7 +179,7 @@ def _accelerators(value: Any) -> dict[str, float] | None:
         return None
     out: dict[str, float] = {}
     for name, count, written in _accelerator_options(value):
-        if not _ACCEL_NAME_RE.match(name) or (isinstance(count, str) and ":" in count):
+        if not _ACCEL_NAME_RE.fullmatch(name) or (isinstance(count, str) and ":" in count):
             raise _bad(f"'{written}' is not a valid accelerator; {_ACCEL_HINT}")
         out[name] = _accelerator_count(count, written)
     if not out:
@@ -196,7 +197,7 @@ def _quantity(value: Any, pattern: re.Pattern[str], example: str) -> str | None:
         text = value.strip()
     else:
         raise _bad(f"expected a number or N+ such as {example}, got {_kind(value)}")
-    match = pattern.match(text)
+    match = pattern.fullmatch(text)
     if not match or float(match.group(1)) <= 0:
         raise _bad(f"{_show(value)} is not a positive number or N+ such as {example}")
     return text
@@ -209,7 +210,7 @@ def _disk_size(value: Any) -> int | None:
     gigabytes: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         gigabytes = float(value)
-    elif isinstance(value, str) and (match := _DISK_RE.match(value.strip())):
+    elif isinstance(value, str) and (match := _DISK_RE.fullmatch(value.strip())):
         unit = (match.group(2) or "g")[0].lower()
         gigabytes = int(match.group(1)) * _GB_PER_UNIT[unit]
     if gigabytes is None or gigabytes < 1 or not gigabytes.is_integer():
@@ -235,7 +236,7 @@ def _ports(value: Any) -> list[str] | None:
     for index, item in enumerate(value if many else [value]):
         at = (index,) if many else ()
         text = str(item).strip() if isinstance(item, (int, str)) and not isinstance(item, bool) else ""
-        match = _PORT_RE.match(text)
+        match = _PORT_RE.fullmatch(text)
         low, high = (int(match.group(1)), int(match.group(2) or match.group(1))) if match else (0, 0)
         if not (1 <= low <= high <= 65535):
             raise _bad(f"{_show(item)} is not a port or range such as 8080 or 10020-10040", *at)
@@ -276,7 +277,7 @@ def _variables(value: Any, *, secret: bool) -> dict[str, str]:
         name = str(key)
         if secret and name.startswith("secrets:"):
             raise _bad(_MANAGED_SECRETS, name)
-        if not ENV_NAME_RE.match(name):
+        if not ENV_NAME_RE.fullmatch(name):
             raise _bad(f"'{name}' is not a valid variable name; {_ENV_NAME_RULE}", name)
         if item is None:
             raise _bad(f"no value; set one in {section} or pass {flag} {name}=VALUE ('' for empty)", name)
@@ -605,6 +606,7 @@ _Path = tuple[str, ...]
 def _compose(text: str, source: str) -> tuple[Any, dict[_Path, int], dict[_Path, str]]:
     """Parse `text`; return the data, the line of every key/item (by dotted path),
     and the written text of every plain non-string scalar (for envs values)."""
+    check_printable(text, source)
     loader = yaml.SafeLoader(text)
     lines: dict[_Path, int] = {(): 1}
     texts: dict[_Path, str] = {}
@@ -747,7 +749,7 @@ def _merge_overrides(data: dict[str, Any], section: str, overrides: Mapping[str,
     if not overrides:
         return
     for name in overrides:
-        if not ENV_NAME_RE.match(name):
+        if not ENV_NAME_RE.fullmatch(name):
             raise UserError(f"{flag} {name}: not a valid variable name; {_ENV_NAME_RULE}")
     current = data.get(section)
     if current is None or isinstance(current, dict):

@@ -5,9 +5,9 @@ The options match what the packaged ansible.cfg gives Ansible's ssh connection
 host, port and user), so direct SSH (log following, kill) rides on the
 ControlMaster sockets the playbooks opened, and the other way round.
 
-Host keys are not checked: nodes are fresh machines whose keys we cannot know
-in advance, and cloud IPs are reused, so a known_hosts file would only produce
-false "host identification changed" errors. Access is by the cluster's own key.
+Host keys: learned at first contact into the cluster's known_hosts under the
+node's Terraform id (`host_key_options`), verified strictly afterwards; a
+replaced node has a new id, so only a changed key on the same node is refused.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ AGENT = "~/.gpuctl/bin/gpuctl-node"  # node-side layout: docs/architecture.md
 JOBS_DIR = "~/.gpuctl/jobs"
 
 COMMON_OPTIONS = (
-    "StrictHostKeyChecking=no",
-    "UserKnownHostsFile=/dev/null",
     "LogLevel=ERROR",
     "BatchMode=yes",
     "ServerAliveInterval=15",
@@ -77,6 +75,57 @@ def control_dir_for(preferred: Path) -> Path:
     return chosen
 
 
+HOST_KEY_FAILURES = ("Host key verification failed", "HOST IDENTIFICATION HAS CHANGED",
+                     "No ED25519 host key is known", "Host key for")
+
+
+def host_key_options(node: Node) -> list[str]:
+    """Learn a node's host key at first contact, refuse a different one afterwards.
+
+    Keys live in the cluster's own known_hosts under the node's alias (its
+    Terraform id), plain (not hashed) so gpuctl can forget one by name.
+    """
+    if node.known_hosts is None:  # no cluster around it (a one-off Node in a test): nothing to pin to
+        return ["-o", "StrictHostKeyChecking=accept-new", "-o", "UserKnownHostsFile=/dev/null"]
+    return ["-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={node.known_hosts}",
+            "-o", "GlobalKnownHostsFile=/dev/null", "-o", f"HostKeyAlias={node.host_key_alias}",
+            "-o", "HashKnownHosts=no"]
+
+
+def host_key_changed(text: str) -> bool:
+    """Whether ssh's error output says the host key was not the one on record."""
+    return any(marker in text for marker in HOST_KEY_FAILURES)
+
+
+def host_key_error(node: Node) -> str:
+    """One line for a node whose key changed: which node, and what to do."""
+    return (f"{node.name} ({node.ssh_host}): its SSH host key is not the one gpuctl recorded at first contact, so "
+            f"nothing was sent; if you rebuilt that machine, run `gpuctl forget-host-key CLUSTER {node.name}` "
+            f"and retry; otherwise someone may be intercepting the connection")
+
+
+def forget_host_keys(known_hosts: Path, aliases: set[str], *, keep_only: bool = False) -> int:
+    """Drop the entries of `aliases` (or, with keep_only, every node entry but theirs); how many went."""
+    try:
+        lines = known_hosts.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    kept, dropped = [], 0
+    for line in lines:
+        names = set(line.split(" ", 1)[0].split(",")) if line and not line.startswith("#") else set()
+        node_entry = any(n.startswith("gpuctl-") and not n.startswith("gpuctl-bastion-") for n in names)
+        hit = bool(names & aliases)
+        if (keep_only and node_entry and not hit) or (not keep_only and hit):
+            dropped += 1
+            continue
+        kept.append(line)
+    if dropped:
+        tmp = known_hosts.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(known_hosts)
+    return dropped
+
+
 def proxy_command(node: Node) -> str:
     """ProxyCommand for the bastion, with the same no-prompt options as the node.
 
@@ -89,17 +138,23 @@ def proxy_command(node: Node) -> str:
     if jump.count(":") == 1:
         jump, port = jump.split(":")
     argv = ["ssh", *[a for o in COMMON_OPTIONS for a in ("-o", o)]]
+    if node.known_hosts is not None:  # the bastion's key is pinned like a node's
+        argv += ["-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={node.known_hosts}",
+                 "-o", "GlobalKnownHostsFile=/dev/null", "-o", f"HostKeyAlias=gpuctl-bastion-{jump.split('@')[-1]}",
+                 "-o", "HashKnownHosts=no"]
+    else:
+        argv += ["-o", "StrictHostKeyChecking=accept-new", "-o", "UserKnownHostsFile=/dev/null"]
     if node.ssh_key:
         argv += ["-i", node.ssh_key, "-o", "IdentitiesOnly=yes"]
     if port:
         argv += ["-p", port]
-    argv += ["-W", "%h:%p", jump]
+    argv += ["-W", "%h:%p", "--", jump]
     return " ".join(shlex.quote(a) if a != "%h:%p" else a for a in argv)
 
 
 def ssh_options(node: Node, control_dir: Path | None, *, connect_timeout: int = 10) -> list[str]:
     """Every ssh option for `node`, without the destination (also used as rsync's -e)."""
-    opts = ["-p", str(node.ssh_port), "-l", node.ssh_user]
+    opts = ["-p", str(node.ssh_port), "-l", node.ssh_user, *host_key_options(node)]
     for o in COMMON_OPTIONS:
         opts += ["-o", o]
     opts += ["-o", f"ConnectTimeout={connect_timeout}"]
@@ -116,9 +171,10 @@ def ssh_options(node: Node, control_dir: Path | None, *, connect_timeout: int = 
 def ssh_argv(node: Node, command: str | Sequence[str] | None = None, *, control_dir: Path | None = None,
              connect_timeout: int = 10) -> list[str]:
     """`ssh ... host [command]`; a sequence command is shell-quoted word by word."""
-    argv = ["ssh", *ssh_options(node, control_dir, connect_timeout=connect_timeout), node.ssh_host]
+    # `--` ends ssh's options: nothing from an inventory can become one.
+    argv = ["ssh", *ssh_options(node, control_dir, connect_timeout=connect_timeout), "--", node.ssh_host]
     if command is not None:
-        argv += ["--", command if isinstance(command, str) else shlex.join(command)]
+        argv += [command if isinstance(command, str) else shlex.join(command)]
     return argv
 
 

@@ -47,7 +47,8 @@ def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping
     for name, data in _tree_bytes():
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     shape = {
-        "peers": [[n.name, n.address, peer_port(n), n.ssh_user] for n in inv.nodes],
+        # the node id: a replaced node (new id, new host key) means the others must learn its key
+        "peers": [[n.name, n.node_id, n.address, peer_port(n), n.ssh_user] for n in inv.nodes],
         "internal_key": internal_public_key.strip(),
         "fabric": dict(sorted(fabric_env.items())),
     }
@@ -72,12 +73,13 @@ def forget(cluster_dir: Path) -> None:
 
 
 def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Path, fingerprint_value: str,
-                internal_key: Path, fabric_env: Mapping[str, str],
+                internal_key: Path, fabric_env: Mapping[str, str], known_hosts: Path | None = None,
                 limit: list[str] | None = None) -> playbooks.PlaybookResult:
     extravars = {
         "gpuctl_prepare_fingerprint": fingerprint_value,
         "gpuctl_internal_key": str(internal_key),
         "gpuctl_fabric_env": dict(fabric_env),
+        "gpuctl_known_hosts": str(known_hosts) if known_hosts else "",
     }
     return playbooks.run_playbook("prepare.yml", inventory=inventory_path, private_data_dir=private_data_dir,
                                   extravars=extravars, control_dir=control_dir, limit=limit)

@@ -1183,7 +1183,9 @@ class Coordinator(object):
         if self.lost:
             self.sync_failure = "lost during sync: " + self.describe_lost()
             return False
-        branching = int(self.payload.get("branching") or 32)
+        # Copies fan out narrower than commands: each push sends the whole tree of bytes
+        # over the sender's link, so a node feeds a few others, which then feed theirs.
+        branching = int(self.payload.get("copy_branching") or 4)
         edges = {}  # (src, dst) -> [dest index]
         depth_of = {}
         for i in range(len(dests)):

@@ -22,6 +22,9 @@ from gpuctl.inventory import Inventory, Node
 PROTOCOL = 1
 DEFAULT_FANOUT = 32
 FANOUT_ENV = "GPUCTL_FANOUT"
+# Copies (workdir, file_mounts) from the head: each node pushes to this many others at once.
+DEFAULT_COPY_FANOUT = 4
+COPY_FANOUT_ENV = "GPUCTL_COPY_FANOUT"
 WORKDIR_DEST = "~/gpuctl_workdir"
 INTERNAL_KEY_ON_NODE = "~/.ssh/gpuctl_cluster"
 NODE_CONTROL_DIR = "~/.gpuctl/cm"  # made by the prepare play
@@ -30,10 +33,12 @@ NODE_CONTROL_DIR = "~/.gpuctl/cm"  # made by the prepare play
 # the transfer (so the node reads the new .gitignore files first).
 WORKDIR_RSYNC_ARGS = ("--delete-after", "--filter=:- .gitignore", "--exclude=.git")
 
+KNOWN_HOSTS_ON_NODE = "~/.ssh/gpuctl_known_hosts"  # the controller's, copied by prepare
 PEER_SSH_OPTIONS = (
     "BatchMode=yes",
-    "StrictHostKeyChecking=no",
-    "UserKnownHostsFile=/dev/null",
+    # Keys are known before a job (prepare copied them): a different one is refused.
+    "StrictHostKeyChecking=yes",
+    "GlobalKnownHostsFile=/dev/null",
     "LogLevel=ERROR",
     "ConnectTimeout=10",
     # A peer that vanishes without a reset (power loss) is noticed in ~15 s.
@@ -50,12 +55,12 @@ class StagePlan:
     hostfile: Sequence[str] | None
 
 
-def fanout() -> int:
-    """Children per node in the fan-out tree (GPUCTL_FANOUT, default 32)."""
-    raw = os.environ.get(FANOUT_ENV, "").strip()
+def fanout(env: str = FANOUT_ENV, default: int = DEFAULT_FANOUT) -> int:
+    """Children per node in the fan-out tree (GPUCTL_FANOUT, default 32; copies: GPUCTL_COPY_FANOUT, 4)."""
+    raw = os.environ.get(env, "").strip()
     if raw.isdigit() and int(raw) >= 1:
         return int(raw)
-    return DEFAULT_FANOUT
+    return default
 
 
 def is_loopback(address: str) -> bool:
@@ -79,15 +84,16 @@ def peer_entry(node: Node) -> dict[str, Any]:
     controller's own machine, so the controller's access key and coordinates
     serve; elsewhere the cluster's internal key, which prepare installs.
     """
-    common = [a for o in PEER_SSH_OPTIONS for a in ("-o", o)]
+    common = [a for o in PEER_SSH_OPTIONS for a in ("-o", o)] + ["-o", f"HostKeyAlias={node.host_key_alias}"]
     if is_loopback(node.address):
-        opts = ["-p", str(node.ssh_port), "-l", node.ssh_user] + common
+        known = node.known_hosts or "/dev/null"
+        opts = ["-p", str(node.ssh_port), "-l", node.ssh_user] + common + ["-o", f"UserKnownHostsFile={known}"]
         if node.ssh_key:
             opts += ["-i", node.ssh_key, "-o", "IdentitiesOnly=yes"]
         host = node.ssh_host
     else:
         opts = ["-p", str(peer_port(node)), "-l", node.ssh_user, "-i", INTERNAL_KEY_ON_NODE,
-                "-o", "IdentitiesOnly=yes", *common,
+                "-o", "IdentitiesOnly=yes", *common, "-o", f"UserKnownHostsFile={KNOWN_HOSTS_ON_NODE}",
                 "-o", "ControlMaster=auto", "-o", f"ControlPath={NODE_CONTROL_DIR}/%C",
                 "-o", "ControlPersist=60s"]
         host = node.address
@@ -119,6 +125,7 @@ def build_payload(
         "nonce": _secrets.token_hex(6),
         "fingerprint": fingerprint,
         "branching": branching or fanout(),
+        "copy_branching": fanout(COPY_FANOUT_ENV, DEFAULT_COPY_FANOUT),
         "grace": grace,
         "connect_timeout": 120,
         "workdir": WORKDIR_DEST,

@@ -29,6 +29,7 @@ import pwd
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -147,7 +148,7 @@ def node_path() -> str:
     parts = [os.path.dirname(os.path.abspath(sys.executable)), *SYSTEM_PATH.split(":")]
     seen: list[str] = []
     for p in parts:
-        if p not in seen and _SAFE_PATH.match(p):
+        if p not in seen and _SAFE_PATH.fullmatch(p):
             seen.append(p)
     return ":".join(seen)
 
@@ -165,7 +166,7 @@ def keep_visible_paths(home: Path) -> list[str]:
     real = {Path(os.path.realpath(c)) for c in candidates if c}
     under = [p for p in real if home in p.parents]
     outermost = sorted(p for p in under if not any(q in p.parents for q in under))
-    return [str(p) for p in outermost if _SAFE_PATH.match(str(p))]
+    return [str(p) for p in outermost if _SAFE_PATH.fullmatch(str(p))]
 
 
 # -- allocation ----------------------------------------------------------------
@@ -181,10 +182,32 @@ def registry_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"gpuctl-alloc-{os.getuid()}"
 
 
+def _private_dir(path: Path) -> None:
+    """Make `path` a directory only this user can write, refusing one somebody else planted.
+
+    Without root the registry lives in the shared temp dir, where another user
+    could create it first, or leave a symlink there pointing at a file of ours.
+    """
+    try:
+        path.mkdir(parents=True, mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path}: is not a directory (a symlink or file is there); remove it, or set "
+                        f"{REGISTRY_ENV} to a directory of your own")
+    if st.st_uid != os.geteuid():
+        raise UserError(f"{path}: belongs to another user (uid {st.st_uid}); remove it, or set {REGISTRY_ENV} "
+                        "to a directory of your own")
+    if st.st_mode & 0o022:
+        os.chmod(path, 0o700)
+
+
 @contextlib.contextmanager
 def _locked(registry: Path) -> Iterator[None]:
-    registry.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(registry / ".lock", "w") as fh:
+    _private_dir(registry)
+    fd = os.open(registry / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield
 
@@ -210,7 +233,10 @@ def _held_by_other(registry: Path, alloc: Allocation, owner: Path) -> bool:
 
 def _reserve(registry: Path, alloc: Allocation, owner: Path) -> None:
     tmp = registry / f".{alloc.reservation}.{os.getpid()}"
-    tmp.write_text(f"{owner}\n")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"{owner}\n")
     tmp.replace(registry / alloc.reservation)
 
 
@@ -310,7 +336,7 @@ class LocalProvider(BaseProvider):
     def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
         cluster_dir = Path(cluster_dir).resolve()
         state_dir = cluster_dir / "nodes"
-        if not _SAFE_PATH.match(str(state_dir)):
+        if not _SAFE_PATH.fullmatch(str(state_dir)):
             raise UserError(f"{state_dir}: local nodes need a state directory path made of letters, digits and "
                             "._+@- only; set GPUCTL_STATE_DIR to such a directory")
         alloc = allocate(cluster_dir, num_nodes=req.num_nodes)
