@@ -19,6 +19,7 @@ import typer
 
 from gpuctl import joblogs, jobs, ssh, sshconfig, usage
 from gpuctl.cluster import ClusterRequest, check_cluster_name, request_from_task
+from gpuctl.clusterlock import cluster_lock
 from gpuctl.console import Reporter
 from gpuctl.envargs import parse_env_assignments
 from gpuctl.errors import JobCancelled, JobFailed, ProvisionError, UserError
@@ -115,7 +116,8 @@ def apply(
 
         require_ssh_reach()
     registry = Registry()
-    with reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'"):
+    with cluster_lock(req.name, reporter.info), \
+            reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'"):
         registry.upsert_cluster(req.name, cloud=req.cloud, region=req.region, zone=req.zone,
                                 num_nodes=req.num_nodes, status="INIT", request=asdict(req))
         try:
@@ -418,7 +420,7 @@ def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear d
     registry = Registry()
     if registry.cluster(name) is None and not provision.cluster_exists(name):
         raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
-    with reporter.stage(f"Tearing down cluster '{name}'"):
+    with cluster_lock(name, reporter.info), reporter.stage(f"Tearing down cluster '{name}'"):
         registry.set_cluster_status(name, "STOPPING")
         provision.destroy(name)
         registry.remove_jobs(name)

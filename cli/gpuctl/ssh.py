@@ -56,6 +56,12 @@ def remove_control_dir(preferred: Path) -> None:
     fallback directory under the temp dir lies outside the cluster directory."""
     chosen = _control_dir_path(preferred)
     if chosen.is_dir() and chosen.stat().st_uid == os.getuid():
+        # Tell each ControlMaster to exit first: a master whose node vanished without a reset
+        # (its namespace or machine gone) would otherwise linger until its keepalives give up.
+        for sock in chosen.iterdir():
+            if sock.is_socket():
+                subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "--", "gpuctl-master"],
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
         shutil.rmtree(chosen, ignore_errors=True)
 
 

@@ -47,7 +47,7 @@ INVENTORY = {
 }
 
 
-def render(tmp_path: Path, group: str, **extra: object) -> dict[str, dict[str, str]]:
+def render(tmp_path: Path, group: str, inventory: dict | None = None, **extra: object) -> dict[str, dict[str, str]]:
     """`Host` line -> {option: value} of the block rendered for `group`."""
     out = tmp_path / f"{group}.conf"
     playbook = [{
@@ -57,7 +57,7 @@ def render(tmp_path: Path, group: str, **extra: object) -> dict[str, dict[str, s
             "content": "{{ lookup('ansible.builtin.template', '%s') }}" % (ROLE / "templates" / "ssh_config.j2"),
             "dest": str(out), "mode": "0600"}}],
     }]
-    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(INVENTORY))
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory or INVENTORY))
     (tmp_path / "play.yml").write_text(yaml.safe_dump(playbook))
     ansible_playbook = Path(sys.executable).parent / "ansible-playbook"
     if not ansible_playbook.exists():
@@ -84,7 +84,7 @@ def test_loopback_nodes_keep_their_ports_and_share_no_address_alias(tmp_path: Pa
     assert entries["head 127.0.0.1"]["Port"] == "22200"
     assert entries["worker1"] == {
         "HostName": "127.0.0.1", "Port": "22201", "User": "alice", "IdentityFile": "~/.ssh/gpuctl_cluster",
-        "IdentitiesOnly": "yes", "StrictHostKeyChecking": "no", "UserKnownHostsFile": "/dev/null",
+        "IdentitiesOnly": "yes", "StrictHostKeyChecking": "accept-new",
         "LogLevel": "ERROR", "BatchMode": "yes", "ConnectTimeout": "10"}
     assert entries["*"] == {}  # the trailing `Host *` that ends the block's last entry
 
@@ -99,6 +99,22 @@ def test_cloud_nodes_use_the_private_address_and_port_22(tmp_path: Path) -> None
     assert w2["Port"] == "2200"  # gpuctl_peer_ssh_port wins
     assert w3["Port"] == "22" and "User" not in w3  # hand-written host: no ansible_port/ansible_user
     assert list(render(tmp_path, "cloud", gpuctl_cluster_ssh_hostname_aliases=False))[0] == "c-head 10.0.0.5"
+
+
+def test_host_keys_are_checked_strictly_when_the_controller_gives_them(tmp_path: Path) -> None:
+    import copy
+
+    inventory = copy.deepcopy(INVENTORY)
+    hosts = inventory["all"]["children"]["cloud"]["hosts"]
+    for name, hv in hosts.items():
+        hv["gpuctl_host_key_alias"] = f"gpuctl-{name}"
+    entries = render(tmp_path, "cloud", inventory, gpuctl_known_hosts=str(tmp_path / "known_hosts"))
+    w1 = entries["c-worker1 10.0.0.6 ip-10-0-0-6"]
+    assert (w1["HostKeyAlias"], w1["StrictHostKeyChecking"]) == ("gpuctl-c-worker1", "yes")
+    assert w1["UserKnownHostsFile"] == "~/.ssh/gpuctl_known_hosts"
+    # Without the controller's known_hosts: learned at first contact, never ignored.
+    assert render(tmp_path, "cloud", inventory)["c-worker1 10.0.0.6 ip-10-0-0-6"]["StrictHostKeyChecking"] == \
+        "accept-new"
 
 
 def run_role(tmp_path: Path, limit: str) -> Path:

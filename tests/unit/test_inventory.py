@@ -54,10 +54,13 @@ def test_bastion_makes_nodes_reached_by_private_ip_through_proxyjump():
     assert all(n.proxy_jump == "ec2-user@54.1.1.1" for n in inv.nodes)
     assert inv.nodes[1].ssh_host == "10.0.1.11"
     hosts = to_ansible(inv)["all"]["children"]["gpuctl_nodes"]["hosts"]
-    # ProxyCommand, not ProxyJump: the jump host must get the same no-prompt options as the node
+    # ProxyCommand, not ProxyJump: the jump host gets the same no-prompt options as the node, and
+    # its host key is pinned in the cluster's known_hosts like theirs
     common = hosts["worker1"]["ansible_ssh_common_args"]
-    assert common.startswith("-o ProxyCommand=") and "StrictHostKeyChecking=no" in common
-    assert "-W %h:%p ec2-user@54.1.1.1" in common and "-i /k" in common
+    assert common.startswith("-o StrictHostKeyChecking=accept-new") and "ProxyCommand=ssh " in common
+    assert "HostKeyAlias=gpuctl-i-b" in common and "HostKeyAlias=gpuctl-bastion-54.1.1.1" in common
+    assert "StrictHostKeyChecking=no" not in common
+    assert "-W %h:%p -- ec2-user@54.1.1.1" in common and "-i /k" in common
 
 
 def test_local_outputs_with_explicit_ssh_host_and_port():

@@ -112,9 +112,10 @@ def test_follow_command_resumes_from_offset() -> None:
 def test_ssh_argv_uses_shared_control_socket(tmp_path: Path) -> None:
     n = node(1, ssh_port=2222, ssh_user="ubuntu", ssh_key="/k/id")
     argv = ssh.ssh_argv(n, ["echo", "a b"], control_dir=tmp_path)
-    assert argv[0] == "ssh" and argv[-3:] == ["10.0.0.2", "--", "echo 'a b'"]
+    assert argv[0] == "ssh" and argv[-3:] == ["--", "10.0.0.2", "echo 'a b'"]  # no host can become an option
     joined = " ".join(argv)
-    for opt in ("-p 2222", "-l ubuntu", "-i /k/id", "StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null",
+    assert "StrictHostKeyChecking=no" not in joined
+    for opt in ("-p 2222", "-l ubuntu", "-i /k/id", "StrictHostKeyChecking=accept-new",
                 "BatchMode=yes", "ControlMaster=auto", f"ControlPath={tmp_path}/%C", "IdentitiesOnly=yes"):
         assert opt in joined
     assert "ProxyCommand" not in joined
@@ -124,8 +125,8 @@ def test_ssh_bastion_gets_the_same_options() -> None:
     n = node(1, ssh_key="/k/id", proxy_jump="ubuntu@3.3.3.3:2200")
     opts = ssh.ssh_options(n, None)
     proxy = next(o for o in opts if o.startswith("ProxyCommand="))
-    assert "-W %h:%p ubuntu@3.3.3.3" in proxy and "-p 2200" in proxy
-    assert "StrictHostKeyChecking=no" in proxy and "-i /k/id" in proxy
+    assert "-W %h:%p -- ubuntu@3.3.3.3" in proxy and "-p 2200" in proxy
+    assert "StrictHostKeyChecking=accept-new" in proxy and "-i /k/id" in proxy
     # ssh -G parses it (no connection is made)
     out = subprocess.run(["ssh", "-G", *opts, n.ssh_host], capture_output=True, text=True, check=True).stdout
     assert "proxycommand ssh " in out

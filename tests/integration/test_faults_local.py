@@ -1,0 +1,146 @@
+"""Faults a cluster must survive (issue 8), on real local nodes through the real
+`gpuctl` command:
+
+- two `gpuctl apply` of one cluster at the same moment: the second waits for
+  the cluster's lock (saying so) and Terraform never runs twice at once;
+- a worker dies mid-run (its sshd and every process in it killed): gpuctl
+  names the lost rank, stops the others, exits non-zero, `queue` says FAILED;
+- the controller's gpuctl is SIGKILLed mid-job: the head still fails fast,
+  and a later `queue` / `logs` show the true outcome and the output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, pids_matching
+
+pytestmark = [pytest.mark.integration, needs_local_nodes]
+
+NAME = "flt3"
+MOD = f"ft{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def ft(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("faults")
+    (root / "c.yaml").write_text(f"name: {NAME}\nnum_nodes: 3\nresources:\n  infra: local\nrun: echo up\n")
+    shim = root / "shim"
+    shim.mkdir()
+    log = root / "terraform.log"
+    real = subprocess.run(["bash", "-c", "command -v terraform"], capture_output=True, text=True).stdout.strip()
+    # Records when each terraform command ran: two on one state must never overlap.
+    (shim / "terraform").write_text(f'#!/bin/bash\necho "start $(date +%s.%N) $$ $1" >> {log}\n'
+                                    f'{real} "$@"; rc=$?\necho "end $(date +%s.%N) $$ $1" >> {log}\nexit $rc\n')
+    (shim / "terraform").chmod(0o755)
+    cluster = Cluster(NAME, root / "state")
+    try:
+        yield cluster, root, shim, log
+    finally:
+        cluster.down_quietly()
+        for pid in pids_matching(MOD):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_two_applies_at_once_take_turns(ft):
+    cluster, root, shim, log = ft
+    env_path = f"{shim}:{os.environ['PATH']}"
+    old = os.environ["PATH"]
+    os.environ["PATH"] = env_path
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda _: cluster.gpuctl("apply", str(root / "c.yaml")), range(2)))
+    finally:
+        os.environ["PATH"] = old
+    for res in results:
+        res.check()
+    assert sum("Waiting for another gpuctl" in r.stdout for r in results) == 1, [r.stdout for r in results]
+    spans: dict[str, list[float]] = {}
+    for line in log.read_text().splitlines():
+        kind, ts, pid, _ = (line.split() + [""])[:4]
+        spans.setdefault(pid, []).append(float(ts))
+    intervals = sorted((s[0], s[-1]) for s in spans.values())
+    for (_, end), (start, _) in zip(intervals, intervals[1:]):
+        assert start >= end, f"two terraform commands overlapped: {intervals}"
+    status = cluster.gpuctl("status", NAME).check()
+    assert status.stdout.splitlines()[0] == f"{NAME}: UP, 3 node(s) on local"
+    assert len(cluster.footprint().sshd) == 3
+
+
+def netns_of(cluster: Cluster, rank: int) -> str:
+    address = cluster.nodes()[rank].address
+    for env in (cluster.cdir / "nodes").glob("node*/node.env"):
+        values = dict(line.split("=", 1) for line in env.read_text().splitlines() if "=" in line)
+        if values.get("LN_ADDR") == address:
+            return values["LN_NETNS"]
+    raise AssertionError(f"rank {rank} has no namespace")
+
+
+def test_a_worker_dying_mid_run_is_named_and_the_others_stop(ft):
+    cluster, root, _, _ = ft
+    marker = f"{MOD}-dies"
+    env = {**gpuctl_env(cluster.state_dir), "FT_SCRIPT": f'echo "rank $GPUCTL_NODE_RANK up"; (exec -a {marker} sleep 120)'}
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "exec", NAME, "--", "bash", "-c", 'eval "$FT_SCRIPT"'],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(pids_matching(marker)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(pids_matching(marker)) == 3, "the ranks did not start"
+    ns = netns_of(cluster, 2)
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    killed_at = time.monotonic()
+    for pid in pids:  # the machine dies: its sshd and everything running in it
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - killed_at
+    assert proc.returncode == 1, out + err
+    assert took < 30, took
+    assert re.search(r"rank 2 \(worker2, [0-9.]+\) was lost first", err), out + err
+    assert not pids_matching(marker), "the other ranks kept running"
+    rows = cluster.gpuctl("queue", NAME).check().stdout.splitlines()
+    assert rows[-1].split()[2] == "FAILED", rows
+    # the node is gone for good: bring the cluster back for the next test
+    cluster.gpuctl("down", NAME).check()
+    cluster.gpuctl("apply", str(root / "c.yaml")).check()
+
+
+def test_controller_killed_mid_job_leaves_the_head_in_charge(ft):
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-orphan"
+    script = (f'echo "rank $GPUCTL_NODE_RANK starts"; if [ "$GPUCTL_NODE_RANK" == "1" ]; then sleep 4; '
+              f'echo "rank 1 fails"; exit 6; fi; (exec -a {marker} sleep 120)')
+    env = {**gpuctl_env(cluster.state_dir), "FT_SCRIPT": script}
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "exec", NAME, "--", "bash", "-c", 'eval "$FT_SCRIPT"'],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(pids_matching(marker)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # gpuctl and its ssh: the controller is gone
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while pids_matching(marker) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not pids_matching(marker), "nobody failed fast without the controller"
+    rows = cluster.gpuctl("queue", NAME).check().stdout.splitlines()
+    last = rows[-1].split()
+    assert last[2] == "FAILED" and last[-1].split(",")[1] == "6", rows
+    logs = cluster.gpuctl("logs", NAME, last[0]).stdout.splitlines()
+    assert "(worker1, rank=1) rank 1 fails" in logs, logs
+    assert "(head, rank=0) rank 0 starts" in logs, logs
