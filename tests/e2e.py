@@ -302,6 +302,17 @@ class Cluster:
                          bridge=_env_file(nodes_dir / "bridge.env")["LN_BRIDGE"],
                          node_dirs=[Path(e["LN_DIR"]) for e in envs], pids=pids)
 
+    def node_env(self, node: NodeInfo) -> dict[str, str]:
+        """The local-nodes module's node.env (LN_DIR, LN_NETNS, ...) of `node`, matched by the
+        address inside each node's network namespace."""
+        for path in sorted((self.cdir / "nodes").glob("node*/node.env")):
+            env = _env_file(path)
+            addrs = subprocess.run(["ip", "-n", env["LN_NETNS"], "-o", "-4", "addr", "show"], capture_output=True,
+                                   text=True).stdout
+            if f"inet {node.address}/" in addrs:
+                return env
+        raise AssertionError(f"no local node has {node.address} ({node.name})")
+
     def down_quietly(self) -> None:
         """Teardown for fixtures: `gpuctl down` if the cluster is still there."""
         if self.cdir.exists():

@@ -45,6 +45,7 @@ def ft(tmp_path_factory: pytest.TempPathFactory):
     (shim / "terraform").chmod(0o755)
     cluster = Cluster(NAME, root / "state")
     try:
+        cluster.gpuctl("apply", str(root / "c.yaml")).check()
         yield cluster, root, shim, log
     finally:
         cluster.down_quietly()
@@ -81,19 +82,15 @@ def test_two_applies_at_once_take_turns(ft):
 
 
 def netns_of(cluster: Cluster, rank: int) -> str:
-    address = cluster.nodes()[rank].address
-    for env in (cluster.cdir / "nodes").glob("node*/node.env"):
-        values = dict(line.split("=", 1) for line in env.read_text().splitlines() if "=" in line)
-        if values.get("LN_ADDR") == address:
-            return values["LN_NETNS"]
-    raise AssertionError(f"rank {rank} has no namespace")
+    return cluster.node_env(cluster.nodes()[rank])["LN_NETNS"]
 
 
 def test_a_worker_dying_mid_run_is_named_and_the_others_stop(ft):
     cluster, root, _, _ = ft
     marker = f"{MOD}-dies"
     env = {**gpuctl_env(cluster.state_dir), "FT_SCRIPT": f'echo "rank $GPUCTL_NODE_RANK up"; (exec -a {marker} sleep 120)'}
-    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "exec", NAME, "--", "bash", "-c", 'eval "$FT_SCRIPT"'],
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "exec", NAME, "--env", "FT_SCRIPT", "--", "bash", "-c",
+                             'eval "$FT_SCRIPT"'],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while len(pids_matching(marker)) < 3 and time.monotonic() < deadline:
@@ -126,7 +123,8 @@ def test_controller_killed_mid_job_leaves_the_head_in_charge(ft):
     script = (f'echo "rank $GPUCTL_NODE_RANK starts"; if [ "$GPUCTL_NODE_RANK" == "1" ]; then sleep 4; '
               f'echo "rank 1 fails"; exit 6; fi; (exec -a {marker} sleep 120)')
     env = {**gpuctl_env(cluster.state_dir), "FT_SCRIPT": script}
-    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "exec", NAME, "--", "bash", "-c", 'eval "$FT_SCRIPT"'],
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "exec", NAME, "--env", "FT_SCRIPT", "--", "bash", "-c",
+                             'eval "$FT_SCRIPT"'],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     deadline = time.monotonic() + 60

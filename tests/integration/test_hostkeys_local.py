@@ -35,11 +35,7 @@ def hk(tmp_path_factory: pytest.TempPathFactory):
 
 
 def node_dir(cluster: Cluster, node: NodeInfo) -> Path:
-    for env in (cluster.cdir / "nodes").glob("node*/node.env"):
-        values = dict(line.split("=", 1) for line in env.read_text().splitlines() if "=" in line)
-        if values.get("LN_ADDR") == node.address:
-            return env.parent
-    raise AssertionError(f"no node dir for {node.name}")
+    return Path(cluster.node_env(node)["LN_DIR"])
 
 
 def rekey(cluster: Cluster, node: NodeInfo) -> None:

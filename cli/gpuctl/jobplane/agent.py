@@ -958,6 +958,10 @@ class Relay(object):
     def _child_ended(self, child):
         """The child's connection closed: every rank it still owed is lost."""
         child.proc.wait()
+        while not child.errs.eof:  # ssh has exited: the rest of its stderr (its reason) is there to read
+            os.set_blocking(child.errs.fd, True)
+            for line in child.errs.read_lines():
+                child.err = (child.err + line + b"\n")[-4096:]
         if self.closing:
             child.open_ranks.clear()
             return
@@ -1066,6 +1070,7 @@ class Coordinator(object):
         self.exits = {"setup": {}, "run": {}}
         self.lost = {}
         self.first_failed = None
+        self.run_started = False
         payload["subtree"] = list(range(self.n))  # the head's subtree is the whole cluster
         self.relay = Relay(payload, secrets, 0, self.on_event)
 
@@ -1154,6 +1159,7 @@ class Coordinator(object):
         if stages.get("run"):
             job = list(range(self.job_ranks))
             self.phase("run")
+            self.run_started = True
             self.relay.command("start run")
             if not self.wait(lambda: self.accounted(job, self.started["run"]) or self.first_failed is not None):
                 return self.cancel(("run",))
@@ -1238,8 +1244,10 @@ class Coordinator(object):
 
     def finish(self, status, detail, ranks=()):
         codes = dict((str(r), c) for r, c in self.exits["run"].items())
-        for r in self.lost:
-            codes.setdefault(str(r), None)
+        if self.run_started:  # a node lost before run started has no run code to report
+            for r in self.lost:
+                if r < self.job_ranks:
+                    codes.setdefault(str(r), None)
         outcome = {
             "status": status, "detail": detail, "ranks": list(ranks),
             "setup": dict((str(r), c) for r, c in self.exits["setup"].items()),
