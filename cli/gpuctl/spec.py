@@ -51,7 +51,7 @@ from pydantic_core import PydanticCustomError
 from gpuctl.envargs import _ENV_NAME_RULE, ENV_NAME_RE, parse_env_assignments
 from gpuctl.errors import UserError
 from gpuctl.infra import Infra, infra_from_legacy, parse_infra
-from gpuctl.yamlfile import check_printable
+from gpuctl.yamlfile import check_printable, read_text
 
 __all__ = ["ENV_NAME_RE", "Resources", "Task", "load_task", "parse_env_assignments"]
 
@@ -773,16 +773,7 @@ def load_task(
     """
     source = str(path)
     file = Path(path).expanduser()
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{source}: is a directory; give the task YAML file") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{source}: not a UTF-8 text file") from None
-    except OSError as err:
-        raise UserError(f"{source}: cannot read it ({err.strerror})") from None
+    text = read_text(file, what="task YAML file", source=source)
 
     data, lines, texts = _compose(text, source)
     if data is None:

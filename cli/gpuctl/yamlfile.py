@@ -28,18 +28,20 @@ def check_printable(text: str, source: str) -> None:
                     f"YAML; remove it (was the file saved as binary or UTF-16?)")
 
 
-def read_text(path: Path, *, what: str) -> str:
-    """The file's text as UTF-8; a missing, unreadable or binary file is one line."""
+def read_text(path: Path, *, what: str, source: str | None = None) -> str:
+    """The file's text as UTF-8; a missing, unreadable or binary file is one line
+    naming `source` (the path as the user wrote it; default `path`)."""
+    name = source or str(path)
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UserError(f"{path}: no such file; {what} expected there") from None
+        raise UserError(f"{name}: no such file; {what} expected there") from None
     except IsADirectoryError:
-        raise UserError(f"{path}: is a directory; give the {what}") from None
+        raise UserError(f"{name}: is a directory; give the {what}") from None
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: byte {exc.start} is not UTF-8; the {what} must be UTF-8 text") from None
+        raise UserError(f"{name}: byte {exc.start} is not UTF-8; the {what} must be UTF-8 text") from None
     except OSError as exc:
-        raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
+        raise UserError(f"{name}: cannot read it ({exc.strerror})") from None
 
 
 def load_yaml(path: Path, *, what: str) -> Any:

@@ -340,7 +340,7 @@ def test_several_problems_report_the_first_by_line(tmp_path: Path) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    assert error_of(tmp_path / "nope.yaml") == f"{tmp_path / 'nope.yaml'}: no such file"
+    assert error_of(tmp_path / "nope.yaml") == f"{tmp_path / 'nope.yaml'}: no such file; task YAML file expected there"
 
 
 def test_directory_instead_of_file(tmp_path: Path) -> None:
