@@ -6,9 +6,11 @@ exit code 2 (nothing provisioned), a failed job or provision exit code 1.
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import signal
+import sqlite3
 import sys
 import time
 from dataclasses import asdict
@@ -501,6 +503,17 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except (sqlite3.OperationalError, OSError) as exc:
+        # The state dir is full or unwritable: say so in one line. Jobs keep their outcome on
+        # the head (job.json), and `queue` / `logs` bring the registry up to date later.
+        full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)) or (
+            isinstance(exc, sqlite3.OperationalError) and ("disk" in str(exc) or "readonly" in str(exc)))
+        if not full:
+            raise
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"error: cannot write gpuctl's state in {state_root()}: {why}; free some space or fix its "
+              "permissions, then `gpuctl queue NAME` brings the cluster's jobs up to date", file=sys.stderr)
+        sys.exit(1)
     except (typer.Abort, usage.Abort):  # type: ignore[misc]
         print("aborted", file=sys.stderr)
         sys.exit(1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 from gpuctl import ssh
 from gpuctl.inventory import Inventory
@@ -32,24 +32,45 @@ def local_log(cluster: str, job_id: int | str, stage: str, rank: int) -> Path:
 class LogWriter:
     """Per-(stage, rank) log files of one job, started afresh by this writer."""
 
-    def __init__(self, cluster: str, job_id: int | str) -> None:
+    def __init__(self, cluster: str, job_id: int | str, on_error: Callable[[str], None] | None = None) -> None:
         self.cluster = cluster
         self.job_id = job_id
         self.files: dict[tuple[str, int], IO[str]] = {}
+        self.failed: str | None = None  # why saving stopped (a full disk...): the job goes on
+        self.written: set[tuple[str, int]] = set()
+        self.on_error = on_error
 
     def write(self, stage: str, rank: int, line: str) -> None:
+        if self.failed:
+            return
         stage = stage if stage in STAGES else "run"  # the agent's own notes go with the run log
-        fh = self.files.get((stage, rank))
-        if fh is None:
-            path = local_log(self.cluster, self.job_id, stage, rank)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fh = self.files[(stage, rank)] = open(path, "w", encoding="utf-8", errors="replace")
-        fh.write(line + "\n")
-        fh.flush()
+        try:
+            fh = self.files.get((stage, rank))
+            if fh is None:
+                path = local_log(self.cluster, self.job_id, stage, rank)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.written.add((stage, rank))
+                fh = self.files[(stage, rank)] = open(path, "w", encoding="utf-8", errors="replace")
+            fh.write(line + "\n")
+            fh.flush()
+        except OSError as exc:
+            self.failed = (f"cannot save job {self.job_id}'s logs under {local_job_dir(self.cluster, self.job_id)}: "
+                           f"{exc.strerror}; the job goes on, and its output stays on the head "
+                           f"(`gpuctl logs {self.cluster} {self.job_id}` once there is room)")
+            if self.on_error is not None:
+                self.on_error(self.failed)
+            self.close()
+            # Incomplete copies would pass for the whole log: drop them, so `gpuctl logs`
+            # reads the job's output from the head instead.
+            for stage_rank in list(self.written):
+                local_log(self.cluster, self.job_id, *stage_rank).unlink(missing_ok=True)
 
     def close(self) -> None:
         for fh in self.files.values():
-            fh.close()
+            try:
+                fh.close()
+            except OSError:
+                pass
         self.files.clear()
 
 

@@ -122,7 +122,33 @@ class JobRunner:
                 if node is not None and ssh.host_key_changed(reason):
                     raise UserError(ssh.host_key_error(node))
             raise JobFailed(f"preparing the nodes failed: {describe_result(result)}")
+        if self.inv.cloud == "aws":
+            self.check_console_host_keys()
         prepare.record(self.cdir, fingerprint)
+
+    def check_console_host_keys(self) -> None:
+        """The keys learned at first contact against those each instance printed to its console."""
+        from gpuctl import hostkeys
+
+        unchecked = 0
+        for node in self.inv.nodes:
+            if not node.known_hosts:
+                continue
+            printed = hostkeys.console_fingerprints(hostkeys.console_output(node.node_id, self.inv.region))
+            if not printed:
+                unchecked += 1
+                continue
+            bad = hostkeys.mismatched(hostkeys.learned_fingerprints(Path(node.known_hosts), node.host_key_alias),
+                                      printed)
+            if bad:
+                ssh.forget_host_keys(Path(node.known_hosts), {node.host_key_alias})
+                prepare.forget(self.cdir)
+                raise UserError(f"{node.name} ({node.ssh_host}): the SSH host key gpuctl received ({bad[0]}) is not "
+                                f"one the instance printed to its console ({', '.join(sorted(printed))}); someone may "
+                                "be intercepting the connection, so no job was run")
+        if unchecked:
+            self.reporter.info(f"Host keys of {unchecked} node(s) not checked against their console "
+                               "(no fingerprints printed there yet); learned at first contact")
 
     # -- one job ----------------------------------------------------------------
     def print_line(self, node: Node, line: str) -> None:
@@ -316,11 +342,11 @@ class _JobView:
         self.quiet = quiet  # attaching later: no phase messages, no registry writes
         self.running = False
         self.failed_seen = False
-        self.logs = joblogs.LogWriter(runner.inv.cluster, job_id)
+        self.logs = joblogs.LogWriter(runner.inv.cluster, job_id, on_error=runner.reporter.error)
 
     def reset(self) -> None:
         self.logs.close()
-        self.logs = joblogs.LogWriter(self.runner.inv.cluster, self.job_id)
+        self.logs = joblogs.LogWriter(self.runner.inv.cluster, self.job_id, on_error=self.runner.reporter.error)
 
     def on_event(self, event: Event) -> None:
         runner, by_rank = self.runner, self.runner.by_rank

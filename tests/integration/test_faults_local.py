@@ -142,3 +142,92 @@ def test_controller_killed_mid_job_leaves_the_head_in_charge(ft):
     logs = cluster.gpuctl("logs", NAME, last[0]).stdout.splitlines()
     assert "(worker1, rank=1) rank 1 fails" in logs, logs
     assert "(head, rank=0) rank 0 starts" in logs, logs
+
+
+def test_sigint_during_terraform_apply_then_reapply_converges_and_down_leaves_nothing(ft):
+    cluster, root, _, _ = ft
+    other = Cluster("fltint", cluster.state_dir)
+    task = root / "int.yaml"
+    task.write_text("name: fltint\nnum_nodes: 4\nresources:\n  infra: local\nrun: echo up\n")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "apply", str(task)], cwd=REPO,
+                            env=gpuctl_env(cluster.state_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("terraform apply:"):
+            time.sleep(0.3)  # inside terraform's apply: some nodes made, some not
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=180)
+    assert proc.returncode != 0, "".join(seen) + rest
+    assert "Traceback" not in "".join(seen) + rest
+    again = other.gpuctl("apply", str(task)).check()  # converges on the same cluster
+    assert "(head, rank=0) up" in again.stdout and "(worker3, rank=3) up" in again.stdout
+    footprint = other.footprint()
+    footprint.assert_present(4)
+    other.gpuctl("down", "fltint").check()
+    footprint.assert_gone()
+
+
+def test_a_node_that_never_answers_is_named_within_the_wait_bound(ft):
+    cluster, root, _, _ = ft
+    other = Cluster("fltdead", cluster.state_dir)
+    task = root / "dead.yaml"
+    task.write_text("name: fltdead\nnum_nodes: 3\nresources:\n  infra: local\nrun: echo up\n")
+    other.gpuctl("apply", str(task), "--provision-only").check()
+    footprint = other.footprint()
+    dead = other.nodes()[2]
+    pid = int((Path(other.node_env(dead)["LN_DIR"]) / "sshd.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)  # its sshd is gone: the node never accepts a connection
+    started = time.monotonic()
+    old = os.environ.get("GPUCTL_WAIT_TIMEOUT")
+    os.environ["GPUCTL_WAIT_TIMEOUT"] = "15"
+    try:
+        res = other.gpuctl("exec", "fltdead", "--", "true", timeout=240)
+    finally:
+        if old is None:
+            os.environ.pop("GPUCTL_WAIT_TIMEOUT", None)
+        else:
+            os.environ["GPUCTL_WAIT_TIMEOUT"] = old
+    took = time.monotonic() - started
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.describe()
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "worker2" in errors[0], res.describe()
+    assert took < 90, took
+    other.gpuctl("down", "fltdead").check()
+    footprint.assert_gone()
+
+
+def test_full_disk_while_logs_are_saved_keeps_the_outcome(ft, tmp_path: Path):
+    """The controller's disk fills while a job's logs are saved (a 1 MB tmpfs where they go):
+    one clear line, the job runs to its end, its outcome is recorded, nothing is corrupted,
+    and `gpuctl logs` reads the whole output from the head."""
+    cluster, _, _, _ = ft
+    jobs_dir = cluster.cdir / "jobs"
+    jobs_dir.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(jobs_dir)], check=True)
+    try:
+        script = 'for i in $(seq 1 20000); do echo "line $i of a job whose logs no longer fit"; done'
+        res = cluster.gpuctl("exec", NAME, "--env", f"FT_SCRIPT={script}", "--", "bash", "-c", 'eval "$FT_SCRIPT"',
+                             timeout=240)
+        assert "Traceback" not in res.stderr, res.describe()
+        errors = [line for line in res.stderr.splitlines() if line.strip()]
+        assert len(errors) == 1 and "cannot save job" in errors[0] and "No space left on device" in errors[0], \
+            res.describe()
+        assert res.returncode == 0, res.describe()  # the job itself succeeded
+    finally:
+        subprocess.run(["umount", "-l", str(jobs_dir)], check=False)
+    job = re.search(r"^Job (\d+) running", res.stdout, re.M)
+    assert job, res.describe()
+    rows = cluster.gpuctl("queue", NAME).check().stdout.splitlines()
+    mine = next(line for line in rows if line.split()[0] == job.group(1))
+    assert mine.split()[2] == "SUCCEEDED", rows
+    check = subprocess.run([sys.executable, "-c", "import sqlite3,sys; print(sqlite3.connect(sys.argv[1])"
+                            ".execute('pragma integrity_check').fetchone()[0])", str(cluster.state_dir / "state.db")],
+                           capture_output=True, text=True)
+    assert check.stdout.strip() == "ok", check
+    logs = cluster.gpuctl("logs", NAME, job.group(1)).check().stdout.splitlines()
+    for rank, name in enumerate(("head", "worker1", "worker2")):
+        assert f"({name}, rank={rank}) line 20000 of a job whose logs no longer fit" in logs

@@ -262,3 +262,58 @@ def test_a_changed_key_message_names_the_node_and_the_fix(tmp_path: Path):
     assert not host_key_changed("Connection refused")
     msg = host_key_error(pinned_node(tmp_path))
     assert "worker1" in msg and "gpuctl forget-host-key" in msg and "\n" not in msg
+
+
+# -- 1b. AWS: learned keys against the instance console ----------------------------------
+
+
+CONSOLE = """[   12.3] cloud-init[1234]: Cloud-init v. 24.1 running
+ec2: #############################################################
+ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----
+ec2: 256 SHA256:{ed} root@ip-10-0-0-5 (ED25519)
+ec2: 3072 SHA256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA root@ip-10-0-0-5 (RSA)
+ec2: -----END SSH HOST KEY FINGERPRINTS-----
+ec2: #############################################################
+"""
+
+
+def test_console_fingerprints_match_the_learned_key(tmp_path: Path):
+    from gpuctl import hostkeys
+
+    key = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    blob = key.with_suffix(".pub").read_text().split()[1]
+    expected = subprocess.run(["ssh-keygen", "-lf", str(key.with_suffix(".pub"))], capture_output=True,
+                              text=True, check=True).stdout.split()[1]
+    assert hostkeys.fingerprint(blob) == expected  # the same as OpenSSH's
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"gpuctl-i-1 ssh-ed25519 {blob}\n")
+    learned = hostkeys.learned_fingerprints(kh, "gpuctl-i-1")
+    printed = hostkeys.console_fingerprints(CONSOLE.format(ed=expected[len("SHA256:"):]))
+    assert learned == {expected} and expected in printed
+    assert hostkeys.mismatched(learned, printed) == []
+    other = hostkeys.console_fingerprints(CONSOLE.format(ed="B" * 43))
+    assert hostkeys.mismatched(learned, other) == [expected]  # an impostor's key
+    assert hostkeys.mismatched(learned, set()) == []  # nothing printed yet: nothing to compare
+
+
+def test_a_key_the_console_does_not_list_stops_gpuctl_and_is_forgotten(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    from gpuctl import hostkeys
+    from gpuctl.console import Reporter
+    from gpuctl.launch import JobRunner
+    from gpuctl.state import Registry
+
+    key = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"gpuctl-i-1 ssh-ed25519 {key.with_suffix('.pub').read_text().split()[1]}\n")
+    node = pinned_node(tmp_path, rank=0, name="head", node_id="i-1")
+    runner = JobRunner(Inventory(cluster="c", cloud="aws", nodes=(node,), region="us-east-1"),
+                       reporter=Reporter(plain=True), registry=Registry())
+    monkeypatch.setattr(hostkeys, "console_output", lambda node_id, region: CONSOLE.format(ed="B" * 43))
+    with pytest.raises(UserError, match="head .* not one the instance printed"):
+        runner.check_console_host_keys()
+    assert kh.read_text() == ""  # forgotten: nothing trusts it
+    monkeypatch.setattr(hostkeys, "console_output", lambda node_id, region: "")
+    runner.check_console_host_keys()  # no console yet: said, not a failure

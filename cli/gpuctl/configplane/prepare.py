@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Mapping
 
 from gpuctl.configplane import playbooks
+from gpuctl.errors import UserError
 from gpuctl.inventory import Inventory
 from gpuctl.jobplane.payload import peer_port
 from gpuctl.paths import ansible_dir
@@ -72,6 +74,17 @@ def forget(cluster_dir: Path) -> None:
     (cluster_dir / "prepared").unlink(missing_ok=True)
 
 
+WAIT_TIMEOUT_ENV = "GPUCTL_WAIT_TIMEOUT"
+
+
+def wait_timeout() -> int:
+    """Seconds prepare waits for a node to accept SSH (GPUCTL_WAIT_TIMEOUT, default 600)."""
+    raw = os.environ.get(WAIT_TIMEOUT_ENV, "").strip() or "600"
+    if not raw.isdigit() or int(raw) < 1:
+        raise UserError(f"{WAIT_TIMEOUT_ENV}={raw!r}: give a number of seconds, such as 600")
+    return int(raw)
+
+
 def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Path, fingerprint_value: str,
                 internal_key: Path, fabric_env: Mapping[str, str], known_hosts: Path | None = None,
                 limit: list[str] | None = None) -> playbooks.PlaybookResult:
@@ -80,6 +93,7 @@ def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Pa
         "gpuctl_internal_key": str(internal_key),
         "gpuctl_fabric_env": dict(fabric_env),
         "gpuctl_known_hosts": str(known_hosts) if known_hosts else "",
+        "gpuctl_wait_timeout": wait_timeout(),
     }
     return playbooks.run_playbook("prepare.yml", inventory=inventory_path, private_data_dir=private_data_dir,
                                   extravars=extravars, control_dir=control_dir, limit=limit)
