@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,50 @@ def run_gpuctl(*args: str, state_dir: Path, cwd: Path | None = None, timeout: fl
     for t in readers:
         t.join(timeout=10)
     return Result(argv, proc.returncode, out, err, started, time.time())
+
+
+class Watched:
+    """gpuctl started in its own process group (signalled as a whole, as a terminal's Ctrl-C
+    does), its stdout and stderr read line by line; `seen` is set once a stdout line
+    satisfies `trigger`."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], trigger: Callable[[str], bool]) -> None:
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.seen = threading.Event()
+        self.readers = [threading.Thread(target=self._pump, args=(self.proc.stdout, self.out, trigger), daemon=True),
+                        threading.Thread(target=self._pump, args=(self.proc.stderr, self.err, None), daemon=True)]
+        for t in self.readers:
+            t.start()
+
+    def _pump(self, stream, sink: list[str], trigger: Callable[[str], bool] | None) -> None:
+        for line in iter(stream.readline, ""):
+            sink.append(line.rstrip("\n"))
+            if trigger is not None and trigger(line):
+                self.seen.set()
+
+    def interrupt(self, timeout: float) -> float:
+        """SIGINT to the group; seconds until gpuctl exited (fails the test past `timeout`)."""
+        sent = time.monotonic()
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"gpuctl still runs {timeout:.0f} s after Ctrl-C\n" + self.text)
+        return time.monotonic() - sent
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for t in self.readers:
+            t.join(timeout=10)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.out) + "\n--- stderr\n" + "\n".join(self.err)
 
 
 # -- looking at nodes --------------------------------------------------------------

@@ -23,7 +23,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import REPO, Cluster, NodeInfo, Result, gpuctl_env, needs_local_nodes, pids_matching
+from e2e import Cluster, NodeInfo, Result, Watched, gpuctl_env, needs_local_nodes, pids_matching
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -242,35 +241,15 @@ def test_shared_destination_ten_applies_in_a_row(jp: JP):
 def interrupt_when(jp: JP, args: list[str], trigger: str, marker: str) -> tuple[int, str]:
     """Run gpuctl in its own process group, SIGINT the group when a stdout line contains
     `trigger`; (exit code, output)."""
-    os_env = {**gpuctl_env(jp.cluster.state_dir), **jp.env_extra}
-    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", *args], cwd=REPO, env=os_env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            bufsize=1, start_new_session=True)
-    out: list[str] = []
-    err: list[str] = []
-    hit = threading.Event()
-
-    def pump(stream, sink: list[str], watch: bool) -> None:
-        for line in iter(stream.readline, ""):
-            sink.append(line.rstrip("\n"))
-            if watch and trigger in line:
-                hit.set()
-
-    readers = [threading.Thread(target=pump, args=(proc.stdout, out, True), daemon=True),
-               threading.Thread(target=pump, args=(proc.stderr, err, False), daemon=True)]
-    for t in readers:
-        t.start()
+    run = Watched([sys.executable, "-m", "gpuctl", *args], {**gpuctl_env(jp.cluster.state_dir), **jp.env_extra},
+                  lambda line: trigger in line)
     try:
-        assert hit.wait(120), "never saw " + trigger + "\n" + "\n".join(out + err)
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=60)
+        assert run.seen.wait(120), "never saw " + trigger + "\n" + run.text
+        run.interrupt(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for t in readers:
-            t.join(timeout=10)
-    text = "\n".join(out) + "\n--- stderr\n" + "\n".join(err)
+        run.close()
+    proc = run.proc
+    text = run.text
     deadline = time.monotonic() + 15
     while pids_matching(marker) and time.monotonic() < deadline:
         time.sleep(0.2)

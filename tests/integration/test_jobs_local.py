@@ -29,7 +29,7 @@ from typing import Callable
 
 import pytest
 
-from e2e import (REPO, Cluster, Footprint, NodeInfo, Result, gpuctl_env, needs_local_nodes,
+from e2e import (Cluster, Footprint, NodeInfo, Result, Watched, gpuctl_env, needs_local_nodes,
                  netns_names, pids_matching)
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
@@ -548,39 +548,14 @@ def test_ctrl_c_cancels_the_attached_job(jl: JobsCluster):
     argv = [sys.executable, "-m", "gpuctl", "exec", NAME,
             *shell(f'echo "started $GPUCTL_NODE_RANK"; (exec -a {marker} sleep 300); echo survived')]
     # Its own process group, signalled as a whole as a terminal's Ctrl-C does (its ssh children included).
-    proc = subprocess.Popen(argv, cwd=REPO, env=gpuctl_env(jl.cluster.state_dir), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            start_new_session=True)
-    out: list[str] = []
-    err: list[str] = []
-    first_rank_line = threading.Event()
-
-    def pump(stream, sink: list[str], watch: bool) -> None:
-        for line in iter(stream.readline, ""):
-            sink.append(line.rstrip("\n"))
-            if watch and line.startswith("("):
-                first_rank_line.set()
-
-    readers = [threading.Thread(target=pump, args=(proc.stdout, out, True), daemon=True),
-               threading.Thread(target=pump, args=(proc.stderr, err, False), daemon=True)]
-    for t in readers:
-        t.start()
+    run = Watched(argv, gpuctl_env(jl.cluster.state_dir), lambda line: line.startswith("("))
     try:
-        assert first_rank_line.wait(200), "no output from the job\n" + "\n".join(out + err)
+        assert run.seen.wait(200), "no output from the job\n" + run.text
         jl.wait_running_on(marker, [0, 1, 2])
-        sent = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            pytest.fail("gpuctl still runs 15 s after Ctrl-C\n" + "\n".join(out + err))
-        took = time.monotonic() - sent
+        took = run.interrupt(timeout=15)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for t in readers:
-            t.join(timeout=10)
+        run.close()
+    proc, out, err = run.proc, run.out, run.err
     text = "\n".join(out) + "\n--- stderr\n" + "\n".join(err)
     assert proc.returncode == 130, text
     assert took < 15, took
