@@ -48,6 +48,8 @@ def ft(tmp_path_factory: pytest.TempPathFactory):
         cluster.gpuctl("apply", str(root / "c.yaml")).check()
         yield cluster, root, shim, log
     finally:
+        for other in ("fltint", "fltdead"):  # the clusters of single tests, should one fail midway
+            Cluster(other, cluster.state_dir).down_quietly()
         cluster.down_quietly()
         for pid in pids_matching(MOD):
             try:
