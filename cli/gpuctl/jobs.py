@@ -97,19 +97,7 @@ def refresh(runner: JobRunner, job: JobRecord) -> JobRecord:
 
 
 def _record(runner: JobRunner, job: JobRecord, outcome: Outcome) -> None:
-    if outcome.status == "FAILED_SETUP":
-        runner.record_outcome(job.job_id, "FAILED_SETUP", outcome.setup,
-                              describe_codes(outcome.setup, runner.by_rank))
-        return
-    if outcome.status in ("CANCELLED", "UNPREPARED"):
-        runner.record_outcome(job.job_id, "CANCELLED" if outcome.status == "CANCELLED" else "FAILED",
-                              outcome.run, [outcome.detail or outcome.status.lower()])
-        return
-    codes = {r: outcome.run.get(r) for r in range(job.num_nodes)} if outcome.run else {}
-    failed = describe_codes(codes, runner.by_rank, lost=outcome.lost)
-    status = "FAILED" if failed or outcome.status == "FAILED" else "SUCCEEDED"
-    runner.record_outcome(job.job_id, status, codes, failed or ([outcome.detail] if outcome.detail else []),
-                          first_failed=outcome.first_failed)
+    runner.settle(job.job_id, job_nodes(runner.inv, job), outcome)  # no one to tell but the registry
 
 
 def _refresh_from_nodes(runner: JobRunner, job: JobRecord) -> None:

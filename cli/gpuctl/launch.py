@@ -241,44 +241,56 @@ class JobRunner:
         self.cancel(job_id, job_nodes, session=session)
 
     def conclude(self, job_id: int, job_nodes: Sequence[Node], outcome: Outcome) -> JobOutcome:
-        """Record the outcome; raise JobFailed naming what failed."""
+        """Record the outcome; raise the error naming what failed, or say it succeeded."""
+        result, error = self.settle(job_id, job_nodes, outcome)
+        if error is not None:
+            raise error
+        self.reporter.info(f"Job {job_id} succeeded on {len(job_nodes)} node(s)")
+        return result
+
+    def settle(self, job_id: int, job_nodes: Sequence[Node], outcome: Outcome
+               ) -> tuple[JobOutcome, JobFailed | UserError | None]:
+        """Write the head's outcome to the registry; (what was recorded, the error a user gets for it).
+
+        One reading of an outcome for every place that learns one: the attached
+        run, the detached job's watcher, and `queue`/`logs` bringing a job up to date.
+        """
+        def record(status: str, codes: Mapping[int, int | None], detail: list[str],
+                   first: int | None = None) -> JobOutcome:
+            self.record_outcome(job_id, status, codes, detail, first_failed=first)
+            return JobOutcome(job_id, status, dict(codes), first)
+
         current = self.registry.job(self.inv.cluster, job_id)
         if outcome.status == "CANCELLED" or (current is not None and current.status == "CANCELLED"):
-            self.record_outcome(job_id, "CANCELLED", outcome.run, ["cancelled"])
-            raise JobFailed(f"job {job_id} was cancelled")
+            return record("CANCELLED", outcome.run, ["cancelled"]), JobFailed(f"job {job_id} was cancelled")
         if outcome.status == "FAILED_SETUP":
             failed = describe_codes({r: c for r, c in outcome.setup.items() if c != 0}
                                     | {r: None for r in outcome.lost}, self.by_rank, lost=outcome.lost)
             detail = failed or [outcome.detail]
-            self.record_outcome(job_id, "FAILED_SETUP", outcome.setup, detail)
-            raise JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail))
+            return (record("FAILED_SETUP", outcome.setup, detail),
+                    JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail)))
         changed = [r for r, why in sorted(outcome.lost.items()) if ssh.host_key_changed(why)]
         if changed:  # a node's key is not the one the others know: nothing ran
-            self.record_outcome(job_id, "FAILED", {}, [f"host key of rank {changed[0]} changed"])
-            raise UserError(ssh.host_key_error(self.by_rank[changed[0]]))
+            return (record("FAILED", {}, [f"host key of rank {changed[0]} changed"]),
+                    UserError(ssh.host_key_error(self.by_rank[changed[0]])))
         if not outcome.run:
             if outcome.status == "SUCCEEDED":  # nothing to run (setup only)
-                self.record_outcome(job_id, "SUCCEEDED", {}, [])
-                self.reporter.info(f"Job {job_id} succeeded on {len(job_nodes)} node(s)")
-                return JobOutcome(job_id, "SUCCEEDED", {}, None)
+                return record("SUCCEEDED", {}, []), None
             detail = outcome.detail or "failed before any rank ran"  # sync, a lost node, ...
-            self.record_outcome(job_id, "FAILED", {}, [detail])
-            raise JobFailed(f"job {job_id}: {detail}")
+            return record("FAILED", {}, [detail]), JobFailed(f"job {job_id}: {detail}")
         codes = {r: outcome.run.get(r) for r in range(len(job_nodes))}
         failed = describe_codes(codes, self.by_rank, lost=outcome.lost)
         if outcome.status == "SUCCEEDED" and not failed:
-            self.record_outcome(job_id, "SUCCEEDED", codes, [])
-            self.reporter.info(f"Job {job_id} succeeded on {len(job_nodes)} node(s)")
-            return JobOutcome(job_id, "SUCCEEDED", codes, None)
+            return record("SUCCEEDED", codes, []), None
         first = outcome.first_failed if outcome.first_failed is not None else next(
             (r for r in sorted(codes) if codes[r] != 0), None)
-        self.record_outcome(job_id, "FAILED", codes, failed, first_failed=first)
         rc_list = ", ".join(f"rank {r}: {'?' if c is None else c}" for r, c in sorted(codes.items()))
         node = self.by_rank[first] if first is not None else self.inv.head
         what = (f"failed first with exit code {codes.get(first)}" if codes.get(first) is not None
                 else f"was lost first ({outcome.lost.get(first, 'no exit code')})")
-        raise JobFailed(f"job {job_id} failed: rank {first} ({node.name}, {node.address}) {what}; "
-                        f"return codes: {rc_list}")
+        return (record("FAILED", codes, failed, first),
+                JobFailed(f"job {job_id} failed: rank {first} ({node.name}, {node.address}) {what}; "
+                          f"return codes: {rc_list}"))
 
     def cancel(self, job_id: int, job_nodes: Sequence[Node], *, session: client.Session | None = None) -> None:
         """End the job on every node (through the head's coordinator) and record it CANCELLED."""
