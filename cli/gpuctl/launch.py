@@ -30,6 +30,7 @@ from gpuctl.console import Reporter
 from gpuctl.errors import JobCancelled, JobFailed, UserError
 from gpuctl.inventory import Inventory, Node
 from gpuctl.jobplane import client, payload, upload
+from gpuctl.jobplane.buckets import BucketMount
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.paths import cluster_dir
 from gpuctl.sshkeys import ensure_internal_key
@@ -51,6 +52,8 @@ class JobSpec:
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     num_nodes: int | None = None  # None: every node of the cluster
     gpus_per_node: int = 0
+    bucket_mounts: Sequence[BucketMount] = ()  # cloud buckets fetched (COPY) or mounted before setup
+    container_image: str | None = None  # `image_id: docker:IMAGE`: setup and run inside this image
 
 
 @dataclass(frozen=True)
