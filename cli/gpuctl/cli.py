@@ -59,11 +59,35 @@ def _command_after_dashes() -> list[str]:
 FileArg = typer.Argument(..., metavar="FILE", help="Task YAML in SkyPilot's format (cluster.yaml).", show_default=False)
 
 
-def _load(file: Path, env: list[str] | None, secret: list[str] | None = None) -> Task:
+def _load(file: Path, env: list[str] | None, secret: list[str] | None = None, *,
+          require_values: bool = True) -> Task:
     from gpuctl.spec import load_task
 
     return load_task(file, env_overrides=parse_env_assignments(env or []),
-                     secret_overrides=parse_env_assignments(secret or [], flag="--secret", secret=True))
+                     secret_overrides=parse_env_assignments(secret or [], flag="--secret", secret=True),
+                     require_values=require_values)
+
+
+def _warn(task: Task, req: ClusterRequest) -> None:
+    """One line on stderr per thing in the task gpuctl will not do as written."""
+    lines = [f"warning: {w}" for w in task.warnings]
+    if req.cloud == "local":
+        res = task.resources
+        from gpuctl.providers.local import local_gpus_present
+
+        if req.accelerator and not local_gpus_present():
+            lines.append(f"warning: {task.where('resources', 'accelerators')}: resources.accelerators: the local "
+                         f"nodes have no GPU (no NVIDIA device on this machine); jobs still see "
+                         f"SKYPILOT_NUM_GPUS_PER_NODE={req.gpus_per_node}")
+        unused = [k for k in ("instance_type", "use_spot", "disk_size", "network_tier") if getattr(res, k)]
+        unused += ["image_id"] if res.image_id and not task.container_image else []
+        for key in unused:
+            lines.append(f"warning: {task.where('resources', key)}: resources.{key}: ignored on infra local "
+                         "(nodes on this machine)")
+    if task.choice_note:
+        lines.append(f"note: {task.choice_note}")
+    for line in lines:
+        typer.echo(line, err=True)
 
 
 def _request(task: Task, file: Path, *, cluster: str | None, infra: str | None,
@@ -75,18 +99,35 @@ def _request(task: Task, file: Path, *, cluster: str | None, infra: str | None,
 def _job_spec(task: Task, req: ClusterRequest) -> JobSpec:
     return JobSpec(name=task.name, run=task.run, setup=task.setup, workdir=task.workdir,
                    file_mounts=dict(task.file_mounts), envs=dict(task.envs), secrets=dict(task.secrets),
-                   num_nodes=req.num_nodes, gpus_per_node=req.gpus_per_node)
+                   num_nodes=req.num_nodes, gpus_per_node=req.gpus_per_node,
+                   bucket_mounts=tuple(task.bucket_mounts.values()), container_image=task.container_image)
+
+
+EnvOption = typer.Option(None, "--env", metavar="K=V", help="K=V (or K to take it from your environment); repeatable.")
+SecretOption = typer.Option(None, "--secret", metavar="K[=V]",
+                            help="K=V (or K from your environment) for secrets; never printed.")
 
 
 @app.command()
-def validate(file: Path = FileArg) -> None:
-    """Check a cluster.yaml without provisioning anything."""
-    from gpuctl.spec import load_task
+def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
+             secret: Optional[List[str]] = SecretOption) -> None:
+    """Check a cluster.yaml as apply would, offline: nothing is provisioned or contacted."""
+    from gpuctl.catalog import resolve_instance_type
 
-    task = load_task(file)
+    task = _load(file, env, secret, require_values=False)
     req = _request(task, file, cluster=None, infra=None, num_nodes=None)
-    typer.echo(f"{file}: OK ({req.num_nodes} node(s) on {req.cloud}"
-               + (f", {req.accelerator}:{req.gpus_per_node}" if req.accelerator else "") + ")")
+    _warn(task, req)
+    parts = [f"{req.num_nodes} node(s) on {req.cloud}"]
+    if req.cloud == "aws":
+        parts.append(resolve_instance_type(req.instance_type, req.accelerator, req.gpus_per_node, req.cpus,
+                                           req.memory))
+    if req.accelerator:
+        parts.append(f"{req.accelerator}:{req.gpus_per_node}")
+    if task.container_image:
+        parts.append(f"in container {task.container_image}")
+    if task.bucket_mounts:
+        parts.append(f"{len(task.bucket_mounts)} bucket mount(s)")
+    typer.echo(f"{file}: OK ({', '.join(parts)})")
 
 
 @app.command()
@@ -95,8 +136,8 @@ def apply(
     cluster: Optional[str] = typer.Option(None, "-c", "--cluster", metavar="NAME", help="Cluster name (default: the task's name)."),
     infra: Optional[str] = typer.Option(None, "--infra", metavar="INFRA", help="Override resources.infra (local, ssh/PATH, aws/REGION, aws/REGION/ZONE)."),
     num_nodes: Optional[int] = typer.Option(None, "--num-nodes", metavar="N", help="Override num_nodes."),
-    env: Optional[List[str]] = typer.Option(None, "--env", metavar="K=V", help="K=V (or K to take it from your environment); repeatable."),
-    secret: Optional[List[str]] = typer.Option(None, "--secret", metavar="K[=V]", help="K=V (or K from your environment) for secrets; never printed."),
+    env: Optional[List[str]] = EnvOption,
+    secret: Optional[List[str]] = SecretOption,
     no_setup: bool = typer.Option(False, "--no-setup", help="Skip the setup stage."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the Terraform plan; create nothing."),
     provision_only: bool = typer.Option(False, "--provision-only", help="Stop after provisioning and writing the inventory."),
@@ -108,6 +149,7 @@ def apply(
     reporter = Reporter()
     task = _load(file, env, secret)
     req = _request(task, file, cluster=cluster, infra=infra, num_nodes=num_nodes)
+    _warn(task, req)
     if dry_run:
         summary = provision.plan(req)
         for line in summary.describe():

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuctl.catalog import first_available
 from gpuctl.errors import UserError
 from gpuctl.infra import Infra, parse_infra
 from gpuctl.paths import CLUSTER_NAME_RE
@@ -29,6 +30,8 @@ class ClusterRequest:
     instance_type: str | None = None
     accelerator: str | None = None  # e.g. "H100"
     gpus_per_node: int = 0
+    cpus: str | None = None  # "8", "8+": CPU-only tasks pick an instance type from these
+    memory: str | None = None  # GiB: "32", "32+", "4x" per vCPU
     use_spot: bool = False
     disk_size: int | None = None
     image_id: str | None = None
@@ -67,6 +70,8 @@ def request_from_task(
     if num_nodes is not None and num_nodes < 1:
         raise UserError(f"--num-nodes {num_nodes}: num_nodes should be a positive int")
     accel, count = res.accelerator_pair()
+    if where.cloud == "aws" and not res.instance_type and res.accelerators:
+        accel, count = first_available(res.accelerators)  # of several choices, the first AWS sells
     inventory_path = None
     if where.cloud == "ssh":
         if not where.path:
@@ -83,9 +88,11 @@ def request_from_task(
         instance_type=res.instance_type,
         accelerator=accel,
         gpus_per_node=math.ceil(count) if count else 0,
+        cpus=res.cpus,
+        memory=res.memory,
         use_spot=bool(res.use_spot),
         disk_size=res.disk_size,
-        image_id=res.image_id,
+        image_id=None if task.container_image else res.image_id,  # docker:IMAGE runs on the default AMI
         network_tier=res.network_tier or "standard",
         inventory_path=inventory_path,
     )

@@ -8,6 +8,19 @@ from dataclasses import dataclass
 from gpuctl.errors import UserError
 
 SUPPORTED_CLOUDS = ("local", "ssh", "aws")
+# Infra names SkyPilot knows that gpuctl does not provision on (yet): named, so the
+# message says "not supported by gpuctl" rather than "unknown".
+OTHER_CLOUDS = frozenset({
+    "gcp", "azure", "oci", "nebius", "lambda", "runpod", "fluidstack", "paperspace", "cudo", "do", "vast",
+    "ibm", "scp", "vsphere", "hyperbolic", "seeweb", "primeintellect", "shadeform", "mithril", "verda",
+    "yotta", "coreweave", "together", "slurm", "kubernetes", "k8s",
+})
+WHAT_IS_SUPPORTED = "gpuctl provisions on aws, local (nodes on this machine) and ssh/PATH (your own machines)"
+
+
+class UnsupportedInfra(UserError):
+    """A cloud SkyPilot supports and gpuctl does not: an any_of/ordered alternative
+    naming it is skipped, anywhere else it is an error."""
 _REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _ZONE_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$|^[a-z]{2}-[a-z]+-\d-[a-z]+-\d[a-z]$")
 _REGION_PREFIX_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d")
@@ -26,8 +39,10 @@ def parse_infra(value: str, *, field: str = "resources.infra") -> Infra:
     text = str(value).strip()
     cloud, _, rest = text.partition("/")
     cloud = cloud.lower()
-    if cloud == "k8s" or cloud == "kubernetes":
-        raise UserError(f"{field} '{text}': Kubernetes is not supported; use one of {', '.join(SUPPORTED_CLOUDS)}")
+    if cloud in OTHER_CLOUDS:
+        what = "Kubernetes" if cloud in ("k8s", "kubernetes") else cloud
+        what = "" if text.lower() == cloud and what == cloud else f"{what} is "
+        raise UnsupportedInfra(f"{field} '{text}': {what}not supported by gpuctl; {WHAT_IS_SUPPORTED}")
     if cloud not in SUPPORTED_CLOUDS:
         raise UserError(f"{field} '{text}': unknown infra '{cloud}'; use one of {', '.join(SUPPORTED_CLOUDS)}")
     if cloud == "ssh":

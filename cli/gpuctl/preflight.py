@@ -310,7 +310,7 @@ def check_aws(
     """
     env = os.environ if env is None else env
     settings = settings or aws_settings(env)
-    instance_type = resolve_instance_type(req.instance_type, req.accelerator, req.gpus_per_node)
+    instance_type = resolve_instance_type(req.instance_type, req.accelerator, req.gpus_per_node, req.cpus, req.memory)
     sess = session(settings)
     check_credentials(sess)
     region = resolve_region(req.region, sess.region_name, env)

@@ -6,28 +6,35 @@ one `UserError` line that names the file, the line and the dotted field:
 
     cluster.yaml:7: resources.accelerators: 'A100:x' is not a valid accelerator; write NAME:COUNT such as A100:8
 
-Task YAMLs written for SkyPilot (0.14) load unchanged. Where gpuctl differs, on purpose:
+Task YAMLs written for SkyPilot (0.14) load unchanged. Where gpuctl differs, or
+says what it will not do:
 
-- Relative `workdir` and `file_mounts` sources resolve against the directory of
-  the YAML file (SkyPilot: the current directory), so a task means the same
-  thing wherever `gpuctl` is started from. `~` expands to your home.
+- Relative `workdir` and `file_mounts` sources resolve as SkyPilot does, from
+  the directory gpuctl runs in, and then from the YAML file's directory; when
+  neither exists the error names both paths. `~` expands to your home.
 - `${VAR}` / `$VAR` in `workdir` and `file_mounts` expand from `envs` and
   `secrets`, as in SkyPilot; unknown names stay as written.
 - `envs`/`secrets` values written as numbers or booleans keep their text as
   written (`VERSION: 1.10` is "1.10", `DEBUG: true` is "true"); SkyPilot would
   give "1.1" and "True".
-- `resources.any_of` / `ordered`: gpuctl does not shop across alternatives.
-  `Task.resources` is the first alternative merged over the shared fields (an
-  alternative that names a location replaces the shared one); the lists stay
-  as written. Of several `accelerators` options, the first is provisioned.
-- Kept but not acted on yet: `resources.ports`, `labels`, `disk_tier`, top-level `config`.
-- Accepted and ignored, kept verbatim in `.ignored` so the CLI can say so:
-  `Task.IGNORED_FIELDS` and `Resources.IGNORED_FIELDS` (e.g. `service`,
-  `resources.autostop`, `resources.job_recovery`, `resources.accelerator_args`).
-- Refused with a "not supported yet" line: cloud-bucket file mounts (a mapping,
-  or an `s3://`, `gs://`, ... URL), a git `workdir` (url/ref), managed secrets
-  (`secrets:NAME`, `managed_secrets`) and `volumes`, because the job would run
-  without its data.
+- Bucket file_mounts (`/data: s3://bucket/prefix`, copied; or the storage
+  object `{source, name, mode, store}`) become `Task.bucket_mounts`; only S3 is
+  supported, other stores are named as unsupported.
+- `image_id: docker:IMAGE` is `Task.container_image`: setup and run go inside it.
+- `resources.any_of` / `ordered`: the first alternative gpuctl can provision
+  (a cloud it supports; on AWS an instance type it can resolve) is merged over
+  the shared fields (`Task.choice_note` says which). Of several
+  `accelerators` choices, the first AWS sells is provisioned there.
+- Aliases: `resources.gpus` is `accelerators`, `spot_recovery` is `job_recovery`.
+- Read and not acted on, each with a warning line in `Task.warnings`:
+  `resources.ports`, `labels`, `disk_tier`, `config` (except
+  `config.aws.remote_identity`), and `Task.IGNORED_FIELDS` /
+  `Resources.IGNORED_FIELDS` (kept verbatim in `.ignored`: `service`,
+  `resources.autostop`, `resources.job_recovery`, ...).
+- Refused with a "not supported by gpuctl" line: other clouds and Kubernetes,
+  non-S3 buckets, uploading local files to a bucket, a git `workdir`
+  (url/ref), managed secrets (`secrets:NAME`, `managed_secrets`), `volumes`,
+  and pipelines (several YAML documents in one file).
 - A key given twice in one mapping is an error (YAML would keep the last silently).
 
 Secret values never appear in an error message or in `repr(task)`.
@@ -39,18 +46,22 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, Strict, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
+from gpuctl import catalog
 from gpuctl.envargs import _ENV_NAME_RULE, ENV_NAME_RE, parse_env_assignments
 from gpuctl.errors import UserError
-from gpuctl.infra import Infra, infra_from_legacy, parse_infra
+from gpuctl.jobplane.buckets import MODES as BUCKET_MODES
+from gpuctl.jobplane.buckets import BucketMount
+from gpuctl.infra import WHAT_IS_SUPPORTED, Infra, UnsupportedInfra, infra_from_legacy, parse_infra
 from gpuctl.yamlfile import check_printable, read_text
 
 __all__ = ["ENV_NAME_RE", "Resources", "Task", "load_task", "parse_env_assignments"]
@@ -66,6 +77,36 @@ _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)
 # A Path that also validates from a str, so a task dumped to JSON loads back.
 _LocalPath = Annotated[Path, Strict(False)]
 _WHERE_FIELDS = ("infra", "cloud", "region", "zone")
+# SkyPilot's aliases: `gpus` (RESOURCE_CONFIG_ALIASES) and the older `spot_recovery`.
+_STORE_NAMES = {"gs": "gcs (gs://)", "gcs": "gcs (gs://)", "r2": "Cloudflare R2 (r2://)",
+                "cos": "IBM COS (cos://)", "oci": "OCI (oci://)", "nebius": "Nebius (nebius://)",
+                "cw": "CoreWeave (cw://)", "az": "Azure blob (az://)", "https": "https://", "http": "http://",
+                "hf": "Hugging Face (hf://)"}
+_STORAGE_KEYS = frozenset({"source", "name", "mode", "store", "persistent", "type", "config", "_bucket_sub_path",
+                           "_force_delete", "_is_sky_managed"})
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# Read, kept, and not acted on: each gets a warning line saying so.
+_KEPT_UNUSED = ("ports", "labels", "disk_tier")
+_CONFIG_ACTED_ON = frozenset({"remote_identity"})  # config.aws.remote_identity: the nodes' instance profile
+_IGNORED_WHY = {
+    "service": "gpuctl runs jobs, not SkyPilot services (no replicas, no load balancer)",
+    "pool": "gpuctl has no worker pools; apply runs the task on one cluster",
+    "ports": "gpuctl opens no ports (only SSH from your address); add security-group rules yourself",
+    "labels": "gpuctl tags instances itself",
+    "disk_tier": "gpuctl uses the default EBS volume type",
+    "job_recovery": "gpuctl does not restart a failed or preempted job",
+    "autostop": "gpuctl never stops a cluster by itself; run gpuctl down",
+    "config": "SkyPilot config overrides are not read (only config.aws.remote_identity is)",
+    "experimental": "SkyPilot's experimental overrides are not read",
+    "accelerator_args": "gpuctl does not configure TPUs",
+    "max_hourly_cost": "gpuctl does not shop by price",
+    "event_callback": "gpuctl runs no callback",
+    "inputs": "gpuctl does not estimate data transfer",
+    "outputs": "gpuctl does not estimate data transfer",
+}
+DOCKER_PREFIX = "docker:"
+_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")  # registry/name:tag or @sha256:...
+_RESOURCE_ALIASES = {"gpus": "accelerators", "spot_recovery": "job_recovery"}
 _MANAGED_SECRETS = (
     "managed secret references (secrets:NAME) need SkyPilot's API server and are not supported; "
     "write NAME: value, or NAME: null and pass --secret NAME"
@@ -113,19 +154,41 @@ def _expand(text: str, variables: Mapping[str, str]) -> str:
     return _VAR_RE.sub(lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), text)
 
 
-def _local_path(text: str, info: ValidationInfo) -> Path:
-    """A local path: `~` expanded, relative ones against the YAML file's directory."""
+def _local_candidates(text: str, info: ValidationInfo) -> list[Path]:
+    """Where a local path may be: `~` expanded; a relative one first against the
+    directory gpuctl runs in (SkyPilot's rule), then against the YAML file's."""
     path = Path(text).expanduser()
-    if not path.is_absolute():
-        base = (info.context or {}).get("base_dir") or Path.cwd()
-        path = Path(base) / path
-    return Path(os.path.normpath(path))
+    if path.is_absolute():
+        return [Path(os.path.normpath(path))]
+    context = info.context or {}
+    bases = [Path(context.get("cwd") or Path.cwd()), Path(context.get("base_dir") or Path.cwd())]
+    out: list[Path] = []
+    for base in bases:
+        candidate = Path(os.path.normpath(base.absolute() / path))
+        if candidate not in out:
+            out.append(candidate)
+    return out
 
 
-def _infra_problem(value: str, field: str) -> str | None:
-    """parse_infra's complaint about `value`, without its leading field name."""
+def _local_path(text: str, info: ValidationInfo, exists: Callable[[Path], bool], what: str, *at: str) -> Path:
+    """The first candidate that `exists`; else an error naming every path tried."""
+    candidates = _local_candidates(text, info)
+    for candidate in candidates:
+        if exists(candidate):
+            return candidate
+    tried = " nor ".join(str(c) for c in candidates)
+    raise _bad(f"{what}: neither {tried} exists" if len(candidates) > 1 else f"{what}: {tried} does not exist",
+               *at)
+
+
+def _infra_problem(value: str, field: str, *, unsupported_too: bool = False) -> str | None:
+    """parse_infra's complaint about `value`, without its leading field name. A cloud
+    gpuctl does not support is no complaint here unless `unsupported_too`: an
+    any_of/ordered alternative naming one is skipped, so the task decides."""
     try:
         parse_infra(value, field=field)
+    except UnsupportedInfra as err:
+        return err.message.removeprefix(f"{field} ") if unsupported_too else None
     except UserError as err:
         return err.message.removeprefix(f"{field} ")
     return None
@@ -310,6 +373,75 @@ def _image_for_region(images: dict[Any, Any], region: str | None) -> Any:
     return images[region]
 
 
+def _bucket_url(url: str, at: str) -> tuple[str, str]:
+    """s3://bucket/prefix -> (bucket, prefix); other stores are named as unsupported."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    if scheme != "s3":
+        store = _STORE_NAMES.get(scheme, f"{scheme}://")
+        raise _bad(f"{store} sources are not supported by gpuctl; use an s3:// bucket or a local path", at)
+    bucket, _, prefix = rest.partition("/")
+    _check_bucket_name(bucket, at)
+    return bucket, prefix.strip("/")
+
+
+def _check_bucket_name(bucket: str, at: str) -> None:
+    if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+        raise _bad(f"{_show(bucket)} is not an S3 bucket name (3-63 lowercase letters, digits, '.' and '-')", at)
+
+
+def _bucket_mount(dest: str, value: Any, variables: Mapping[str, str], at: str) -> BucketMount:
+    """One bucket file_mount: `s3://bucket/prefix` (copied) or SkyPilot's storage object
+    `{source, name, mode, store, persistent}`; `name` alone is a bucket to create."""
+    if isinstance(value, str):
+        bucket, prefix = _bucket_url(_expand(value, variables), at)
+        return BucketMount(dest=dest, bucket=bucket, prefix=prefix, mode="COPY")
+    unknown = sorted(set(map(str, value)) - _STORAGE_KEYS)
+    if unknown:
+        raise _bad(f"unknown storage field '{unknown[0]}'; use source, name, mode, store or persistent", at)
+    store = str(value.get("store") or "s3").lower()
+    if store != "s3":
+        raise _bad(f"store: {store} is not supported by gpuctl; use store: s3 (or leave it out)", at)
+    mode_value = value.get("mode") or "MOUNT"
+    mode = str(mode_value).upper()
+    if mode not in BUCKET_MODES:
+        raise _bad(f"mode {_show(mode_value)} is not a storage mode; use {', '.join(BUCKET_MODES)}", at)
+    source, name = value.get("source"), value.get("name")
+    if isinstance(name, str):
+        name = _expand(name, variables)
+    if source is None:
+        if not isinstance(name, str) or not name:
+            raise _bad("a storage mount needs source: s3://BUCKET/PATH or name: BUCKET (a bucket to create)", at)
+        _check_bucket_name(name, at)
+        return BucketMount(dest=dest, bucket=name, mode=mode, create=True)
+    if isinstance(source, list):
+        raise _bad("a list of sources uploads local files to a bucket, which gpuctl does not support; "
+                   "use one s3:// source, or local paths as plain file_mounts", at)
+    if not isinstance(source, str):
+        raise _bad(f"source: expected s3://BUCKET/PATH, got {_kind(source)}", at)
+    source = _expand(source, variables)
+    if "://" not in source:
+        raise _bad("source: a local path with a bucket (uploading it to the bucket) is not supported by gpuctl; "
+                   "write the local path as a plain file_mount, or give an s3:// source", at)
+    bucket, prefix = _bucket_url(source, at)
+    if name and name != bucket:
+        raise _bad(f"name '{name}' and source's bucket '{bucket}' differ; give one of them", at)
+    return BucketMount(dest=dest, bucket=bucket, prefix=prefix, mode=mode)
+
+
+def _aliased(data: Any, aliases: Mapping[str, str]) -> Any:
+    """SkyPilot's other spellings of a field, under the field's own name."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for alias, name in aliases.items():
+        if alias in out:
+            if name in out:
+                raise _bad(f"give either {alias} or {name} ({alias} is another name for it), not both", alias)
+            out[name] = out.pop(alias)
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Models
 
@@ -349,7 +481,7 @@ class Resources(_Model):
         "_is_image_managed", "_requires_fuse", "_cluster_config_overrides",
     })
     UNSUPPORTED_FIELDS: ClassVar[dict[str, str]] = {
-        "volumes": "volumes are not supported yet; use file_mounts from a local path",
+        "volumes": "volumes are not supported by gpuctl; use file_mounts (a local path or an s3:// bucket)",
     }
 
     infra: str | None = None
@@ -374,7 +506,7 @@ class Resources(_Model):
     @model_validator(mode="before")
     @classmethod
     def _prepare(cls, data: Any, info: ValidationInfo) -> Any:
-        data = cls._set_aside(data, info)
+        data = cls._set_aside(_aliased(data, _RESOURCE_ALIASES), info)
         if isinstance(data, dict) and isinstance(data.get("image_id"), dict):
             data = {**data, "image_id": _image_for_region(data["image_id"], _region_of(data))}
         return data
@@ -408,6 +540,17 @@ class Resources(_Model):
     @classmethod
     def _check_network_tier(cls, value: Any) -> str | None:
         return _network_tier(value)
+
+    @field_validator("image_id", mode="before")
+    @classmethod
+    def _check_image_id(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith(DOCKER_PREFIX):
+            image = value[len(DOCKER_PREFIX):].strip()
+            if not _IMAGE_RE.fullmatch(image):
+                raise _bad(f"{_show(value)} is not a container image; write docker:IMAGE such as "
+                           "docker:nvcr.io/nvidia/pytorch:24.10-py3")
+            return DOCKER_PREFIX + image
+        return value
 
     @field_validator("ports", mode="before")
     @classmethod
@@ -453,6 +596,31 @@ class Resources(_Model):
             return parse_infra(self.infra)
         return infra_from_legacy(self.cloud, self.region, self.zone)
 
+    def describe(self) -> str:
+        """A few words for what these resources ask for, as written: `aws/us-east-1, H100:8`."""
+        where = self.infra or "/".join(x for x in (self.cloud, self.region, self.zone) if x) or "local"
+        accel = ", ".join(f"{k}:{_number_text(v)}" for k, v in (self.accelerators or {}).items())
+        return ", ".join(x for x in (where, self.instance_type, accel) if x)
+
+    def provision_problem(self) -> tuple[str, str] | None:
+        """(field, why) when gpuctl cannot provision these resources: a cloud it does not
+        support, or on AWS no instance type for the accelerators / cpus / memory asked for."""
+        fields = [("infra", self.infra)] if self.infra else [("cloud", self.cloud)] if self.cloud else []
+        for field, value in fields:
+            if problem := _infra_problem(value, field, unsupported_too=True):
+                return field, problem
+        if self.infra_spec().cloud != "aws" or self.instance_type:
+            return None
+        try:
+            if self.accelerators:
+                catalog.default_instance_type(*catalog.first_available(self.accelerators))
+            else:
+                catalog.default_cpu_instance_type(self.cpus, self.memory)
+        except UserError as err:
+            field = "accelerators" if self.accelerators else "cpus" if self.cpus else "memory"
+            return field, err.message.removeprefix("resources.accelerators ").removeprefix("resources: ")
+        return None
+
     def accelerator_pair(self) -> tuple[str | None, float]:
         """("A100", 8.0) for the accelerator that is provisioned; (None, 0.0) if none."""
         if not self.accelerators:
@@ -482,10 +650,10 @@ class Task(_Model):
 
     IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset({
         "service", "pool", "event_callback", "inputs", "outputs", "file_mounts_mapping", "volume_mounts",
-        "api_server_access", "_metadata",
+        "api_server_access", "_metadata", "experimental",
     })
     UNSUPPORTED_FIELDS: ClassVar[dict[str, str]] = {
-        "volumes": "volumes are not supported yet; use file_mounts from a local path",
+        "volumes": "volumes are not supported by gpuctl; use file_mounts (a local path or an s3:// bucket)",
         "managed_secrets": _MANAGED_SECRETS,
     }
 
@@ -497,15 +665,31 @@ class Task(_Model):
     num_nodes: int = 1
     resources: Resources = Field(default_factory=Resources)
     file_mounts: dict[str, _LocalPath] = Field(default_factory=dict)  # remote dest -> absolute local source
+    # file_mounts whose source is a cloud bucket, by destination (in YAML they are file_mounts too)
+    bucket_mounts: dict[str, BucketMount] = Field(default_factory=dict)
     setup: str | None = None
     run: str | None = None
     config: dict[str, Any] | None = None
     ignored: dict[str, Any] = Field(default_factory=dict)
+    _choice_note: str | None = PrivateAttr(default=None)
+    _warnings: list[str] = PrivateAttr(default_factory=list)
+    _where: Callable[..., str] | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
     def _prepare(cls, data: Any, info: ValidationInfo) -> Any:
-        return cls._set_aside(data, info)
+        data = cls._set_aside(data, info)
+        if isinstance(data, dict) and isinstance(data.get("file_mounts"), dict):
+            if "bucket_mounts" in data and (info.context or {}).get("from_yaml"):
+                raise _bad("unknown field", "bucket_mounts")
+            local, buckets = {}, dict(data.get("bucket_mounts") or {})
+            for dest, src in data["file_mounts"].items():
+                if isinstance(src, dict) or (isinstance(src, str) and "://" in src):
+                    buckets[dest] = src
+                else:
+                    local[dest] = src
+            data = {**data, "file_mounts": local, "bucket_mounts": buckets}
+        return data
 
     @field_validator("envs", mode="before")
     @classmethod
@@ -530,9 +714,8 @@ class Task(_Model):
             raise _bad("a git workdir (url/ref) is not supported yet; clone the repository in setup")
         if not isinstance(value, (str, Path)):
             raise _bad(f"expected a directory path, got {_kind(value)}")
-        path = _local_path(_expand(str(value), cls._substitutions(info)), info)
-        if not path.is_dir():
-            raise _bad(f"must be a valid directory; {path} is not one")
+        text = _expand(str(value), cls._substitutions(info))
+        path = _local_path(text, info, Path.is_dir, f"must be a valid directory; '{text}' is not one here")
         return str(path)  # a str, which the field turns into a Path in both Python and JSON mode
 
     @field_validator("num_nodes", mode="before")
@@ -575,10 +758,24 @@ class Task(_Model):
             if not remote.startswith(("/", "~")):
                 raise _bad(f"File mount destination must be an absolute path (start with \"/\" or \"~\"), "
                            f"not '{remote}'", key)
-            path = _local_path(source, info)
-            if not path.exists():
-                raise _bad(f"File mount source {path} does not exist locally", key)
+            path = _local_path(source, info, Path.exists, f"File mount source '{source}' does not exist locally", key)
             out[remote] = str(path)
+        return out
+
+    @field_validator("bucket_mounts", mode="before")
+    @classmethod
+    def _check_bucket_mounts(cls, value: Any, info: ValidationInfo) -> dict[str, BucketMount]:
+        variables = cls._substitutions(info)
+        out: dict[str, BucketMount] = {}
+        for dest, src in (value or {}).items():
+            if isinstance(src, BucketMount):  # a dumped task validated again
+                out[str(dest)] = src
+                continue
+            remote = _expand(str(dest), variables)
+            if not remote.startswith(("/", "~")):
+                raise _bad(f"File mount destination must be an absolute path (start with \"/\" or \"~\"), "
+                           f"not '{remote}'", dest)
+            out[remote] = _bucket_mount(remote, src, variables, str(dest))
         return out
 
     @field_validator("setup", "run", mode="before")
@@ -591,10 +788,54 @@ class Task(_Model):
 
     @model_validator(mode="after")
     def _choose_resources(self) -> Task:
-        choices = self.resources.any_of or self.resources.ordered
-        if choices:
-            self.resources = self.resources.with_choice(choices[0])
-        return self
+        """Of any_of/ordered alternatives, the first gpuctl can provision (SkyPilot would
+        shop across clouds; gpuctl takes the first that it supports and can resolve)."""
+        group = "any_of" if self.resources.any_of else "ordered" if self.resources.ordered else None
+        if group is None:
+            if problem := self.resources.provision_problem():
+                raise _bad(problem[1], "resources", problem[0])
+            return self
+        skipped: list[str] = []
+        choices = getattr(self.resources, group)
+        for index, choice in enumerate(choices):
+            merged = self.resources.with_choice(choice)
+            problem = merged.provision_problem()
+            if problem is None:
+                self.resources = merged
+                if len(choices) > 1:
+                    self._choice_note = (f"resources.{group}: using alternative {index + 1} of {len(choices)} "
+                                         f"({merged.describe()})" + (f"; skipped {'; '.join(skipped)}" if skipped
+                                                                     else ""))
+                return self
+            skipped.append(f"{index + 1} ({problem[1].replace('; ' + WHAT_IS_SUPPORTED, '')})")
+        raise _bad(f"none of the {len(choices)} alternatives can be provisioned by gpuctl: {'; '.join(skipped)}; "
+                   f"{WHAT_IS_SUPPORTED}", "resources", group)
+
+    def __eq__(self, other: object) -> bool:
+        """What the task says; where it was read from (warnings, lines) is no part of it."""
+        return isinstance(other, Task) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def container_image(self) -> str | None:
+        """IMAGE for `image_id: docker:IMAGE` (setup and run go inside it), else None."""
+        image = self.resources.image_id
+        return image.removeprefix(DOCKER_PREFIX) if image and image.startswith(DOCKER_PREFIX) else None
+
+    @property
+    def warnings(self) -> list[str]:
+        """`FILE:LINE: FIELD: ...` for every field read and not acted on (validate and apply print them)."""
+        return list(self._warnings)
+
+    def where(self, *key: str) -> str:
+        """`FILE:LINE` of a field (its nearest written parent), for messages about it."""
+        return self._where(*key) if self._where else "task"
+
+    @property
+    def choice_note(self) -> str | None:
+        """Which any_of/ordered alternative was taken and why others were not."""
+        return self._choice_note
 
 
 # ---------------------------------------------------------------------------
@@ -666,7 +907,8 @@ def _compose(text: str, source: str) -> tuple[Any, dict[_Path, int], dict[_Path,
         mark = err.problem_mark or err.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         if isinstance(err, yaml.composer.ComposerError) and "single document" in str(err.context):
-            raise UserError(f"{where}: more than one YAML document (---); gpuctl runs one task per file") from None
+            raise UserError(f"{where}: more than one YAML document (---), as in a SkyPilot pipeline; pipelines are "
+                            "not supported by gpuctl; split the file into one task per file") from None
         hint = "; indent with spaces, not tabs" if "\\t" in str(err.problem) else ""
         raise UserError(f"{where}: YAML syntax error: {err.problem or err.context}{hint}") from None
     except yaml.YAMLError as err:
@@ -722,6 +964,9 @@ def _one_line(err: pydantic.ValidationError, source: str, lines: Mapping[_Path, 
     problems = []
     for error in err.errors(include_url=False):
         loc = tuple(str(p) for p in error["loc"]) + tuple((error.get("ctx") or {}).get("at", ()))
+        if loc[:1] == ("bucket_mounts",):  # written under file_mounts
+            loc = ("file_mounts",) + loc[1:]
+        loc = _as_written(lines, loc)
         line = next(lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines)
         problems.append((line, loc, _message(error, loc)))
     problems.sort(key=lambda p: p[0])
@@ -761,6 +1006,7 @@ def load_task(
     *,
     env_overrides: Mapping[str, str] | None = None,
     secret_overrides: Mapping[str, str] | None = None,
+    require_values: bool = True,
 ) -> Task:
     """Read and validate a SkyPilot-format task YAML.
 
@@ -770,6 +1016,9 @@ def load_task(
     `secrets` before validation, so they fill `null` values and are checked
     the same way. Any problem raises `UserError` with one line
     `FILE:LINE: FIELD: MESSAGE` (`FILE:LINE:COLUMN: ...` for YAML syntax).
+    With `require_values=False` (validate) an env or secret still without a
+    value is no error: it is listed in `Task.warnings` as needed at apply.
+    Fields read but not acted on are listed there too, one line each.
     """
     source = str(path)
     file = Path(path).expanduser()
@@ -789,9 +1038,55 @@ def load_task(
 
     _merge_overrides(data, "envs", env_overrides, "--env")
     _merge_overrides(data, "secrets", secret_overrides, "--secret")
+    unset: list[str] = []
+    if not require_values:
+        for section in ("envs", "secrets"):
+            if isinstance(data.get(section), dict):
+                unset += [f"{section}.{k}" for k, v in data[section].items() if v is None]
+                data[section] = {k: "" if v is None else v for k, v in data[section].items()}
     try:
-        return Task.model_validate(data, context={"base_dir": file.absolute().parent, "from_yaml": True})
+        task = Task.model_validate(data, context={"base_dir": file.absolute().parent, "cwd": Path.cwd(),
+                                                  "from_yaml": True})
     except pydantic.ValidationError as err:
         raise UserError(_redact(_one_line(err, source, lines), secret_values)) from None
+    task._where = lambda *key: f"{source}:{_line_of(lines, _as_written(lines, key))}"
+    task._warnings = _warnings(task, unset, task._where)
+    return task
+
+
+def _as_written(lines: Mapping[_Path, int], key: tuple[str, ...]) -> tuple[str, ...]:
+    """`key` with each part spelled as the file spells it (an alias such as gpus, spot_recovery)."""
+    out: tuple[str, ...] = ()
+    for part in key:
+        if out + (part,) not in lines:
+            aliases = [a for a, name in _RESOURCE_ALIASES.items() if name == part and out + (a,) in lines]
+            part = aliases[0] if aliases else part
+        out += (part,)
+    return out
+
+
+def _line_of(lines: Mapping[_Path, int], key: tuple[str, ...]) -> int:
+    return next(lines[key[:n]] for n in range(len(key), -1, -1) if key[:n] in lines)
+
+
+def _warnings(task: Task, unset: Iterable[str], where: Callable[..., str]) -> list[str]:
+    """One line per field gpuctl reads and does not act on, and per value still to give."""
+    out = []
+    for name in unset:
+        section, key = name.split(".", 1)
+        flag = "--env" if section == "envs" else "--secret"
+        out.append(f"{where(section, key)}: {name}: no value yet; pass {flag} {key}=VALUE at apply")
+    ignored = [((k,), k) for k in task.ignored if not k.startswith("_")]
+    ignored += [(("resources", k), k) for k in task.resources.ignored if not k.startswith("_")]
+    ignored += [(("resources", k), k) for k in _KEPT_UNUSED if getattr(task.resources, k)]
+    for key in (task.config or {}):
+        if key != "aws":
+            ignored.append((("config", str(key)), "config"))
+    for key in ((task.config or {}).get("aws") or {}) if isinstance((task.config or {}).get("aws"), dict) else ():
+        if key not in _CONFIG_ACTED_ON:
+            ignored.append((("config", "aws", str(key)), "config"))
+    for key, field in ignored:
+        out.append(f"{where(*key)}: {'.'.join(key)}: ignored; {_IGNORED_WHY.get(field, 'gpuctl does not act on it')}")
+    return out
 
 

@@ -34,11 +34,12 @@ def test_parse_infra(text: str, expected: Infra) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("gcp", "resources.infra 'gcp': unknown infra 'gcp'; use one of local, ssh, aws"),
+        ("gcp", "resources.infra 'gcp': not supported by gpuctl; gpuctl provisions on aws, local"),
+        ("mars", "resources.infra 'mars': unknown infra 'mars'; use one of local, ssh, aws"),
         ("", "unknown infra ''"),
         ("*", "unknown infra '*'"),
-        ("k8s", "Kubernetes is not supported"),
-        ("kubernetes/my-ctx", "Kubernetes is not supported"),
+        ("k8s", "Kubernetes is not supported by gpuctl"),
+        ("kubernetes/my-ctx", "Kubernetes is not supported by gpuctl"),
         ("local/us-east-1", "'local' takes no region; write infra: local"),
         ("aws/useast1", "'useast1' is not an AWS region name such as us-east-1"),
         ("aws/US-EAST-1", "is not an AWS region name"),
@@ -78,7 +79,7 @@ def test_infra_from_legacy(cloud: str | None, region: str | None, zone: str | No
     [
         (None, "us-east-1", None, "resources.region/zone need resources.cloud"),
         (None, None, "us-east-1a", "resources.region/zone need resources.cloud"),
-        ("gcp", "us-central1", None, "resources.cloud 'gcp/us-central1': unknown infra 'gcp'"),
+        ("gcp", "us-central1", None, "resources.cloud 'gcp/us-central1': gcp is not supported by gpuctl"),
         ("aws", "mars-1", None, "'mars-1' is not an AWS region name"),
         ("aws", "us-east-1", "us-west-2a", "is not a zone of us-east-1"),
     ],

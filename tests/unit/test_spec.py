@@ -43,8 +43,8 @@ def test_minimal_task_runs_locally() -> None:
     assert task.resources.accelerator_pair() == (None, 0.0)
 
 
-def test_distributed_torchrun_example(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.chdir(tmp_path)  # `workdir: .` is the YAML's directory, not the current one
+def test_distributed_torchrun_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(SPECS)
     task = load_task(SPECS / "distributed.yaml")
     assert task.name == "minGPT-ddp"
     assert task.num_nodes == 2
@@ -83,7 +83,8 @@ def test_accelerator_mapping_any_of_ports_and_numeric_envs() -> None:
     assert task.secrets == {"HF_TOKEN": "hf_abc"}
 
 
-def test_skypilot_extras_are_kept_or_ignored_not_refused() -> None:
+def test_skypilot_extras_are_kept_or_ignored_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(SPECS)
     task = load_task(SPECS / "skypilot_extras.yaml")
     res = task.resources
     assert res.instance_type == "g6.xlarge"  # first of `ordered`
@@ -241,7 +242,10 @@ ERRORS = [
     ("unknown-field", "name: x\nnodes: 2\n", 2, "nodes", "unknown field; did you mean 'num_nodes'?"),
     ("unknown-in-resources", "resources:\n  infra: aws\n  accelerator: A100:8\n", 3,
      "resources.accelerator", "did you mean 'accelerators'?"),
-    ("gpus-synonym", "resources:\n  gpus: 8\n", 2, "resources.gpus", "did you mean 'accelerators'?"),
+    ("gpus-alias-checked-as-accelerators", "resources:\n  gpus: 8\n", 2, "resources.gpus", "expected NAME:COUNT"),
+    ("gpus-and-accelerators", "resources:\n  gpus: A100:8\n  accelerators: A100:8\n", 2, "resources.gpus",
+     "give either gpus or accelerators"),
+    ("gpu-synonym", "resources:\n  gpu: 8\n", 2, "resources.gpu", "did you mean 'accelerators'?"),
     ("resources-field-at-top", "accelerators: A100:8\n", 1, "accelerators", "did you mean 'resources.accelerators'?"),
     ("top-field-in-resources", "resources:\n  num_nodes: 2\n", 2, "resources.num_nodes",
      "did you mean the top-level 'num_nodes'?"),
@@ -271,10 +275,19 @@ ERRORS = [
      "does not exist locally"),
     ("mount-relative-destination", "file_mounts:\n  /ok: .\n  data: .\n", 3, "file_mounts.data",
      "must be an absolute path (start with \"/\" or \"~\")"),
-    ("mount-s3", "file_mounts:\n  /data: s3://bucket/path\n", 2, "file_mounts./data", "s3:// sources are not supported yet"),
-    ("mount-gs", "file_mounts:\n  /data: gs://bucket\n", 2, "file_mounts./data", "gs:// sources are not supported yet"),
-    ("mount-bucket", "file_mounts:\n  /data:\n    name: bkt\n    mode: MOUNT\n", 2, "file_mounts./data",
-     "cloud storage mounts (name/source/store/mode) are not supported yet"),
+    ("mount-s3-bad-bucket", "file_mounts:\n  /data: s3://Bad_Bucket/path\n", 2, "file_mounts./data",
+     "'Bad_Bucket' is not an S3 bucket name"),
+    ("mount-gs", "file_mounts:\n  /data: gs://bucket\n", 2, "file_mounts./data",
+     "gcs (gs://) sources are not supported by gpuctl; use an s3:// bucket"),
+    ("mount-store-gcs", "file_mounts:\n  /data:\n    name: bkt\n    store: gcs\n", 2, "file_mounts./data",
+     "store: gcs is not supported by gpuctl"),
+    ("mount-bad-mode", "file_mounts:\n  /data:\n    source: s3://bkt\n    mode: STREAM\n", 2, "file_mounts./data",
+     "'STREAM' is not a storage mode; use COPY, MOUNT, MOUNT_CACHED"),
+    ("mount-upload", "file_mounts:\n  /data:\n    name: bkt\n    source: .\n", 2, "file_mounts./data",
+     "a local path with a bucket (uploading it to the bucket) is not supported by gpuctl"),
+    ("mount-nothing", "file_mounts:\n  /data:\n    mode: COPY\n", 2, "file_mounts./data",
+     "needs source: s3://BUCKET/PATH or name: BUCKET"),
+    ("mount-relative-dest", "file_mounts:\n  data: s3://bkt\n", 2, "file_mounts.data", "must be an absolute path"),
     ("env-key-digit", "envs:\n  OK: 1\n  1BAD: x\n", 3, "envs.1BAD", "'1BAD' is not a valid variable name"),
     ("env-key-dash", "envs:\n  MY-VAR: x\n", 2, "envs.MY-VAR", "not a valid variable name"),
     ("env-null", "envs:\n  DATA_DIR:\n", 2, "envs.DATA_DIR", "no value; set one in envs or pass --env DATA_DIR=VALUE"),
@@ -286,8 +299,15 @@ ERRORS = [
      "'fastest' is not a network tier; use standard or best"),
     ("infra-bad-region", "resources:\n  infra: aws/moon-1\n", 2, "resources.infra",
      "'moon-1' is not an AWS region name"),
-    ("infra-unknown-cloud", "resources:\n  infra: gcp/us-central1\n", 2, "resources.infra", "unknown infra 'gcp'"),
-    ("infra-kubernetes", "resources:\n  infra: k8s/my-context\n", 2, "resources.infra", "Kubernetes is not supported"),
+    ("infra-other-cloud", "resources:\n  infra: gcp/us-central1\n", 2, "resources.infra",
+     "gcp is not supported by gpuctl; gpuctl provisions on aws, local"),
+    ("infra-unknown-cloud", "resources:\n  infra: mars/x\n", 2, "resources.infra", "unknown infra 'mars'"),
+    ("infra-kubernetes", "resources:\n  infra: k8s/my-context\n", 2, "resources.infra",
+     "Kubernetes is not supported by gpuctl"),
+    ("aws-unknown-accelerator", "resources:\n  infra: aws\n  accelerators: H800:8\n", 3, "resources.accelerators",
+     "no AWS instance type known for it"),
+    ("aws-cpus-no-type", "resources:\n  infra: aws\n  cpus: 3\n", 3, "resources.cpus",
+     "no AWS c6i/m6i/r6i instance type has cpus 3"),
     ("infra-wrong-zone", "resources:\n  infra: aws/us-east-1/us-west-2a\n", 2, "resources.infra",
      "is not a zone of us-east-1"),
     ("infra-and-cloud", "resources:\n  infra: aws\n  cloud: aws\n", 3, "resources.cloud",
@@ -295,8 +315,10 @@ ERRORS = [
     ("legacy-bad-region", "resources:\n  cloud: aws\n  region: mars-1\n", 3, "resources.region",
      "'mars-1' is not an AWS region name"),
     ("legacy-region-without-cloud", "resources:\n  region: us-east-1\n", 2, "resources.region", "needs cloud"),
-    ("alternative-bad-infra", "resources:\n  any_of:\n    - infra: aws\n    - infra: gcp\n", 4,
-     "resources.any_of.1.infra", "unknown infra 'gcp'"),
+    ("alternative-bad-infra", "resources:\n  any_of:\n    - infra: aws\n    - infra: mars\n", 4,
+     "resources.any_of.1.infra", "unknown infra 'mars'"),
+    ("no-alternative-gpuctl-can-provision", "resources:\n  any_of:\n    - infra: gcp\n    - infra: azure\n", 2,
+     "resources.any_of", "none of the 2 alternatives can be provisioned by gpuctl: 1 ('gcp': not supported"),
     ("any-of-and-ordered", "resources:\n  any_of: [{infra: aws}]\n  ordered: [{infra: aws}]\n", 3,
      "resources.ordered", "not both"),
     ("disk-zero", "resources:\n  disk_size: 0\n", 2, "resources.disk_size", "0 is not a positive whole number of GB"),
@@ -312,7 +334,7 @@ ERRORS = [
      "a per-region image_id needs a region"),
     ("name-number", "name: 5\n", 1, "name", "expected a string, got 5"),
     ("resources-list", "resources:\n  - infra: aws\n", 1, "resources", "expected a mapping"),
-    ("volumes", "run: x\nvolumes:\n  /v: vol\n", 2, "volumes", "not supported yet"),
+    ("volumes", "run: x\nvolumes:\n  /v: vol\n", 2, "volumes", "volumes are not supported by gpuctl"),
     ("managed-secrets", "managed_secrets: [HF]\n", 1, "managed_secrets", "need SkyPilot's API server"),
     ("ignored-is-not-a-yaml-field", "run: x\nignored: {}\n", 2, "ignored", "unknown field"),
 ]

@@ -87,6 +87,11 @@ class Allocation:
 # -- decisions ---------------------------------------------------------------
 
 
+def local_gpus_present() -> bool:
+    """Whether the local nodes (processes on this machine) can see an NVIDIA GPU."""
+    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
+
+
 def detect_mode() -> str:
     """netns when running as root with iproute2 and util-linux, else loopback."""
     forced = os.environ.get(MODE_ENV, "").strip()

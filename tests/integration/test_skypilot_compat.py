@@ -1,0 +1,146 @@
+"""SkyPilot task YAMLs through the real `gpuctl validate` (offline: nothing is
+provisioned or contacted), one test per compatibility rule of issue 9:
+bucket mounts, docker images, any_of/ordered, aliases, relative paths,
+validate = apply's offline checks, no silent drops, other clouds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def validate(yaml_text: str, tmp: Path, *args: str, cwd: Path | None = None, name: str = "task.yaml"
+             ) -> subprocess.CompletedProcess:
+    path = tmp / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml_text)
+    env = {**os.environ, "GPUCTL_STATE_DIR": str(tmp / "state")}
+    return subprocess.run([sys.executable, "-m", "gpuctl", "validate", *args, str(path)], cwd=cwd or tmp,
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    return proc.stdout.strip()
+
+
+def refused(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_bucket_file_mounts_url_and_storage_object(tmp_path: Path) -> None:
+    out = ok(validate("""
+file_mounts:
+  /data: s3://my-datasets/imagenet/train
+  /checkpoints:
+    name: my-ckpt-bucket
+    mode: MOUNT_CACHED
+  /models:
+    source: s3://my-models
+    mode: mount
+run: ls /data
+""", tmp_path))
+    assert "3 bucket mount(s)" in out
+    refused(validate("file_mounts:\n  /data: gs://bucket/x\n", tmp_path), "task.yaml:2", "file_mounts./data",
+            "gcs (gs://) sources are not supported by gpuctl")
+
+
+def test_docker_image_id_runs_in_a_container_not_as_an_ami(tmp_path: Path) -> None:
+    out = ok(validate("resources:\n  infra: aws\n  accelerators: H100:8\n  image_id: docker:nvcr.io/nvidia/pytorch:24.10-py3\n",
+                      tmp_path))
+    assert "p5.48xlarge" in out and "in container nvcr.io/nvidia/pytorch:24.10-py3" in out
+    refused(validate("resources:\n  image_id: 'docker:'\n", tmp_path), "resources.image_id", "is not a container image")
+
+
+def test_any_of_takes_the_first_alternative_gpuctl_can_provision(tmp_path: Path) -> None:
+    proc = validate("""
+resources:
+  any_of:
+    - infra: gcp
+      accelerators: A100:8
+    - infra: aws
+      accelerators: H100:8
+""", tmp_path)
+    assert "aws, p5.48xlarge, H100:8" in ok(proc)
+    assert "note: resources.any_of: using alternative 2 of 2 (aws, H100:8); skipped 1 ('gcp': not supported by gpuctl)" \
+        in proc.stderr
+    # accelerators as a set of choices: the first AWS sells
+    assert "p4d.24xlarge, A100:8" in ok(validate("resources:\n  infra: aws\n  accelerators: '{H800:8, A100:8, H100:8}'\n",
+                                                 tmp_path))
+
+
+def test_aliases_gpus_and_spot_recovery(tmp_path: Path) -> None:
+    proc = validate("resources:\n  infra: aws\n  gpus: L4:1\n  use_spot: true\n  spot_recovery: FAILOVER\n", tmp_path)
+    assert "g6.xlarge, L4:1" in ok(proc)
+    assert "task.yaml:5: resources.job_recovery: ignored; gpuctl does not restart" in proc.stderr
+
+
+def test_relative_paths_resolve_from_the_current_directory_then_the_yaml_directory(tmp_path: Path) -> None:
+    here, there = tmp_path / "here", tmp_path / "specs"
+    (here / "code").mkdir(parents=True)
+    (there / "data").mkdir(parents=True)
+    text = "workdir: code\nfile_mounts:\n  /remote/data: data\n"
+    assert ok(validate(text, tmp_path, cwd=here, name="specs/task.yaml"))  # code from cwd, data from the YAML's dir
+    line = refused(validate("workdir: nowhere\n", tmp_path, cwd=here, name="specs/task.yaml"), "workdir")
+    assert f"neither {here / 'nowhere'} nor {there / 'nowhere'} exists" in line
+
+
+def test_validate_checks_what_apply_checks_offline(tmp_path: Path) -> None:
+    proc = validate("envs:\n  HF_TOKEN: null\nsecrets:\n  WANDB_KEY:\nrun: x\n", tmp_path)
+    ok(proc)
+    assert "task.yaml:2: envs.HF_TOKEN: no value yet; pass --env HF_TOKEN=VALUE at apply" in proc.stderr
+    assert "task.yaml:4: secrets.WANDB_KEY: no value yet; pass --secret WANDB_KEY=VALUE at apply" in proc.stderr
+    proc = validate("envs:\n  HF_TOKEN: null\nrun: x\n", tmp_path, "--env", "HF_TOKEN=abc", "--secret", "S=t0p")
+    assert ok(proc) and "no value yet" not in proc.stderr
+    refused(validate("run: x\n", tmp_path, "--env", "1BAD=x"), "--env 1BAD")
+    for accel, itype in (("V100:1", "p3.2xlarge"), ("T4:1", "g4dn.xlarge"), ("B300:8", "p6-b300.48xlarge"),
+                         ("A100-80GB:8", "p4de.24xlarge")):
+        assert itype in ok(validate(f"resources:\n  infra: aws\n  accelerators: {accel}\n", tmp_path))
+    assert "m6i.2xlarge" in ok(validate("resources:\n  infra: aws\nrun: x\n", tmp_path))
+    assert "r6i.2xlarge" in ok(validate("resources:\n  infra: aws\n  cpus: 2+\n  memory: 64\n", tmp_path))
+    refused(validate("resources:\n  infra: aws\n  accelerators: A100:2\n", tmp_path), "task.yaml:3",
+            "resources.accelerators", "valid counts: 8")
+
+
+def test_fields_not_acted_on_get_one_warning_each(tmp_path: Path) -> None:
+    proc = validate("""
+resources:
+  ports: 8080
+  labels: {team: ml}
+  autostop: 10
+service:
+  replicas: 2
+config:
+  kubernetes: {pod_config: {}}
+run: x
+""", tmp_path)
+    ok(proc)
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    for field in ("resources.ports", "resources.labels", "resources.autostop", "service", "config.kubernetes"):
+        assert sum(f": {field}: ignored" in w for w in warnings) == 1, (field, warnings)
+    local = validate("resources:\n  accelerators: A100:8\n  use_spot: true\n", tmp_path)
+    ok(local)
+    assert "resources.use_spot: ignored on infra local" in local.stderr
+    if not Path("/dev/nvidia0").exists():
+        assert "resources.accelerators: the local nodes have no GPU" in local.stderr
+
+
+def test_a_pipeline_is_named_as_such(tmp_path: Path) -> None:
+    refused(validate("name: pipeline\n---\nname: a\nrun: x\n---\nname: b\nrun: y\n", tmp_path),
+            "task.yaml:2", "pipelines are not supported by gpuctl; split the file")
+
+
+@pytest.mark.parametrize("where", ["infra: gcp", "infra: azure/eastus", "cloud: lambda", "infra: k8s/ctx"])
+def test_other_clouds_are_not_supported_by_gpuctl(tmp_path: Path, where: str) -> None:
+    refused(validate(f"resources:\n  {where}\n", tmp_path), "task.yaml:2", "not supported by gpuctl",
+            "gpuctl provisions on aws, local")
