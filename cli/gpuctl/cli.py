@@ -125,6 +125,8 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
         parts.append(f"{req.accelerator}:{req.gpus_per_node}")
     if task.container_image:
         parts.append(f"in container {task.container_image}")
+    if task.workdir_git:
+        parts.append(f"workdir from git {task.workdir_git.url}")
     if task.bucket_mounts:
         parts.append(f"{len(task.bucket_mounts)} bucket mount(s)")
     typer.echo(f"{file}: OK ({', '.join(parts)})")
@@ -180,8 +182,22 @@ def apply(
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provision.inventory_path(req.name)}")
         return
-    _run(JobRunner(inv, reporter=reporter, registry=registry), _job_spec(task, req),
-         run_setup=not no_setup, sync_file_mounts=True, detach=detach)
+    runner = JobRunner(inv, reporter=reporter, registry=registry)
+    if task.workdir_git is None:
+        _run(runner, _job_spec(task, req), run_setup=not no_setup, sync_file_mounts=True, detach=detach)
+        return
+    from contextlib import ExitStack
+    from dataclasses import replace
+
+    from gpuctl import gitworkdir
+
+    git = task.workdir_git
+    with ExitStack() as stack:  # the clone lives until the job's copy to the head is done
+        with reporter.stage(f"Cloning {gitworkdir.shown(git.url)}" + (f" at {git.ref}" if git.ref else "")):
+            clone = stack.enter_context(gitworkdir.checkout(git.url, git.ref, parent=state_root()))
+        spec = _job_spec(task, req)
+        spec = replace(spec, workdir=clone.path, envs={**clone.envs, **spec.envs})
+        _run(runner, spec, run_setup=not no_setup, sync_file_mounts=True, detach=detach)
 
 
 def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> None:

@@ -92,7 +92,8 @@ def request_from_task(
         memory=res.memory,
         use_spot=bool(res.use_spot),
         disk_size=res.disk_size,
-        image_id=None if task.container_image else res.image_id,  # docker:IMAGE runs on the default AMI
+        # docker:IMAGE runs on the default AMI; SkyPilot's own image tags are not AMIs
+        image_id=None if task.container_image or (res.image_id or "").startswith("skypilot:") else res.image_id,
         network_tier=res.network_tier or "standard",
         inventory_path=inventory_path,
     )

@@ -21,6 +21,8 @@ says what it will not do:
   object `{source, name, mode, store}`) become `Task.bucket_mounts`; only S3 is
   supported, other stores are named as unsupported.
 - `image_id: docker:IMAGE` is `Task.container_image`: setup and run go inside it.
+- A git `workdir: {url, ref}` is `Task.workdir_git`, cloned on the controller
+  at apply (gitworkdir.py) and synced like a local workdir.
 - `resources.any_of` / `ordered`: the first alternative gpuctl can provision
   (a cloud it supports; on AWS an instance type it can resolve) is merged over
   the shared fields (`Task.choice_note` says which). Of several
@@ -32,8 +34,7 @@ says what it will not do:
   `Resources.IGNORED_FIELDS` (kept verbatim in `.ignored`: `service`,
   `resources.autostop`, `resources.job_recovery`, ...).
 - Refused with a "not supported by gpuctl" line: other clouds and Kubernetes,
-  non-S3 buckets, uploading local files to a bucket, a git `workdir`
-  (url/ref), managed secrets (`secrets:NAME`, `managed_secrets`), `volumes`,
+  non-S3 buckets, uploading local files to a bucket, managed secrets (`secrets:NAME`, `managed_secrets`), `volumes`,
   and pipelines (several YAML documents in one file).
 - A key given twice in one mapping is an error (YAML would keep the last silently).
 
@@ -101,10 +102,15 @@ _IGNORED_WHY = {
     "accelerator_args": "gpuctl does not configure TPUs",
     "max_hourly_cost": "gpuctl does not shop by price",
     "event_callback": "gpuctl runs no callback",
+    "skypilot_image": "SkyPilot's own images are not available to gpuctl; AWS nodes boot the Deep Learning AMI "
+                      "(give an ami-... id to choose another)",
     "inputs": "gpuctl does not estimate data transfer",
     "outputs": "gpuctl does not estimate data transfer",
 }
 DOCKER_PREFIX = "docker:"
+_GIT_URL_RE = re.compile(r"^(?:(?:https?|ssh|git|file)://\S+|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s-]\S*)$")
+_GIT_REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+-]*$")
+SKYPILOT_IMAGE_PREFIX = "skypilot:"  # SkyPilot's own image tags (skypilot:gpu-ubuntu-2204)
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")  # registry/name:tag or @sha256:...
 _RESOURCE_ALIASES = {"gpus": "accelerators", "spot_recovery": "job_recovery"}
 _MANAGED_SECRETS = (
@@ -362,9 +368,27 @@ def _region_of(data: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _region_from_images(data: dict[str, Any]) -> dict[str, Any]:
+    """AWS without a region and a per-region image_id: the first region with an image
+    (SkyPilot would pick among them; gpuctl takes the first, and says so in validate's line)."""
+    if _region_of(data) is not None:
+        return data
+    first = str(next(iter(data["image_id"])))
+    infra, cloud = data.get("infra"), data.get("cloud")
+    if isinstance(infra, str) and infra.strip().lower() in ("aws", "aws/*"):
+        return {**data, "infra": f"aws/{first}"}
+    if isinstance(cloud, str) and cloud.strip().lower() == "aws" and not data.get("zone"):
+        return {**data, "region": first}
+    if infra is None and cloud is None:  # local nodes: the image is ignored anyway
+        return {**data, "image_id": {None: next(iter(data["image_id"].values()))}}
+    return data
+
+
 def _image_for_region(images: dict[Any, Any], region: str | None) -> Any:
     """SkyPilot's per-region `image_id: {us-east-1: ami-...}` -> the one image for our region."""
     choices = ", ".join(str(k) for k in images)
+    if None in images:
+        return images[None]
     if region is None:
         raise _bad(f"a per-region image_id needs a region; set infra: aws/REGION with one of {choices}",
                    "image_id")
@@ -390,28 +414,39 @@ def _check_bucket_name(bucket: str, at: str) -> None:
         raise _bad(f"{_show(bucket)} is not an S3 bucket name (3-63 lowercase letters, digits, '.' and '-')", at)
 
 
-def _bucket_mount(dest: str, value: Any, variables: Mapping[str, str], at: str) -> BucketMount:
+def _unset_in(text: Any, unset: Iterable[str]) -> bool:
+    """Whether `text` names a variable that has no value yet (validate only)."""
+    return isinstance(text, str) and any((m.group(1) or m.group(2)) in unset for m in _VAR_RE.finditer(text))
+
+
+def _bucket_mount(dest: str, value: Any, variables: Mapping[str, str], at: str,
+                  unset: Iterable[str] = ()) -> BucketMount:
     """One bucket file_mount: `s3://bucket/prefix` (copied) or SkyPilot's storage object
     `{source, name, mode, store, persistent}`; `name` alone is a bucket to create."""
     if isinstance(value, str):
+        if _unset_in(value, unset):
+            return BucketMount(dest=dest, bucket=value, mode="COPY")
         bucket, prefix = _bucket_url(_expand(value, variables), at)
         return BucketMount(dest=dest, bucket=bucket, prefix=prefix, mode="COPY")
     unknown = sorted(set(map(str, value)) - _STORAGE_KEYS)
     if unknown:
         raise _bad(f"unknown storage field '{unknown[0]}'; use source, name, mode, store or persistent", at)
-    store = str(value.get("store") or "s3").lower()
-    if store != "s3":
-        raise _bad(f"store: {store} is not supported by gpuctl; use store: s3 (or leave it out)", at)
-    mode_value = value.get("mode") or "MOUNT"
-    mode = str(mode_value).upper()
+    store_value = _expand(str(value.get("store") or "s3"), variables)
+    if store_value.lower() != "s3":
+        raise _bad(f"store: {store_value} is not supported by gpuctl; use store: s3 (or leave it out)", at)
+    mode_value = _expand(str(value.get("mode") or "MOUNT"), variables)
+    mode = mode_value.upper()
     if mode not in BUCKET_MODES:
         raise _bad(f"mode {_show(mode_value)} is not a storage mode; use {', '.join(BUCKET_MODES)}", at)
     source, name = value.get("source"), value.get("name")
+    if source is None and _unset_in(name, unset):  # validate: a name from a variable still to be given
+        return BucketMount(dest=dest, bucket=name, mode=mode, create=True)
     if isinstance(name, str):
         name = _expand(name, variables)
     if source is None:
         if not isinstance(name, str) or not name:
-            raise _bad("a storage mount needs source: s3://BUCKET/PATH or name: BUCKET (a bucket to create)", at)
+            raise _bad("a storage mount needs source: s3://BUCKET/PATH or name: BUCKET (a bucket to create); "
+                       "fill in the bucket name", at)
         _check_bucket_name(name, at)
         return BucketMount(dest=dest, bucket=name, mode=mode, create=True)
     if isinstance(source, list):
@@ -419,10 +454,12 @@ def _bucket_mount(dest: str, value: Any, variables: Mapping[str, str], at: str) 
                    "use one s3:// source, or local paths as plain file_mounts", at)
     if not isinstance(source, str):
         raise _bad(f"source: expected s3://BUCKET/PATH, got {_kind(source)}", at)
+    if _unset_in(source, unset):
+        return BucketMount(dest=dest, bucket=source, mode=mode)
     source = _expand(source, variables)
     if "://" not in source:
-        raise _bad("source: a local path with a bucket (uploading it to the bucket) is not supported by gpuctl; "
-                   "write the local path as a plain file_mount, or give an s3:// source", at)
+        raise _bad(f"source {_show(source)} with a bucket name: uploading a local path to a bucket is not supported "
+                   "by gpuctl; write the local path as a plain file_mount, or give an s3:// source", at)
     bucket, prefix = _bucket_url(source, at)
     if name and name != bucket:
         raise _bad(f"name '{name}' and source's bucket '{bucket}' differ; give one of them", at)
@@ -507,7 +544,8 @@ class Resources(_Model):
     @classmethod
     def _prepare(cls, data: Any, info: ValidationInfo) -> Any:
         data = cls._set_aside(_aliased(data, _RESOURCE_ALIASES), info)
-        if isinstance(data, dict) and isinstance(data.get("image_id"), dict):
+        if isinstance(data, dict) and isinstance(data.get("image_id"), dict) and data["image_id"]:
+            data = _region_from_images(data)
             data = {**data, "image_id": _image_for_region(data["image_id"], _region_of(data))}
         return data
 
@@ -645,6 +683,30 @@ class Resources(_Model):
         return self.model_copy(update=update)
 
 
+class GitWorkdir(_Model):
+    """`workdir: {url, ref}`: a repository cloned on the controller and synced as the workdir."""
+
+    url: str
+    ref: str | None = None
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _check_url(cls, value: Any) -> str:
+        if not isinstance(value, str) or not _GIT_URL_RE.fullmatch(value.strip()):
+            raise _bad(f"{_show(value)} is not a git URL (https://..., ssh://..., git@host:path or file://...)")
+        return value.strip()
+
+    @field_validator("ref", mode="before")
+    @classmethod
+    def _check_ref(cls, value: Any) -> str | None:
+        if value is None:
+            return None
+        text = _scalar_text(value) if isinstance(value, (str, int)) else None
+        if not text or not _GIT_REF_RE.fullmatch(text):
+            raise _bad(f"{_show(value)} is not a branch, tag or commit")
+        return text
+
+
 class Task(_Model):
     """One task YAML: what to provision (`resources`, `num_nodes`) and what to run."""
 
@@ -662,6 +724,7 @@ class Task(_Model):
     envs: dict[str, str] = Field(default_factory=dict)
     secrets: dict[str, str] = Field(default_factory=dict, repr=False)
     workdir: _LocalPath | None = None  # absolute
+    workdir_git: GitWorkdir | None = None  # `workdir: {url, ref}` (in YAML it is workdir too)
     num_nodes: int = 1
     resources: Resources = Field(default_factory=Resources)
     file_mounts: dict[str, _LocalPath] = Field(default_factory=dict)  # remote dest -> absolute local source
@@ -679,6 +742,10 @@ class Task(_Model):
     @classmethod
     def _prepare(cls, data: Any, info: ValidationInfo) -> Any:
         data = cls._set_aside(data, info)
+        if isinstance(data, dict) and "workdir_git" in data and (info.context or {}).get("from_yaml"):
+            raise _bad("unknown field", "workdir_git")
+        if isinstance(data, dict) and isinstance(data.get("workdir"), dict):
+            data = {**data, "workdir_git": data["workdir"], "workdir": None}
         if isinstance(data, dict) and isinstance(data.get("file_mounts"), dict):
             if "bucket_mounts" in data and (info.context or {}).get("from_yaml"):
                 raise _bad("unknown field", "bucket_mounts")
@@ -710,8 +777,6 @@ class Task(_Model):
     def _check_workdir(cls, value: Any, info: ValidationInfo) -> str | None:
         if value is None:
             return None
-        if isinstance(value, dict):
-            raise _bad("a git workdir (url/ref) is not supported yet; clone the repository in setup")
         if not isinstance(value, (str, Path)):
             raise _bad(f"expected a directory path, got {_kind(value)}")
         text = _expand(str(value), cls._substitutions(info))
@@ -775,7 +840,7 @@ class Task(_Model):
             if not remote.startswith(("/", "~")):
                 raise _bad(f"File mount destination must be an absolute path (start with \"/\" or \"~\"), "
                            f"not '{remote}'", dest)
-            out[remote] = _bucket_mount(remote, src, variables, str(dest))
+            out[remote] = _bucket_mount(remote, src, variables, str(dest), (info.context or {}).get("unset", ()))
         return out
 
     @field_validator("setup", "run", mode="before")
@@ -966,6 +1031,8 @@ def _one_line(err: pydantic.ValidationError, source: str, lines: Mapping[_Path, 
         loc = tuple(str(p) for p in error["loc"]) + tuple((error.get("ctx") or {}).get("at", ()))
         if loc[:1] == ("bucket_mounts",):  # written under file_mounts
             loc = ("file_mounts",) + loc[1:]
+        if loc[:1] == ("workdir_git",):  # written as workdir
+            loc = ("workdir",) + loc[1:]
         loc = _as_written(lines, loc)
         line = next(lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines)
         problems.append((line, loc, _message(error, loc)))
@@ -1046,7 +1113,7 @@ def load_task(
                 data[section] = {k: "" if v is None else v for k, v in data[section].items()}
     try:
         task = Task.model_validate(data, context={"base_dir": file.absolute().parent, "cwd": Path.cwd(),
-                                                  "from_yaml": True})
+                                                  "from_yaml": True, "unset": {u.split(".", 1)[1] for u in unset}})
     except pydantic.ValidationError as err:
         raise UserError(_redact(_one_line(err, source, lines), secret_values)) from None
     task._where = lambda *key: f"{source}:{_line_of(lines, _as_written(lines, key))}"
@@ -1079,6 +1146,8 @@ def _warnings(task: Task, unset: Iterable[str], where: Callable[..., str]) -> li
     ignored = [((k,), k) for k in task.ignored if not k.startswith("_")]
     ignored += [(("resources", k), k) for k in task.resources.ignored if not k.startswith("_")]
     ignored += [(("resources", k), k) for k in _KEPT_UNUSED if getattr(task.resources, k)]
+    if (task.resources.image_id or "").startswith(SKYPILOT_IMAGE_PREFIX):
+        ignored.append((("resources", "image_id"), "skypilot_image"))
     for key in (task.config or {}):
         if key != "aws":
             ignored.append((("config", str(key)), "config"))

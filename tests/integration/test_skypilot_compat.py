@@ -95,6 +95,12 @@ def test_relative_paths_resolve_from_the_current_directory_then_the_yaml_directo
     assert f"neither {here / 'nowhere'} nor {there / 'nowhere'} exists" in line
 
 
+def test_git_workdir_is_accepted_and_checked(tmp_path: Path) -> None:
+    out = ok(validate("workdir:\n  url: https://github.com/org/repo.git\n  ref: v1.2\nrun: x\n", tmp_path))
+    assert "workdir from git https://github.com/org/repo.git" in out
+    refused(validate("workdir:\n  url: --upload-pack=evil\n", tmp_path), "task.yaml:2", "workdir.url", "not a git URL")
+
+
 def test_validate_checks_what_apply_checks_offline(tmp_path: Path) -> None:
     proc = validate("envs:\n  HF_TOKEN: null\nsecrets:\n  WANDB_KEY:\nrun: x\n", tmp_path)
     ok(proc)

@@ -270,7 +270,6 @@ ERRORS = [
     ("accel-number", "resources:\n  accelerators: 8\n", 2, "resources.accelerators", "write NAME:COUNT"),
     ("workdir-missing", "workdir: ./nope\n", 1, "workdir", "must be a valid directory"),
     ("workdir-is-file", "workdir: cluster.yaml\n", 1, "workdir", "must be a valid directory"),
-    ("workdir-git", "workdir:\n  url: https://github.com/x/y\n", 1, "workdir", "not supported yet"),
     ("mount-source-missing", "run: x\nfile_mounts:\n  /data: ./missing\n", 3, "file_mounts./data",
      "does not exist locally"),
     ("mount-relative-destination", "file_mounts:\n  /ok: .\n  data: .\n", 3, "file_mounts.data",
@@ -284,9 +283,14 @@ ERRORS = [
     ("mount-bad-mode", "file_mounts:\n  /data:\n    source: s3://bkt\n    mode: STREAM\n", 2, "file_mounts./data",
      "'STREAM' is not a storage mode; use COPY, MOUNT, MOUNT_CACHED"),
     ("mount-upload", "file_mounts:\n  /data:\n    name: bkt\n    source: .\n", 2, "file_mounts./data",
-     "a local path with a bucket (uploading it to the bucket) is not supported by gpuctl"),
+     "uploading a local path to a bucket is not supported by gpuctl"),
     ("mount-nothing", "file_mounts:\n  /data:\n    mode: COPY\n", 2, "file_mounts./data",
      "needs source: s3://BUCKET/PATH or name: BUCKET"),
+    ("git-workdir-option-url", "workdir:\n  url: -oProxyCommand=touch /tmp/x\n", 2, "workdir.url", "is not a git URL"),
+    ("git-workdir-option-ref", "workdir:\n  url: https://github.com/a/b.git\n  ref: --upload-pack=x\n", 3,
+     "workdir.ref", "is not a branch, tag or commit"),
+    ("git-workdir-unknown-key", "workdir:\n  url: https://github.com/a/b.git\n  branch: main\n", 3,
+     "workdir.branch", "unknown field"),
     ("mount-relative-dest", "file_mounts:\n  data: s3://bkt\n", 2, "file_mounts.data", "must be an absolute path"),
     ("env-key-digit", "envs:\n  OK: 1\n  1BAD: x\n", 3, "envs.1BAD", "'1BAD' is not a valid variable name"),
     ("env-key-dash", "envs:\n  MY-VAR: x\n", 2, "envs.MY-VAR", "not a valid variable name"),
@@ -330,8 +334,8 @@ ERRORS = [
     ("memory-list", "resources:\n  memory: [1]\n", 2, "resources.memory", "expected a number or N+"),
     ("use-spot-string", "resources:\n  use_spot: 'yes'\n", 2, "resources.use_spot", "expected true or false"),
     ("port-out-of-range", "resources:\n  ports: [8080, 70000]\n", 2, "resources.ports.1", "70000 is not a port"),
-    ("image-without-region", "resources:\n  image_id: {us-east-1: ami-1}\n", 2, "resources.image_id",
-     "a per-region image_id needs a region"),
+    ("image-other-region", "resources:\n  infra: aws/us-west-2\n  image_id: {us-east-1: ami-1}\n", 3,
+     "resources.image_id", "no image for region us-west-2 (images are given for us-east-1)"),
     ("name-number", "name: 5\n", 1, "name", "expected a string, got 5"),
     ("resources-list", "resources:\n  - infra: aws\n", 1, "resources", "expected a mapping"),
     ("volumes", "run: x\nvolumes:\n  /v: vol\n", 2, "volumes", "volumes are not supported by gpuctl"),
@@ -494,3 +498,23 @@ def test_malformed_secret_flag_is_not_quoted() -> None:
         parse_env_assignments([SECRET.replace("_", "-")], flag="--secret", secret=True, environ={})
     assert info.value.message.startswith("--secret #1: ")
     assert SECRET.replace("_", "-") not in info.value.message
+
+
+def test_per_region_image_without_region_takes_the_first_region(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("resources:\n  infra: aws\n  image_id:\n    us-west-2: ami-0abc\n    us-east-1: ami-0def\n")
+    res = load_task(path).resources
+    assert (res.infra_spec().region, res.image_id) == ("us-west-2", "ami-0abc")
+
+
+def test_skypilot_image_tags_boot_the_default_ami_with_a_warning(tmp_path: Path) -> None:
+    from gpuctl.cluster import request_from_task
+
+    path = tmp_path / "t.yaml"
+    path.write_text("resources:\n  infra: aws\n  image_id: skypilot:gpu-ubuntu-2204\n")
+    task = load_task(path)
+    assert request_from_task(task).image_id is None
+    assert any("resources.image_id: ignored; SkyPilot's own images" in w for w in task.warnings)
+    path.write_text("resources:\n  infra: aws\n  image_id: docker:ubuntu:24.04\n")
+    task = load_task(path)
+    assert (task.container_image, request_from_task(task).image_id) == ("ubuntu:24.04", None)
