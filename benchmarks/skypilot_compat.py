@@ -28,7 +28,8 @@ starts with one of those keys at the top level (gpuctl then has to say why).
 Each is checked with the real command, by default `gpuctl validate examples/.../NAME`
 from the corpus root, as SkyPilot's docs run many examples (`--cwd file`: run in
 the file's directory): SkyPilot resolves relative
-workdir / file_mounts paths from the current directory), in a clean environment: PATH and LANG from here, HOME and
+workdir / file_mounts paths from the current directory. Each runs in a clean
+environment: PATH and LANG from here, HOME and
 GPUCTL_STATE_DIR in a private temp dir (nothing of this machine's ~ or
 ~/.gpuctl counts, so `~/...` file_mounts sources do not exist). validate
 provisions and contacts nothing.
