@@ -12,7 +12,13 @@ LOCK   := requirements.lock
 PIP_VERSION := 26.3
 # The demo's and the tests' training stack (not a dependency of gpuctl).
 TORCH  ?= torch==2.13.0 numpy==2.4.6
-APT_PACKAGES := openssh-server openssh-client rsync iproute2
+# podman and runc: the container tests (image_id: docker:IMAGE); runc named so that
+# apt does not pick crun, which cannot run containers under hybrid cgroups.
+APT_PACKAGES := openssh-server openssh-client rsync iproute2 podman runc
+# Rootful podman gives containers 1048576 open files and processes; where the hard
+# limits are lower (this machine itself in a container), runc cannot start one:
+# the hard limits then, and no more processes than pid_max (runc is refused above it).
+PODMAN_ULIMITS := /etc/containers/containers.conf.d/50-gpuctl-ulimits.conf
 PYTEST_ARGS ?=
 # What test-min and test-latest run: no nodes, no cloud, just gpuctl's code and CLI.
 BOUND_TESTS := tests/unit tests/integration/test_cli_errors.py tests/integration/test_cli_usage.py
@@ -32,6 +38,16 @@ system-deps:
 	  else echo "Please install:$$missing (sudo apt-get install$$missing)"; exit 1; fi; \
 	fi
 	@command -v terraform >/dev/null || { echo "terraform is not on PATH: install Terraform >= 1.5"; exit 1; }
+	@if [ "$$(id -u)" = 0 ] && command -v podman >/dev/null && [ ! -e $(PODMAN_ULIMITS) ]; then \
+	  n=$$(ulimit -Hn); p=$$(ulimit -Hu); m=$$(cat /proc/sys/kernel/pid_max); \
+	  [ "$$n" = unlimited ] && n=1048576; [ "$$p" = unlimited ] && p=1048576; [ "$$p" -gt "$$m" ] && p=$$m; \
+	  if [ "$$n" -lt 1048576 ] || [ "$$p" -lt 1048576 ]; then \
+	    echo "==> $(PODMAN_ULIMITS): container limits nofile=$$n nproc=$$p (the hard limits here)"; \
+	    mkdir -p $$(dirname $(PODMAN_ULIMITS)) && \
+	    printf '# gpuctl (make system-deps): podman'"'"'s defaults exceed this machine'"'"'s hard limits\n[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n' \
+	      $$n $$n $$p $$p > $(PODMAN_ULIMITS); \
+	  fi; \
+	fi
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +71,7 @@ demo: deps
 
 # The tools the suite drives, so a drift of a system package shows in the log.
 versions:
-	@echo "==> versions: $$(terraform version 2>/dev/null | head -1) | ansible-core $$($(BIN)/python -c 'import ansible.release as r; print(r.__version__)') | $$(rsync --version | head -1 | sed 's/  */ /g') | $$(ssh -V 2>&1)"
+	@echo "==> versions: $$(terraform version 2>/dev/null | head -1) | ansible-core $$($(BIN)/python -c 'import ansible.release as r; print(r.__version__)') | $$(rsync --version | head -1 | sed 's/  */ /g') | $$(ssh -V 2>&1) | $$(podman --version 2>/dev/null || echo no podman)"
 
 test: deps versions
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -162,6 +162,7 @@ class JobRunner:
         """The whole job; its outcome (status RUNNING when detached). Raises JobFailed when it failed."""
         inv = self.inv
         job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
+        container = self.container_plan(spec)  # a bad GPUCTL_CONTAINER_RUNTIME stops here, before any job exists
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
         joblogs.mark_watching(inv.cluster, job.job_id)
         session: client.Session | None = None
@@ -185,7 +186,7 @@ class JobRunner:
                         if ssh.host_key_changed(str(exc)):
                             raise UserError(ssh.host_key_error(inv.head)) from None
                         raise JobFailed(f"job {job.job_id}: {exc}") from None
-            body = self._payload(job.job_id, task, spec, job_nodes, fingerprint, items, run_setup)
+            body = self._payload(job.job_id, task, spec, job_nodes, fingerprint, items, run_setup, container)
             secrets_text = jobenv.secrets_script(spec.secrets)
             view = _JobView(self, job.job_id, job_nodes, task, echo=not detach)  # detached: `gpuctl logs` shows it
             for attempt in (1, 2):
@@ -221,7 +222,7 @@ class JobRunner:
             joblogs.unmark_watching(inv.cluster, job.job_id)
 
     def _payload(self, job_id: int, task: str, spec: JobSpec, job_nodes: Sequence[Node], fingerprint: str,
-                 items: Sequence[upload.Item], run_setup: bool) -> dict:
+                 items: Sequence[upload.Item], run_setup: bool, container: dict | None = None) -> dict:
         inv = self.inv
         setup_env = jobenv.setup_env(inv, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs)
         run_env = jobenv.run_env(inv, job_nodes, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs)
@@ -233,7 +234,19 @@ class JobRunner:
             setup=payload.stage_plan(spec.setup if run_setup else None, setup_env,
                                      jobenv.hostfile_lines(inv.nodes)),
             run=payload.stage_plan(spec.run, run_env, jobenv.hostfile_lines(job_nodes)),
-            sync=dests, grace=KILL_GRACE_S)
+            sync=dests, grace=KILL_GRACE_S, container=container)
+
+    def container_plan(self, spec: JobSpec) -> dict | None:
+        """image_id docker:IMAGE: the image, the container's name, the runtime asked for and the
+        destinations bound into it (workdir, every file_mount and bucket, copied this time or not:
+        the container a job with fewer needs is the same one)."""
+        if not spec.container_image:
+            return None
+        mounts = [payload.WORKDIR_DEST, *spec.file_mounts, *(b.dest for b in spec.bucket_mounts)]
+        try:
+            return payload.container_plan(spec.container_image, self.inv.cluster, mounts, payload.container_runtime())
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
 
     def _interrupted(self, job_id: int, job_nodes: Sequence[Node], session: client.Session | None) -> None:
         """Ctrl-C (or SIGTERM) at any moment: end whatever of the job started, on every node."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets as _secrets
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -32,6 +33,12 @@ NODE_CONTROL_DIR = "~/.gpuctl/cm"  # made by the prepare play
 # (SkyPilot: dir-merge,- .gitignore), no .git, files gone locally deleted after
 # the transfer (so the node reads the new .gitignore files first).
 WORKDIR_RSYNC_ARGS = ("--delete-after", "--filter=:- .gitignore", "--exclude=.git")
+
+# image_id: docker:IMAGE -- setup and run in one container per node (agent.py, "containers").
+CONTAINER_RUNTIME_ENV = "GPUCTL_CONTAINER_RUNTIME"  # docker | podman | an absolute path to one; unset: either
+CONTAINER_RUNTIMES = ("docker", "podman")
+_IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")  # never an option: no leading '-'
+_RUNTIME_PATH_RE = re.compile(r"(/[A-Za-z0-9._+@-]+)+")
 
 KNOWN_HOSTS_ON_NODE = "~/.ssh/gpuctl_known_hosts"  # the controller's, copied by prepare
 PEER_SSH_OPTIONS = (
@@ -118,6 +125,7 @@ def build_payload(
     sync: Sequence[Mapping[str, Any]] = (),
     branching: int | None = None,
     grace: float = 3.0,
+    container: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "v": PROTOCOL,
@@ -133,7 +141,27 @@ def build_payload(
         "peers": [peer_entry(n) for n in inv.nodes],
         "stages": {"setup": setup, "run": run},
         "sync": [dict(s) for s in sync],
+        "container": dict(container) if container else None,
     }
+
+
+def container_runtime(value: str | None = None) -> str | None:
+    """GPUCTL_CONTAINER_RUNTIME (or `value`): docker, podman or the absolute path of one of them;
+    None lets each node take whichever answers (docker first). ValueError for anything else."""
+    raw = (os.environ.get(CONTAINER_RUNTIME_ENV, "") if value is None else value).strip()
+    if not raw:
+        return None
+    if raw in CONTAINER_RUNTIMES or (_RUNTIME_PATH_RE.fullmatch(raw) and os.path.basename(raw) in CONTAINER_RUNTIMES):
+        return raw
+    raise ValueError(f"{CONTAINER_RUNTIME_ENV}={raw}: use docker, podman, or the absolute path of one of them")
+
+
+def container_plan(image: str, cluster: str, mounts: Sequence[str], runtime: str | None = None) -> dict[str, Any]:
+    """What the nodes need to run the job in `image`: the container's name (each node adds its own
+    name), the runtime asked for, and the destinations to bind (the workdir, file_mounts, buckets)."""
+    if not _IMAGE_RE.fullmatch(image):
+        raise ValueError(f"{image!r} is not a container image name (registry/name:tag, not starting with '-')")
+    return {"image": image, "name": f"gpuctl-{cluster}", "runtime": runtime, "mounts": list(dict.fromkeys(mounts))}
 
 
 def sync_destinations(has_workdir: bool, file_mounts: Mapping[str, str], mount_is_dir: Mapping[str, bool]

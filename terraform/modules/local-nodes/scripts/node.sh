@@ -267,17 +267,26 @@ PROFILE
     # real machine: gloo and NCCL pick their interface from it.
     local host_name=${LN_HOSTNAME:-$LN_NETNS}
     printf '127.0.0.1 localhost\n%s\n' "${LN_HOSTS:-$LN_ADDR $host_name}" >"$LN_DIR/hosts"
+    # `ip netns exec` mounts a fresh /sys, which hides the cgroup filesystems that
+    # container runtimes (podman, runc) need: the node mounts this machine's again.
+    local cgroups
+    cgroups=$(awk '$2 ~ "^/sys/fs/cgroup" {print $3, $2, $4}' /proc/self/mounts)
     # shellcheck disable=SC2016
     local inner='set -e
 node_home=$1 home=$2 sshd_dir=$3 run_dir=$4 sshd=$5 cfg=$6 host_name=$7 hosts=$8
 shift 8
 hostname "$host_name"
+printf "%s\n" "$LN_CGROUPS" | while read -r t d o; do
+  [ -n "$t" ] || continue
+  mkdir -p "$d" && mount -t "$t" -o "$o" "$t" "$d" || echo "local-nodes: cannot mount $t on $d: containers will not run on this node" >&2
+done
+unset LN_CGROUPS
 mount --bind "$hosts" /etc/hosts
 mount --bind "$sshd_dir" "$run_dir"
 for p in "$@"; do mount --rbind "$p" "$node_home/${p#"$home"/}"; done
 mount --rbind "$node_home" "$home"
 exec "$sshd" -D -e -f "$cfg"'
-    setsid env GPUCTL_NODE_TAG="$LN_TAG" ip netns exec "$LN_NETNS" unshare --mount --uts --propagation private \
+    setsid env GPUCTL_NODE_TAG="$LN_TAG" LN_CGROUPS="$cgroups" ip netns exec "$LN_NETNS" unshare --mount --uts --propagation private \
       sh -c "$inner" gpuctl-node "$LN_DIR/home" "$home" "$LN_DIR/sshd" "$RUN_DIR" "$sshd" "$RUN_DIR/sshd_config" \
       "$host_name" "$LN_DIR/hosts" "${binds[@]}" </dev/null >>"$LOG" 2>&1 &
     pid=$!
