@@ -173,7 +173,8 @@ def apply(
             raise
         registry.upsert_cluster(req.name, cloud=req.cloud, region=inv.region, zone=inv.zone,
                                 num_nodes=len(inv.nodes), status="UP",
-                                request={**asdict(req), "workdir": str(task.workdir) if task.workdir else None})
+                                request={**asdict(req), "workdir": str(task.workdir) if task.workdir else None,
+                                         "container_image": task.container_image})
     write_ssh_config(inv)
     if inv.head.known_hosts:  # nodes Terraform replaced are new entries; their old keys go
         ssh.forget_host_keys(Path(inv.head.known_hosts), {n.host_key_alias for n in inv.nodes}, keep_only=True)
@@ -320,8 +321,11 @@ def exec_(
     if not 1 <= k <= len(inv.nodes):
         where = "--num-nodes" if num_nodes is not None else f"{file}: num_nodes"
         raise UserError(f"{where} {k}: cluster '{name}' has {len(inv.nodes)} node(s); use 1..{len(inv.nodes)}")
+    # Like `sky exec`: the job runs in the cluster's container (the image of the last apply), if it has one.
+    rec = registry.cluster(name)
+    image = rec.request.get("container_image") if rec else None
     spec = JobSpec(name=job_name, run=run, workdir=spec_workdir, envs=envs, secrets=secrets, num_nodes=k,
-                   gpus_per_node=inv.head.gpus)
+                   gpus_per_node=inv.head.gpus, container_image=image)
     _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=False, sync_file_mounts=False,
          detach=detach)
 

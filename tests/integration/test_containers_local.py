@@ -208,6 +208,13 @@ def test_exit_code_fails_fast_inside_reused_containers(ctr: Ctr):
     assert ctr.container_ids() == before  # the same containers, not new ones
 
 
+def test_exec_runs_in_the_clusters_container(ctr: Ctr):
+    res = ctr.gpuctl("exec", MOD, "--", "cat", "/opt/setup-marker")
+    assert res.returncode == 0, res.describe()
+    for n in ctr.nodes:
+        assert f"({n.name}, rank={n.rank}) made by setup on {n.rank}" in res.stdout.splitlines(), res.describe()
+
+
 def test_missing_runtime_is_one_line_and_nothing_runs(ctr: Ctr):
     res = ctr.gpuctl("apply", str(ctr.project / "fail.yaml"), "-c", MOD,
                      env={"GPUCTL_CONTAINER_RUNTIME": "/nonexistent/podman"})
