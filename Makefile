@@ -14,7 +14,8 @@ PIP_VERSION := 26.3
 TORCH  ?= torch==2.13.0 numpy==2.4.6
 # podman and runc: the container tests (image_id: docker:IMAGE); runc named so that
 # apt does not pick crun, which cannot run containers under hybrid cgroups.
-APT_PACKAGES := openssh-server openssh-client rsync iproute2 podman runc
+# rclone and fuse3: the cloud-bucket tests (rclone copy/mount against moto's S3).
+APT_PACKAGES := openssh-server openssh-client rsync iproute2 podman runc rclone fuse3
 # Rootful podman gives containers 1048576 open files and processes; where the hard
 # limits are lower (this machine itself in a container), runc cannot start one:
 # the hard limits then, and no more processes than pid_max (runc is refused above it).
@@ -71,7 +72,7 @@ demo: deps
 
 # The tools the suite drives, so a drift of a system package shows in the log.
 versions:
-	@echo "==> versions: $$(terraform version 2>/dev/null | head -1) | ansible-core $$($(BIN)/python -c 'import ansible.release as r; print(r.__version__)') | $$(rsync --version | head -1 | sed 's/  */ /g') | $$(ssh -V 2>&1) | $$(podman --version 2>/dev/null || echo no podman)"
+	@echo "==> versions: $$(terraform version 2>/dev/null | head -1) | ansible-core $$($(BIN)/python -c 'import ansible.release as r; print(r.__version__)') | $$(rsync --version | head -1 | sed 's/  */ /g') | $$(ssh -V 2>&1) | $$(podman --version 2>/dev/null || echo no podman) | $$(rclone version 2>/dev/null | head -1 || echo no rclone)"
 
 test: deps versions
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

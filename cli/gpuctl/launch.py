@@ -29,7 +29,7 @@ from gpuctl.configplane import playbooks, prepare
 from gpuctl.console import Reporter
 from gpuctl.errors import JobCancelled, JobFailed, UserError
 from gpuctl.inventory import Inventory, Node
-from gpuctl.jobplane import client, payload, upload
+from gpuctl.jobplane import buckets, client, payload, upload
 from gpuctl.jobplane.buckets import BucketMount
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.paths import cluster_dir
@@ -97,6 +97,7 @@ class JobRunner:
         self.private_data_dir = self.cdir / "runner"
         self.control_dir = ssh.control_dir_for(self.cdir / "cm")
         self.by_rank = {n.rank: n for n in inv.nodes}
+        self.features = prepare.features(self.cdir)  # optional node features prepared so far (bucket tools)
 
     # -- the configuration plane, when needed ---------------------------------
     def fabric_env(self) -> dict[str, str]:
@@ -107,7 +108,8 @@ class JobRunner:
 
     def fingerprint(self) -> str:
         _, public = ensure_internal_key(self.cdir)
-        return prepare.fingerprint(self.inv, internal_public_key=public, fabric_env=self.fabric_env())
+        return prepare.fingerprint(self.inv, internal_public_key=public, fabric_env=self.fabric_env(),
+                                   features=self.features)
 
     def prepare(self, fingerprint: str, why: str) -> None:
         """Run the prepare play on every node (Ansible); a barrier, idempotent."""
@@ -117,7 +119,7 @@ class JobRunner:
                                          control_dir=self.control_dir, fingerprint_value=fingerprint,
                                          internal_key=key, fabric_env=self.fabric_env(),
                                          known_hosts=Path(self.inv.head.known_hosts) if self.inv.head.known_hosts
-                                         else None)
+                                         else None, features=self.features)
         if not result.ok:
             prepare.forget(self.cdir)
             for host, reason in result.unreachable_reasons.items():
@@ -128,6 +130,7 @@ class JobRunner:
         if self.inv.cloud == "aws":
             self.check_console_host_keys()
         prepare.record(self.cdir, fingerprint)
+        prepare.record_features(self.cdir, self.features)
 
     def check_console_host_keys(self) -> None:
         """The keys learned at first contact against those each instance printed to its console."""
@@ -163,15 +166,20 @@ class JobRunner:
         inv = self.inv
         job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
         container = self.container_plan(spec)  # a bad GPUCTL_CONTAINER_RUNTIME stops here, before any job exists
+        buckets.check(spec.bucket_mounts, spec.envs)  # so does a bucket the nodes could not mount safely
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
         joblogs.mark_watching(inv.cluster, job.job_id)
         session: client.Session | None = None
         try:
             task = jobenv.task_id(inv.cluster, job.job_id, _started_stamp())
             self.registry.update_job(inv.cluster, job.job_id, task_id=task)
+            needed = prepare.features(self.cdir, buckets.tools_needed(spec.bucket_mounts))
+            more = [f for f in needed if f not in self.features]
+            self.features = needed
             fingerprint = self.fingerprint()
             if prepare.recorded(self.cdir) != fingerprint:
                 self.prepare(fingerprint, "first job on this cluster" if prepare.recorded(self.cdir) is None
+                             else f"the job's cloud buckets need {' and '.join(more)}" if more
                              else "gpuctl or the cluster changed")
             mounts = dict(spec.file_mounts) if sync_file_mounts else {}
             items: list[upload.Item] = []
@@ -188,6 +196,8 @@ class JobRunner:
                         raise JobFailed(f"job {job.job_id}: {exc}") from None
             body = self._payload(job.job_id, task, spec, job_nodes, fingerprint, items, run_setup, container)
             secrets_text = jobenv.secrets_script(spec.secrets)
+            for line in buckets.describe(spec.bucket_mounts):
+                self.reporter.info(f"Bucket {line}")
             view = _JobView(self, job.job_id, job_nodes, task, echo=not detach)  # detached: `gpuctl logs` shows it
             for attempt in (1, 2):
                 session = client.Session(inv.head, job.job_id, self.control_dir, view.on_event)
@@ -234,7 +244,9 @@ class JobRunner:
             setup=payload.stage_plan(spec.setup if run_setup else None, setup_env,
                                      jobenv.hostfile_lines(inv.nodes)),
             run=payload.stage_plan(spec.run, run_env, jobenv.hostfile_lines(job_nodes)),
-            sync=dests, grace=KILL_GRACE_S, container=container)
+            sync=dests, grace=KILL_GRACE_S, container=container,
+            buckets=buckets.payload_entries(spec.bucket_mounts),
+            storage=buckets.storage_settings(spec.envs, cloud=inv.cloud, region=inv.region))
 
     def container_plan(self, spec: JobSpec) -> dict | None:
         """image_id docker:IMAGE: the image, the container's name, the runtime asked for and the

@@ -8,6 +8,12 @@ fingerprint it expects; each node compares it with its own record before
 running anything (the check costs no extra call), and the controller runs
 prepare again when a node differs: a new agent, a rotated key, a replaced
 node, a changed fabric env.
+
+Optional node features (`FEATURES`: rclone, fuse for cloud-bucket
+file_mounts) are prepared only once a job needs them: the controller keeps
+the set prepared so far in `clusters/<name>/features`, a job needing more
+grows it, and the set is part of the fingerprint, so the first job with
+buckets prepares again (role gpuctl_storage) and later jobs without them do not.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from gpuctl.configplane import playbooks
 from gpuctl.errors import UserError
@@ -27,7 +33,8 @@ from gpuctl.paths import ansible_dir
 AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "agent.py"
 # The parts of the Ansible tree that shape a prepared node.
 _PREPARE_TREE = ("playbooks/prepare.yml", "roles/gpuctl_node", "roles/gpuctl_cluster_ssh",
-                 "roles/gpuctl_sshd_limits")
+                 "roles/gpuctl_sshd_limits", "roles/gpuctl_storage")
+FEATURES = ("rclone", "fuse")  # what gpuctl_storage installs (AWS) or checks (elsewhere)
 
 
 def _tree_bytes() -> list[tuple[str, bytes]]:
@@ -43,8 +50,9 @@ def _tree_bytes() -> list[tuple[str, bytes]]:
     return out
 
 
-def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping[str, str]) -> str:
-    """sha256 of the agent, the prepare roles and the cluster's SSH and fabric settings."""
+def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping[str, str],
+                features: Sequence[str] = ()) -> str:
+    """sha256 of the agent, the prepare roles, the cluster's SSH and fabric settings and its features."""
     h = hashlib.sha256()
     for name, data in _tree_bytes():
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
@@ -54,6 +62,8 @@ def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping
         "internal_key": internal_public_key.strip(),
         "fabric": dict(sorted(fabric_env.items())),
     }
+    if features:  # absent when none: the fingerprint of a cluster without features stays what it was
+        shape["features"] = sorted(set(features))
     h.update(json.dumps(shape, sort_keys=True).encode())
     return h.hexdigest()
 
@@ -74,6 +84,22 @@ def forget(cluster_dir: Path) -> None:
     (cluster_dir / "prepared").unlink(missing_ok=True)
 
 
+def features(cluster_dir: Path, needed: Sequence[str] = ()) -> tuple[str, ...]:
+    """The features to prepare: those prepared before (clusters/<name>/features) and `needed`."""
+    try:
+        before = (cluster_dir / "features").read_text().split()
+    except FileNotFoundError:
+        before = []
+    unknown = sorted(set(needed) - set(FEATURES))
+    if unknown:
+        raise ValueError(f"unknown node feature {unknown[0]}; known: {', '.join(FEATURES)}")
+    return tuple(f for f in FEATURES if f in before or f in needed)
+
+
+def record_features(cluster_dir: Path, values: Sequence[str]) -> None:
+    (cluster_dir / "features").write_text("".join(f + "\n" for f in values))
+
+
 WAIT_TIMEOUT_ENV = "GPUCTL_WAIT_TIMEOUT"
 
 
@@ -87,13 +113,14 @@ def wait_timeout() -> int:
 
 def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Path, fingerprint_value: str,
                 internal_key: Path, fabric_env: Mapping[str, str], known_hosts: Path | None = None,
-                limit: list[str] | None = None) -> playbooks.PlaybookResult:
+                limit: list[str] | None = None, features: Sequence[str] = ()) -> playbooks.PlaybookResult:
     extravars = {
         "gpuctl_prepare_fingerprint": fingerprint_value,
         "gpuctl_internal_key": str(internal_key),
         "gpuctl_fabric_env": dict(fabric_env),
         "gpuctl_known_hosts": str(known_hosts) if known_hosts else "",
         "gpuctl_wait_timeout": wait_timeout(),
+        "gpuctl_features": list(features),
     }
     return playbooks.run_playbook("prepare.yml", inventory=inventory_path, private_data_dir=private_data_dir,
                                   extravars=extravars, control_dir=control_dir, limit=limit)

@@ -3,14 +3,42 @@
 The spec layer turns `file_mounts: {/data: s3://bucket/prefix}` and the
 object form (`source`/`name`/`mode`/`store`) into `BucketMount`s; the node
 agent fetches (COPY) or mounts (MOUNT, MOUNT_CACHED) each one on every node
-before setup.
+before setup (agent.py, "buckets"), with rclone:
+
+- COPY: `rclone copy` onto the node's disk, by one node per shared filesystem
+  (the claim markers of the workdir copy);
+- MOUNT: `rclone mount --daemon --vfs-cache-mode writes` (files written are
+  uploaded as soon as they are closed);
+- MOUNT_CACHED: the same with `--vfs-cache-mode full` (reads cached on the
+  node's disk, writes uploaded in the background).
+
+Mounts outlive the job: the next job finds the same mount and reuses it, a
+dead one is mounted again. Credentials never travel in the payload, an argv
+or a log: rclone takes AWS's own chain (`env_auth`), that is the node's
+instance profile, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+AWS_SESSION_TOKEN given under the task's `secrets:`, which reach the node on
+stdin and rclone in its environment. An S3-compatible endpoint comes from
+the task's AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL), a region from
+AWS_REGION / AWS_DEFAULT_REGION or the cluster's own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from gpuctl.errors import UserError
 
 MODES = ("COPY", "MOUNT", "MOUNT_CACHED")
+ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # the AWS SDKs' own names, first wins
+REGION_ENVS = ("AWS_REGION", "AWS_DEFAULT_REGION")
+CREDENTIAL_NAMES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# What a node needs (the prepare step installs or checks it): rclone always, FUSE to mount.
+TOOL_RCLONE = "rclone"
+TOOL_FUSE = "fuse"
+# Node directories a mount must not cover: the workdir (its next copy would delete through
+# the mount into the bucket), the agent's own directory, and the home itself.
+_NOT_UNDER = ("~/gpuctl_workdir", "~/.gpuctl")
 
 
 @dataclass(frozen=True)
@@ -24,3 +52,73 @@ class BucketMount:
 
     def url(self) -> str:
         return f"{self.store}://{self.bucket}/{self.prefix}".rstrip("/")
+
+
+def tools_needed(mounts: Sequence[BucketMount]) -> tuple[str, ...]:
+    """The node tools a job with these mounts needs: () without buckets."""
+    if not mounts:
+        return ()
+    return (TOOL_RCLONE,) + ((TOOL_FUSE,) if any(m.mode != "COPY" for m in mounts) else ())
+
+
+def _under(dest: str, top: str) -> bool:
+    path = dest.rstrip("/") or "/"
+    return path == top or path.startswith(top + "/")
+
+
+def check(mounts: Sequence[BucketMount], envs: Mapping[str, str]) -> None:
+    """Refuse, before anything runs, what the nodes could not do safely; UserError naming the field."""
+    if not mounts:
+        return
+    for m in mounts:
+        where = f"file_mounts.{m.dest}"
+        if m.mode not in MODES:
+            raise UserError(f"{where}: mode {m.mode} is not a storage mode; use {', '.join(MODES)}")
+        if m.store != "s3":
+            raise UserError(f"{where}: store {m.store} is not supported by gpuctl; use s3")
+        path = m.dest.rstrip("/") or "/"
+        if path in ("/", "~"):
+            raise UserError(f"{where}: a bucket cannot cover the whole {'home' if path == '~' else 'filesystem'}; "
+                            "give a directory such as /data or ~/data")
+        if m.mode != "COPY":
+            for top in _NOT_UNDER:
+                if _under(path, top) or _under(top, path):
+                    raise UserError(f"{where}: a {m.mode} here would cover {top}, which gpuctl rewrites on every "
+                                    "job (the workdir copy would delete through the mount into the bucket); "
+                                    "mount it elsewhere, such as /data or ~/data")
+    in_envs = [name for name in CREDENTIAL_NAMES if name in envs]
+    if in_envs:
+        raise UserError(f"envs.{in_envs[0]}: bucket mounts take AWS credentials from secrets: (sent to the nodes "
+                        "on stdin, never stored or printed); move it there, or leave credentials out to use the "
+                        "nodes' instance profile (config.aws.remote_identity)")
+    endpoint = endpoint_of(envs)
+    if endpoint and not endpoint.startswith(("http://", "https://")):
+        name = next(n for n in ENDPOINT_ENVS if envs.get(n, "").strip())
+        raise UserError(f"envs.{name} '{endpoint}': give the S3 endpoint as a URL such as https://s3.example.com")
+
+
+def endpoint_of(envs: Mapping[str, str]) -> str | None:
+    for name in ENDPOINT_ENVS:
+        value = (envs.get(name) or "").strip()
+        if value:
+            return value.rstrip("/")
+    return None
+
+
+def storage_settings(envs: Mapping[str, str], *, cloud: str, region: str | None) -> dict[str, Any]:
+    """How every node reaches the store (no credentials): the endpoint and the region."""
+    chosen = next(((envs.get(n) or "").strip() for n in REGION_ENVS if (envs.get(n) or "").strip()), None)
+    return {"endpoint": endpoint_of(envs), "region": chosen or (region if cloud == "aws" else None)}
+
+
+def payload_entries(mounts: Sequence[BucketMount]) -> list[dict[str, Any]]:
+    """The mounts as the agent reads them (payload["buckets"])."""
+    return [{"dest": m.dest, "bucket": m.bucket, "prefix": m.prefix.strip("/"), "mode": m.mode,
+             "create": bool(m.create), "url": m.url()} for m in mounts]
+
+
+def describe(mounts: Sequence[BucketMount]) -> list[str]:
+    """One line per mount for the job's start: what goes where, and how."""
+    how = {"COPY": "copied to", "MOUNT": "mounted at", "MOUNT_CACHED": "mounted (cached) at"}
+    return [f"{m.url()}{' (created if missing)' if m.create else ''}: {how.get(m.mode, m.mode)} {m.dest}"
+            for m in mounts]

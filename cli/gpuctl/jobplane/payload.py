@@ -126,6 +126,8 @@ def build_payload(
     branching: int | None = None,
     grace: float = 3.0,
     container: Mapping[str, Any] | None = None,
+    buckets: Sequence[Mapping[str, Any]] = (),
+    storage: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "v": PROTOCOL,
@@ -142,6 +144,9 @@ def build_payload(
         "stages": {"setup": setup, "run": run},
         "sync": [dict(s) for s in sync],
         "container": dict(container) if container else None,
+        # cloud-bucket file_mounts (buckets.payload_entries) and how nodes reach the store (no credentials)
+        "buckets": [dict(b) for b in buckets],
+        "storage": dict(storage) if buckets and storage else None,
     }
 
 

@@ -1,0 +1,238 @@
+"""Cloud-bucket file_mounts on a real 2-node local cluster, through the real `gpuctl`,
+against moto's S3 listening on the cluster's own bridge (the nodes reach it as nodes
+reach S3; nothing leaves this machine):
+
+- a node without rclone stops the first bucket job's prepare with one line naming the
+  node and what to install;
+- COPY (a prefix into each node's home, a prefix into a directory every node shares --
+  fetched by one node --, one object to a file) lands before setup; a MOUNT of a bucket
+  made from `name:` takes what run writes up to the bucket; MOUNT_CACHED reads;
+- credentials come from the task's secrets: they are in rclone's environment, in no
+  process's argv (`ps` during run), in no file gpuctl keeps here or on the nodes;
+- the next job reuses the mounts, and mounts a dead one again;
+- a missing bucket, and a node that lost rclone, are one line each and nothing runs;
+- `down` leaves nothing behind while buckets are mounted.
+
+FUSE works in the nodes' namespaces: each node's sshd runs in a private mount
+namespace (terraform/modules/local-nodes), where the nodes' `rclone mount` lives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+
+from e2e import Cluster, Result, files_containing, needs_local_nodes, pids_matching
+from mototest import MotoServer
+
+pytestmark = [
+    pytest.mark.integration, needs_local_nodes,
+    pytest.mark.skipif(not shutil.which("rclone") or not os.path.exists("/dev/fuse"),
+                       reason="bucket tests need rclone and fuse3 (make system-deps) and /dev/fuse"),
+]
+
+NAME = "bk2"
+MOD = f"bk{uuid.uuid4().hex[:8]}"
+SHARED = Path(f"/tmp/{MOD}-shared")  # every netns node sees this machine's /tmp
+DATA = "gpuctl-data"
+CKPT = f"ckpt-{MOD}"  # made by the job (name: without source:)
+SECRET_ID = f"AKID{MOD.upper()}"
+SECRET_KEY = f"{MOD}-secret-key"
+
+
+def task(endpoint: str, mounts: str, *, setup: str = "", run: str = "true") -> str:
+    return (f"name: {NAME}\nnum_nodes: 2\nresources:\n  infra: local\n"
+            f"envs:\n  AWS_ENDPOINT_URL_S3: {endpoint}\n  AWS_REGION: us-east-1\n"
+            f"secrets:\n  AWS_ACCESS_KEY_ID: {SECRET_ID}\n  AWS_SECRET_ACCESS_KEY: {SECRET_KEY}\n"
+            f"file_mounts:\n{mounts}"
+            + (f"setup: |\n  {setup}\n" if setup else "") + f"run: |\n  {run}\n")
+
+
+MOUNTS = f"""\
+  ~/copied: s3://{DATA}/ds
+  {SHARED}: s3://{DATA}/ds
+  ~/one.txt: s3://{DATA}/one/file.txt
+  ~/ckpt:
+    name: {CKPT}
+    mode: MOUNT
+  ~/cached:
+    source: s3://{DATA}/ds
+    mode: MOUNT_CACHED
+"""
+SETUP = f'echo "seen: $(cat ~/copied/a.txt ~/copied/sub/b.txt ~/one.txt {SHARED}/a.txt ~/cached/sub/b.txt | paste -sd " ")"'
+# `[A]KID...` never matches the grep itself; -ww: whole command lines
+RUN = (f'echo "$SKYPILOT_TASK_ID" > ~/ckpt/rank$SKYPILOT_NODE_RANK.txt; '
+       f'echo "argv with the key: $(ps -eww -o args | grep -c "[{SECRET_ID[0]}]{SECRET_ID[1:]}")"')
+
+
+@dataclass
+class BK:
+    cluster: Cluster
+    root: Path
+    endpoint: str
+    s3: object
+
+    def apply(self, body: str, *extra: str) -> Result:
+        path = self.root / "task.yaml"
+        path.write_text(body)
+        return self.cluster.gpuctl("apply", str(path), *extra)
+
+    def on_worker(self, command: str) -> None:
+        self.cluster.ssh(self.cluster.nodes()[1], command)
+
+    def bucket_events(self, res: Result) -> dict[int, dict]:
+        """Each node's B event of the job (what it copied, shared, mounted, reused)."""
+        job = re.search(r"^Job (\d+) running", res.stdout, re.M)
+        assert job, res.describe()
+        text = self.cluster.read(self.cluster.nodes()[0], f"~/.gpuctl/jobs/{job.group(1)}/events.log")
+        return {int(m.group(1)): json.loads(m.group(2)) for m in re.finditer(r"^B (\d+) 0 (\{.*\})$", text, re.M)}
+
+    def keys(self, bucket: str) -> dict[str, bytes]:
+        listing = self.s3.list_objects_v2(Bucket=bucket).get("Contents", [])  # type: ignore[attr-defined]
+        return {o["Key"]: self.s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()  # type: ignore[attr-defined]
+                for o in listing}
+
+    def wait_for_keys(self, bucket: str, want: dict[str, bytes], timeout: float = 30) -> dict[str, bytes]:
+        deadline = time.monotonic() + timeout
+        while True:
+            have = self.keys(bucket)
+            if all(have.get(k) == v for k, v in want.items()) or time.monotonic() > deadline:
+                return have
+            time.sleep(0.5)
+
+
+def bridge_address(cluster: Cluster) -> str:
+    bridge = dict(line.split("=", 1) for line in (cluster.cdir / "nodes" / "bridge.env").read_text().split())
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", bridge["LN_BRIDGE"]], capture_output=True,
+                         text=True, check=True).stdout
+    return out.split(" inet ", 1)[1].split("/", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def bk(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("buckets")
+    cluster = Cluster(NAME, root / "state")
+    moto = None
+    try:
+        (root / "base.yaml").write_text(f"name: {NAME}\nnum_nodes: 2\nresources:\n  infra: local\n")
+        cluster.gpuctl("apply", str(root / "base.yaml"), "--provision-only").check()
+        moto = MotoServer(host=bridge_address(cluster), log=root / "moto.log").start()
+        s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id="test",
+                          aws_secret_access_key="test")
+        s3.create_bucket(Bucket=DATA)
+        for key, body in (("ds/a.txt", b"alpha\n"), ("ds/sub/b.txt", b"beta\n"), ("one/file.txt", b"single\n")):
+            s3.put_object(Bucket=DATA, Key=key, Body=body)
+        yield BK(cluster, root, moto.url, s3)
+    finally:
+        cluster.down_quietly()
+        if moto is not None:
+            moto.stop()
+        shutil.rmtree(SHARED, ignore_errors=True)
+
+
+def one_error_line(res: Result) -> str:
+    assert res.returncode == 1, res.describe()
+    errors = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, res.describe()
+    return errors[0]
+
+
+def test_node_without_rclone_stops_the_first_bucket_job(bk: BK):
+    """The first job with buckets prepares the nodes again (rclone, FUSE); a local node lacking
+    rclone is named, with what to install, before anything runs."""
+    bk.on_worker("mount --bind /dev/null /usr/bin/rclone")  # in worker1's own mount namespace only
+    try:
+        res = bk.apply(task(bk.endpoint, MOUNTS, setup="echo SETUP-RAN", run="echo RUN-RAN"))
+    finally:
+        bk.on_worker("umount /usr/bin/rclone")
+    line = one_error_line(res)
+    assert "Preparing 2 node(s)" in res.stdout
+    assert re.search(r"preparing the nodes failed: worker1: rclone missing on worker1, .*"
+                     r"install it here: apt-get install rclone fuse3", line), res.describe()
+    assert "RAN" not in res.stdout
+
+
+def test_copy_lands_before_setup_and_run_writes_into_the_mount(bk: BK):
+    res = bk.apply(task(bk.endpoint, MOUNTS, setup=SETUP, run=RUN)).check()
+    bk.first = res  # type: ignore[attr-defined]
+    lines = res.stdout.splitlines()
+    for n in bk.cluster.nodes():
+        # COPY (prefix, shared directory, one object) and MOUNT_CACHED, all read by setup
+        assert f"({n.name}, rank={n.rank}) seen: alpha beta single alpha beta" in lines, res.describe()
+        assert f"({n.name}, rank={n.rank}) argv with the key: 0" in lines, res.describe()
+    events = bk.bucket_events(res)
+    assert events[0] == {"copied": ["~/copied", str(SHARED), "~/one.txt"], "mounted": ["~/ckpt", "~/cached"]}
+    assert events[1] == {"copied": ["~/copied", "~/one.txt"], "shared": [str(SHARED)],  # the head fetched it
+                         "mounted": ["~/ckpt", "~/cached"]}
+    assert not list(SHARED.glob(".gpuctl-claim-*"))
+    task_id = re.search(r"^Job \d+ running \((\S+)\)", res.stdout, re.M).group(1)  # type: ignore[union-attr]
+    want = {"rank0.txt": f"{task_id}\n".encode(), "rank1.txt": f"{task_id}\n".encode()}
+    assert bk.wait_for_keys(CKPT, want) == want  # the bucket name: made was created, and run's files are in it
+
+
+def test_credentials_only_in_rclones_environment(bk: BK):
+    assert not pids_matching(SECRET_ID) and not pids_matching(SECRET_KEY)  # no argv, mounts still up
+    mounts = pids_matching(f"rclone\0mount\0gpuctls3:{CKPT}\0")
+    assert len(mounts) == 2, mounts  # one per node
+    for pid in mounts:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"AWS_SECRET_ACCESS_KEY={SECRET_KEY}".encode() in environ
+    # nothing gpuctl keeps (registry, logs, job files, the nodes' homes and mount logs) holds them
+    for secret in (SECRET_ID, SECRET_KEY):
+        assert files_containing(bk.cluster.state_dir, secret) == []
+
+
+def test_next_job_reuses_mounts_and_mounts_a_dead_one_again(bk: BK):
+    tag = bk.cluster.node_env(bk.cluster.nodes()[1])["LN_TAG"].encode()
+    dead = [pid for pid in pids_matching(f"rclone\0mount\0gpuctls3:{CKPT}\0")
+            if b"GPUCTL_NODE_TAG=" + tag in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
+    assert len(dead) == 1
+    os.kill(dead[0], signal.SIGKILL)  # worker1's ~/ckpt: "Transport endpoint is not connected"
+    res = bk.apply(task(bk.endpoint, MOUNTS, run=RUN), "--no-setup").check()
+    events = bk.bucket_events(res)
+    assert events[0]["reused"] == ["~/ckpt", "~/cached"] and "mounted" not in events[0], events
+    assert events[1]["mounted"] == ["~/ckpt"] and events[1]["reused"] == ["~/cached"], events
+    task_id = re.search(r"^Job \d+ running \((\S+)\)", res.stdout, re.M).group(1)  # type: ignore[union-attr]
+    want = {"rank0.txt": f"{task_id}\n".encode(), "rank1.txt": f"{task_id}\n".encode()}
+    assert bk.wait_for_keys(CKPT, want) == want
+
+
+def test_missing_bucket_is_one_line_and_nothing_runs(bk: BK):
+    missing = f"s3://no-such-{MOD}/data"
+    res = bk.apply(task(bk.endpoint, f"  /tmp/{MOD}-m:\n    source: {missing}\n    mode: MOUNT\n",
+                        setup="echo SETUP-RAN", run="echo RUN-RAN"))
+    line = one_error_line(res)
+    assert re.fullmatch(rf"error: job \d+: {missing}: no such bucket \(no-such-{MOD}\); create it, or give name: "
+                        r"without source: to have it made", line), line
+    assert "RAN" not in res.stdout
+
+
+def test_node_that_lost_rclone_is_one_line(bk: BK):
+    bk.on_worker("mount --bind /dev/null /usr/bin/rclone")
+    try:
+        res = bk.apply(task(bk.endpoint, MOUNTS, setup="echo SETUP-RAN", run="echo RUN-RAN"))
+    finally:
+        bk.on_worker("umount /usr/bin/rclone")
+    line = one_error_line(res)
+    assert re.match(r"error: job \d+: worker1: rclone is not installed, and the job's cloud-bucket file_mounts "
+                    r"need it; .* apt-get install rclone fuse3$", line), line
+    assert "RAN" not in res.stdout and "Preparing" not in res.stdout
+
+
+def test_down_with_mounts_up_leaves_nothing(bk: BK):
+    footprint = bk.cluster.footprint()
+    assert pids_matching(f"rclone\0mount\0gpuctls3:{CKPT}\0")
+    bk.cluster.gpuctl("down", NAME).check()
+    footprint.assert_gone()
+    assert not pids_matching(f"rclone\0mount\0gpuctls3:{CKPT}\0")

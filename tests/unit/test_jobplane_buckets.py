@@ -1,0 +1,283 @@
+"""Cloud-bucket file_mounts without a network: how the agent builds rclone's argv and
+environment (credentials only in the environment), reads mount tables and rclone's
+errors, and a one-node job through `submit` with a stand-in rclone on PATH (the head's
+check, the COPY before setup, a missing bucket, a node without rclone); the controller's
+side (buckets.py: refusals, payload entries, storage settings; prepare's features)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpuctl import jobenv
+from gpuctl.configplane import prepare
+from gpuctl.errors import UserError
+from gpuctl.inventory import Inventory, Node
+from gpuctl.jobplane import buckets
+from gpuctl.jobplane.buckets import BucketMount
+from gpuctl.jobplane.payload import build_payload
+
+from test_jobplane_agent import agent, payload, submit
+
+SECRET_ID = "AKIDEXAMPLE-not-real"
+SECRET_KEY = "k3y-'with quotes' and $dollar\nand a newline"
+SECRETS = {"AWS_ACCESS_KEY_ID": SECRET_ID, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "OTHER": "x"}
+STORAGE = {"endpoint": "http://10.0.0.1:9000", "region": "us-east-1"}
+BUCKET = {"dest": "/data", "bucket": "b", "prefix": "ds/train", "mode": "MOUNT", "create": False,
+          "url": "s3://b/ds/train"}
+
+
+# -- the agent's pure parts ---------------------------------------------------------
+
+
+def test_secrets_parse_back_what_jobenv_writes():
+    text = jobenv.secrets_script(SECRETS)
+    assert agent.parse_secrets(text) == SECRETS
+
+
+def test_rclone_env_takes_credentials_from_secrets_only():
+    base = {"PATH": "/usr/bin", "AWS_SESSION_TOKEN": "stale-node-token", "AWS_CA_BUNDLE": "/nonexistent/ca.pem"}
+    env, extra = agent.rclone_env(STORAGE, SECRETS, base)
+    assert env["AWS_ACCESS_KEY_ID"] == SECRET_ID and env["AWS_SECRET_ACCESS_KEY"] == SECRET_KEY
+    assert "AWS_SESSION_TOKEN" not in env  # never mixed with the job's keys
+    assert "OTHER" not in env and "AWS_CA_BUNDLE" not in env and extra == []
+    assert env["RCLONE_CONFIG_GPUCTLS3_TYPE"] == "s3" and env["RCLONE_CONFIG_GPUCTLS3_ENV_AUTH"] == "true"
+    assert env["RCLONE_CONFIG_GPUCTLS3_PROVIDER"] == "Other"  # an endpoint of its own: path-style
+    assert env["RCLONE_CONFIG_GPUCTLS3_ENDPOINT"] == STORAGE["endpoint"]
+    assert env["RCLONE_CONFIG_GPUCTLS3_REGION"] == "us-east-1"
+
+
+def test_rclone_env_without_secrets_leaves_the_node_identity(tmp_path: Path):
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("pem")
+    env, extra = agent.rclone_env({"endpoint": None, "region": None}, {}, {"AWS_CA_BUNDLE": str(bundle)})
+    assert not any(k in env for k in agent.BUCKET_CREDENTIALS)  # AWS's chain: the instance profile
+    assert env["RCLONE_CONFIG_GPUCTLS3_PROVIDER"] == "AWS" and "RCLONE_CONFIG_GPUCTLS3_ENDPOINT" not in env
+    assert extra == ["--ca-cert", str(bundle)]
+
+
+def test_no_argv_carries_a_credential():
+    env, extra = agent.rclone_env(STORAGE, SECRETS, {})
+    argvs = [agent.rclone_copy_argv(dict(BUCKET, mode="COPY"), "/data", "dir", extra),
+             agent.rclone_copy_argv(dict(BUCKET, mode="COPY"), "/data/f", "file", extra),
+             agent.rclone_mount_argv(BUCKET, "/data", "/h/.gpuctl/mounts/k", extra),
+             agent.rclone_mount_argv(dict(BUCKET, mode="MOUNT_CACHED"), "/data", "/h/.gpuctl/mounts/k", extra, True)]
+    for argv in argvs:
+        assert not any(s in " ".join(argv) for s in (SECRET_ID, "k3y", "quotes")), argv
+    copy, copyto, mount, cached = argvs
+    assert copy[:2] == ["rclone", "copy"] and copy[-2:] == ["gpuctls3:b/ds/train", "/data"]
+    assert copyto[:2] == ["rclone", "copyto"]
+    assert mount[:4] == ["rclone", "mount", "gpuctls3:b/ds/train", "/data"] and "--daemon" in mount
+    assert mount[mount.index("--vfs-cache-mode") + 1] == "writes" and "--allow-other" not in mount
+    assert cached[cached.index("--vfs-cache-mode") + 1] == "full" and "--allow-other" in cached
+    assert mount[mount.index("--cache-dir") + 1] == "/h/.gpuctl/mounts/k.cache"
+
+
+def test_tools_problem_names_what_is_missing():
+    copy, mount = [dict(BUCKET, mode="COPY")], [BUCKET]
+    have = {"rclone": "/usr/bin/rclone", "fusermount3": "/usr/bin/fusermount3"}
+    assert agent.bucket_tools_problem([], which=lambda n: None) is None
+    assert agent.bucket_tools_problem(mount, which=have.get, exists=lambda p: True) is None
+    assert agent.bucket_tools_problem(copy, which={"rclone": "/x"}.get, exists=lambda p: False) is None
+    text = agent.bucket_tools_problem(copy, which=lambda n: None)
+    assert text.startswith("rclone is not installed") and "apt-get install rclone fuse3" in text
+    text = agent.bucket_tools_problem(mount, which={"rclone": "/x"}.get, exists=lambda p: False)
+    assert text.startswith("fusermount3 (package fuse3) and /dev/fuse (the fuse kernel module) are not installed")
+
+
+def test_rclone_errors_become_one_line_with_a_hint():
+    log = ("2026/11/23 21:50:35 NOTICE: Config file \"/root/.config/rclone/rclone.conf\" not found - using defaults\n"
+           "2026/11/23 21:50:35 ERROR : : error listing: NoCredentialProviders: no valid providers in chain. "
+           "Deprecated.\n\tFor verbose messaging see aws.Config.CredentialsChainVerboseErrors\n"
+           "2026/11/23 21:50:35 Failed to lsf with 2 errors: last error was: error in ListJSON: "
+           "NoCredentialProviders: no valid providers in chain. Deprecated.\n")
+    msg = agent.rclone_error(log)
+    assert msg.startswith("error in ListJSON: NoCredentialProviders") and "under secrets:" in msg
+    assert "\n" not in msg and "2026/" not in msg
+    assert agent.rclone_error("") == "rclone gave no reason"
+
+
+def test_mount_table_unescapes_paths():
+    text = ("22 1 0:21 / /proc rw - proc proc rw\n"
+            "44 50 0:40 / /root/my\\040ckpt rw,nosuid - fuse.rclone gpuctls3:b/p rw,user_id=0\n")
+    assert agent.mount_table(text) == {"/proc": ("proc", "proc"), "/root/my ckpt": ("fuse.rclone", "gpuctls3:b/p")}
+
+
+def test_mount_identity_follows_bucket_mode_endpoint_and_credentials():
+    env, _ = agent.rclone_env(STORAGE, SECRETS, {})
+    same = agent.mount_ident(BUCKET, STORAGE, env)
+    assert agent.mount_ident(dict(BUCKET), dict(STORAGE), dict(env)) == same
+    assert agent.mount_ident(dict(BUCKET, mode="MOUNT_CACHED"), STORAGE, env) != same
+    assert agent.mount_ident(dict(BUCKET, prefix="other"), STORAGE, env) != same
+    assert agent.mount_ident(BUCKET, dict(STORAGE, endpoint="http://elsewhere"), env) != same
+    assert agent.mount_ident(BUCKET, STORAGE, dict(env, AWS_SECRET_ACCESS_KEY="rotated")) != same
+    assert SECRET_ID not in same and SECRET_KEY not in same
+
+
+def test_nothing_mounted_and_foreign_mount_points(tmp_path: Path):
+    assert agent.mount_state(str(tmp_path / "nothing"), "id", None) is None
+    assert agent.mount_state("/proc", "id", None) == "foreign"  # a mount point gpuctl did not make
+
+
+# -- one-node jobs with a stand-in rclone ----------------------------------------------
+
+
+@pytest.fixture
+def node_home(tmp_path: Path) -> Path:
+    """A scratch HOME with the agent prepared as fingerprint 'fp1' (as in test_jobplane_agent)."""
+    home = tmp_path / "home"
+    (home / ".gpuctl" / "bin").mkdir(parents=True)
+    (home / ".gpuctl" / "prepared").write_text("fp1\n")
+    return home
+
+
+FAKE_RCLONE = r"""#!/bin/bash
+# A stand-in for rclone: records its argv and the AWS/RCLONE names and values it got,
+# lists every source but a bucket called "missing", copies one file.
+printf 'ARGV %s\n' "$*" >> "$FAKE_RCLONE_LOG"
+env | grep -E '^(AWS_(ACCESS_KEY_ID|SECRET_ACCESS_KEY|SESSION_TOKEN)|RCLONE_CONFIG_)' \
+  | sed 's/^/ENV /' >> "$FAKE_RCLONE_LOG"
+verb=$1
+last=${@: -1}
+case "$verb" in
+  lsf) case "$last" in gpuctls3:missing*) echo "Failed to lsf: directory not found" >&2; exit 3 ;; esac
+       echo "a.txt" ;;
+  mkdir) ;;
+  copy) mkdir -p "$last" && echo "from the bucket" > "$last/a.txt" ;;
+  *) echo "fake rclone: $verb is not faked" >&2; exit 2 ;;
+esac
+"""
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path) -> Path:
+    """PATH with bash and a stand-in rclone only (nothing else of this machine's)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "cat", "mkdir", "sed", "grep", "env"):
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    (bin_dir / "rclone").write_text(FAKE_RCLONE)
+    (bin_dir / "rclone").chmod(0o755)
+    os.symlink(shutil.which("true"), bin_dir / "fusermount3")  # a MOUNT's tools are there (never reached)
+    return bin_dir
+
+
+def run_with(home: Path, bin_dir: Path, body: dict, secrets: dict, monkeypatch: pytest.MonkeyPatch):
+    log = home.parent / "rclone.log"
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("FAKE_RCLONE_LOG", str(log))
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+    events, outcome, err = submit(home, body, secrets_text=jobenv.secrets_script(secrets))
+    return events, outcome, (log.read_text() if log.exists() else "")
+
+
+def test_copy_lands_before_setup_with_credentials_in_the_environment(node_home: Path, fake_bin: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    mounts = [BucketMount(dest="~/data", bucket="b", prefix="ds", mode="COPY")]
+    body = payload("20", "true", setup="cat ~/data/a.txt", buckets=buckets.payload_entries(mounts),
+                   storage={"endpoint": "http://10.0.0.1:9000", "region": None})
+    events, outcome, log = run_with(node_home, fake_bin, body, SECRETS, monkeypatch)
+    assert outcome is not None and outcome.status == "SUCCEEDED", events
+    assert ("setup", "from the bucket") in [(e.stage, e.text) for e in events if e.kind == "O"]
+    phases = [e.text for e in events if e.kind == "P"]
+    assert phases.index("buckets") < phases.index("mounts") < phases.index("setup")
+    argv = [line for line in log.splitlines() if line.startswith("ARGV ")]
+    assert argv[0].startswith("ARGV lsf -q --max-depth 1") and argv[0].endswith("gpuctls3:b/ds")
+    assert argv[1].startswith("ARGV copy -q") and argv[1].endswith(f"gpuctls3:b/ds {node_home}/data")
+    assert f"ENV AWS_ACCESS_KEY_ID={SECRET_ID}" in log and "ENV RCLONE_CONFIG_GPUCTLS3_PROVIDER=Other" in log
+    assert not any(SECRET_ID in line or "k3y" in line for line in argv)
+    job = node_home / ".gpuctl" / "jobs" / "20"
+    for path in job.rglob("*"):  # the job's files (payload, events, logs) never hold a credential
+        assert SECRET_ID not in path.read_text(errors="replace"), path
+    assert not list((node_home / "data").glob(".gpuctl-claim-*"))
+
+
+def test_missing_bucket_is_one_line_and_nothing_runs(node_home: Path, fake_bin: Path,
+                                                     monkeypatch: pytest.MonkeyPatch):
+    mounts = [BucketMount(dest="~/ckpt", bucket="made", mode="MOUNT", create=True),
+              BucketMount(dest="~/data", bucket="missing", prefix="x", mode="COPY")]
+    body = payload("21", "touch ~/ran", setup="touch ~/set", buckets=buckets.payload_entries(mounts),
+                   storage={"endpoint": None, "region": "eu-west-1"})
+    events, outcome, log = run_with(node_home, fake_bin, body, {}, monkeypatch)
+    assert outcome is not None and outcome.status == "FAILED"
+    assert outcome.detail == ("s3://missing/x: no such bucket (missing); create it, or give name: without source: "
+                              "to have it made")
+    assert "ARGV mkdir -q" in log and "gpuctls3:made" in log  # name: without source: created first
+    assert "ENV AWS_ACCESS_KEY_ID" not in log  # no secrets: AWS's own chain (the instance profile)
+    assert not (node_home / "ran").exists() and not (node_home / "set").exists()
+    assert "mounts" not in [e.text for e in events if e.kind == "P"]
+
+
+def test_node_without_rclone_runs_nothing(node_home: Path, fake_bin: Path, monkeypatch: pytest.MonkeyPatch):
+    (fake_bin / "rclone").unlink()
+    body = payload("22", "touch ~/ran", setup="touch ~/set",
+                   buckets=buckets.payload_entries([BucketMount(dest="~/d", bucket="b", mode="COPY")]))
+    _, outcome, _ = run_with(node_home, fake_bin, body, {}, monkeypatch)
+    assert outcome is not None and outcome.status == "FAILED"
+    assert outcome.detail.startswith("head: rclone is not installed, and the job's cloud-bucket file_mounts need it")
+    assert not (node_home / "ran").exists() and not (node_home / "set").exists()
+
+
+# -- the controller's side ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mount,envs,says", [
+    (BucketMount("~/gpuctl_workdir/ckpt", "b"), {}, "would cover ~/gpuctl_workdir"),
+    (BucketMount("~/", "b", mode="MOUNT_CACHED"), {}, "cannot cover the whole home"),
+    (BucketMount("~/.gpuctl/x", "b"), {}, "would cover ~/.gpuctl"),
+    (BucketMount("/data", "b", mode="COPY"), {"AWS_SECRET_ACCESS_KEY": "x"}, "envs.AWS_SECRET_ACCESS_KEY: bucket"),
+    (BucketMount("/data", "b"), {"AWS_ENDPOINT_URL": "minio:9000"}, "envs.AWS_ENDPOINT_URL 'minio:9000'"),
+])
+def test_check_refuses_what_nodes_could_not_do_safely(mount: BucketMount, envs: dict, says: str):
+    with pytest.raises(UserError) as err:
+        buckets.check([mount], envs)
+    assert says in err.value.message
+
+
+def test_check_accepts_copy_into_the_workdir_and_plain_mounts():
+    buckets.check([BucketMount("~/gpuctl_workdir/data", "b", mode="COPY"), BucketMount("/ckpt", "c")],
+                  {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000"})
+    buckets.check([], {"AWS_SECRET_ACCESS_KEY": "not about buckets"})
+
+
+def test_tools_storage_and_entries():
+    copy, mount = BucketMount("/d", "b", "p/", mode="COPY"), BucketMount("~/c", "c", create=True)
+    assert buckets.tools_needed([]) == () and buckets.tools_needed([copy]) == ("rclone",)
+    assert buckets.tools_needed([copy, mount]) == ("rclone", "fuse")
+    envs = {"AWS_ENDPOINT_URL": "http://b/", "AWS_ENDPOINT_URL_S3": "http://a/", "AWS_DEFAULT_REGION": "eu-west-1"}
+    assert buckets.storage_settings(envs, cloud="local", region=None) == {"endpoint": "http://a", "region": "eu-west-1"}
+    assert buckets.storage_settings({}, cloud="aws", region="us-west-2") == {"endpoint": None, "region": "us-west-2"}
+    assert buckets.storage_settings({}, cloud="local", region="x") == {"endpoint": None, "region": None}
+    assert buckets.payload_entries([copy, mount]) == [
+        {"dest": "/d", "bucket": "b", "prefix": "p", "mode": "COPY", "create": False, "url": "s3://b/p"},
+        {"dest": "~/c", "bucket": "c", "prefix": "", "mode": "MOUNT", "create": True, "url": "s3://c"}]
+    assert buckets.describe([mount]) == ["s3://c (created if missing): mounted at ~/c"]
+
+
+def test_payload_carries_buckets_and_no_credentials():
+    inv = Inventory(cluster="c", cloud="local", nodes=(Node(name="head", rank=0, node_id="n0", address="10.0.0.2",
+                                                            ssh_host="10.0.0.2", ssh_port=22, ssh_user="root"),))
+    body = build_payload(inv, job_id=1, fingerprint="f", job_nodes=1, setup=None, run=None,
+                         buckets=buckets.payload_entries([BucketMount("/d", "b")]), storage=STORAGE)
+    assert body["buckets"][0]["bucket"] == "b" and body["storage"] == STORAGE
+    assert build_payload(inv, job_id=1, fingerprint="f", job_nodes=1, setup=None, run=None,
+                         storage=STORAGE)["storage"] is None
+
+
+def test_features_grow_and_enter_the_fingerprint(tmp_path: Path):
+    inv = Inventory(cluster="c", cloud="local", nodes=(Node(name="head", rank=0, node_id="n0", address="10.0.0.2",
+                                                            ssh_host="10.0.0.2", ssh_port=22, ssh_user="root"),))
+    assert prepare.features(tmp_path) == ()
+    assert prepare.features(tmp_path, ("fuse", "rclone")) == ("rclone", "fuse")
+    prepare.record_features(tmp_path, ("rclone",))
+    assert prepare.features(tmp_path) == ("rclone",) and prepare.features(tmp_path, ("fuse",)) == ("rclone", "fuse")
+    with pytest.raises(ValueError):
+        prepare.features(tmp_path, ("nfs",))
+    plain = prepare.fingerprint(inv, internal_public_key="k", fabric_env={})
+    assert prepare.fingerprint(inv, internal_public_key="k", fabric_env={}, features=()) == plain
+    with_tools = prepare.fingerprint(inv, internal_public_key="k", fabric_env={}, features=("rclone",))
+    assert with_tools != plain
+    assert prepare.fingerprint(inv, internal_public_key="k", fabric_env={}, features=("rclone", "fuse")) != with_tools
