@@ -113,6 +113,13 @@ def test_run_argv_host_network_ipc_gpus_and_image_after_dashes(flavor: str, gpus
     assert json.loads(label.split("=", 2)[2]) == want
 
 
+def test_run_argv_passes_the_fabric_devices_where_the_node_has_them():
+    want = {"image": "repo/img:1", "gpus": True, "mounts": {}}
+    assert "--device=/dev/infiniband" not in agent.container_run_argv(cfg(gpus=True), want)
+    argv = agent.container_run_argv({**cfg(gpus=True), "fabric": True}, want)
+    assert {"--device=/dev/infiniband", "--ulimit=memlock=-1:-1"} <= set(argv[:argv.index("--")])
+
+
 def test_exec_argv_reads_env_and_secrets_from_files(tmp_path: Path):
     st = agent.Stage(str(tmp_path), "run")
     argv = agent.container_exec_argv(cfg(), st)
