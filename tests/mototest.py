@@ -6,8 +6,8 @@ proxy in front of it that answers EC2 `RunInstances` in chosen zones the way
 EC2 does when a zone is out of capacity (moto never is), to exercise zone
 failover end to end. `fake_aws_env(url)` is the
 environment a gpuctl subprocess needs to talk to it and to nothing else:
-fake credentials, no shared config files, no instance metadata lookups, and
-`GPUCTL_AWS_ENDPOINT_URL` pointing at the server.
+fake credentials, no shared config files (AWS's, SkyPilot's), no instance
+metadata lookups, and `GPUCTL_AWS_ENDPOINT_URL` pointing at the server.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _AWS_VARS_TO_DROP = (
     "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
     "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2",
     "GPUCTL_AWS_ENDPOINT_URL", "GPUCTL_AWS_PROFILE", "GPUCTL_AWS_PLACEMENT", "GPUCTL_AWS_EFA",
-    "GPUCTL_SSH_INGRESS_CIDRS",
+    "GPUCTL_SSH_INGRESS_CIDRS", "GPUCTL_AWS_REMOTE_IDENTITY",
 ) + tuple(FAKE_CREDENTIALS)
 
 
@@ -56,6 +56,7 @@ def isolated_aws_env(base: Mapping[str, str] | None = None, *, home: Path | None
         AWS_CONFIG_FILE=nowhere,
         AWS_SHARED_CREDENTIALS_FILE=nowhere,
         AWS_EC2_METADATA_DISABLED="true",
+        SKYPILOT_GLOBAL_CONFIG=nowhere,  # a user's ~/.sky/config.yaml (aws.remote_identity) stays out
     )
     return env
 

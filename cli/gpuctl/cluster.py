@@ -6,6 +6,7 @@ be read and tested without knowing SkyPilot's task format.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,9 @@ from gpuctl.paths import CLUSTER_NAME_RE
 
 if TYPE_CHECKING:
     from gpuctl.spec import Task
+
+# ClusterRequest.extra: the task's config.aws.remote_identity as JSON (providers/aws.py reads it)
+X_REMOTE_IDENTITY = "aws.remote_identity"
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ def request_from_task(
         inventory_path = Path(where.path)
         if not inventory_path.is_absolute():
             inventory_path = (base_dir or Path.cwd()) / inventory_path
+    aws_config = (task.config or {}).get("aws")
+    identity = aws_config.get("remote_identity") if isinstance(aws_config, dict) else None
     return ClusterRequest(
         name=check_cluster_name(name or default_cluster_name(task.name)),
         num_nodes=num_nodes if num_nodes is not None else task.num_nodes,
@@ -96,4 +102,5 @@ def request_from_task(
         image_id=None if task.container_image or (res.image_id or "").startswith("skypilot:") else res.image_id,
         network_tier=res.network_tier or "standard",
         inventory_path=inventory_path,
+        extra={X_REMOTE_IDENTITY: json.dumps(identity)} if identity is not None and where.cloud == "aws" else {},
     )

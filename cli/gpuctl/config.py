@@ -9,12 +9,24 @@ aws:
   placement: auto              # auto | cluster | none
   efa: true                    # false only for emulators without EFA
   max_retries: 8               # AWS API retries per call in Terraform (see below)
+  remote_identity: data-reader # the nodes' IAM instance profile (SkyPilot's aws.remote_identity)
 ```
 
 Environment variables override the file, key by key:
 `GPUCTL_AWS_ENDPOINT_URL`, `GPUCTL_SSH_INGRESS_CIDRS` (comma-separated),
 `GPUCTL_AWS_PROFILE`, `GPUCTL_AWS_PLACEMENT`, `GPUCTL_AWS_EFA`, `GPUCTL_AWS_MAX_RETRIES`,
-`GPUCTL_SSH_OPEN_TO_WORLD`.
+`GPUCTL_SSH_OPEN_TO_WORLD`, `GPUCTL_AWS_REMOTE_IDENTITY`.
+
+`remote_identity` is SkyPilot's setting of the same name, also read from a
+task's `config: {aws: {remote_identity: ...}}` (which wins) and, when gpuctl's
+own config and environment do not set it, from SkyPilot's `~/.sky/config.yaml`
+(or the file `SKYPILOT_GLOBAL_CONFIG` names). gpuctl takes the name of an
+existing IAM instance profile, or SkyPilot's list form `[{CLUSTER_GLOB: NAME}]`
+(the first glob matching the cluster's name); the nodes then reach AWS (the
+S3 buckets of file_mounts) as that profile. `LOCAL_CREDENTIALS` and
+`NO_UPLOAD` mean no profile: gpuctl never copies your own credentials to
+nodes (give bucket credentials under the task's `secrets:`), and
+`SERVICE_ACCOUNT` is refused: gpuctl creates no IAM roles.
 
 `max_retries` goes to the Terraform provider block. hashicorp/aws 5.x retries
 `InsufficientInstanceCapacity` like a throttle, up to `max_retries` times with
@@ -29,11 +41,13 @@ setup that routes EC2 through a private endpoint keeps its EFA fabric.
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from gpuctl.errors import UserError
 from gpuctl.paths import state_root
@@ -48,8 +62,14 @@ EFA_ENV = "GPUCTL_AWS_EFA"
 RETRIES_ENV = "GPUCTL_AWS_MAX_RETRIES"
 DEFAULT_MAX_RETRIES = 8
 PLACEMENT_CHOICES = ("auto", "cluster", "none")
-_AWS_KEYS = ("profile", "ssh_ingress_cidrs", "ssh_open_to_world", "endpoint_url", "placement", "efa", "max_retries")
+_AWS_KEYS = ("profile", "ssh_ingress_cidrs", "ssh_open_to_world", "endpoint_url", "placement", "efa", "max_retries",
+             "remote_identity")
 OPEN_WORLD_ENV = "GPUCTL_SSH_OPEN_TO_WORLD"
+REMOTE_IDENTITY_ENV = "GPUCTL_AWS_REMOTE_IDENTITY"
+SKY_CONFIG_ENV = "SKYPILOT_GLOBAL_CONFIG"  # SkyPilot's own override of ~/.sky/config.yaml
+# SkyPilot's remote_identity values that name no instance profile (gpuctl uploads no credentials either way).
+NO_PROFILE = ("LOCAL_CREDENTIALS", "NO_UPLOAD")
+_PROFILE_RE = re.compile(r"[A-Za-z0-9+=,.@_-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +85,7 @@ class AwsSettings:
     placement: str = "auto"  # auto: a cluster placement group when EFA is on
     efa: bool = True  # False: never attach EFA (emulators only)
     max_retries: int = DEFAULT_MAX_RETRIES  # Terraform provider's AWS API retries
+    remote_identity: Any = None  # SkyPilot's aws.remote_identity as given (see instance_profile)
     source: Mapping[str, str] = None  # type: ignore[assignment]
 
     def origin(self, key: str) -> str:
@@ -143,10 +164,15 @@ def aws_settings(env: Mapping[str, str] | None = None, *, path: Path | None = No
             values[key] = raw[key]
             source[key] = f"aws.{key} in {path}"
     for key, var in (("endpoint_url", ENDPOINT_ENV), ("ssh_ingress_cidrs", CIDRS_ENV), ("profile", PROFILE_ENV),
-                     ("placement", PLACEMENT_ENV), ("efa", EFA_ENV), ("max_retries", RETRIES_ENV)):
+                     ("placement", PLACEMENT_ENV), ("efa", EFA_ENV), ("max_retries", RETRIES_ENV),
+                     ("remote_identity", REMOTE_IDENTITY_ENV)):
         if env.get(var):
             values[key] = env[var]
             source[key] = var
+    if "remote_identity" not in values:
+        sky_path, sky_value = sky_remote_identity(env)
+        if sky_value is not None:
+            values["remote_identity"], source["remote_identity"] = sky_value, f"aws.remote_identity in {sky_path}"
     placement = str(values.get("placement", "auto")).strip().lower()
     if placement not in PLACEMENT_CHOICES:
         raise UserError(f"{source['placement']} '{placement}': use one of {', '.join(PLACEMENT_CHOICES)}")
@@ -171,5 +197,47 @@ def aws_settings(env: Mapping[str, str] | None = None, *, path: Path | None = No
         efa=_bool(values["efa"], where=source["efa"]) if "efa" in values else True,
         max_retries=(_count(values["max_retries"], where=source["max_retries"]) if "max_retries" in values
                      else DEFAULT_MAX_RETRIES),
+        remote_identity=values.get("remote_identity"),
         source=source,
     )
+
+
+def sky_remote_identity(env: Mapping[str, str]) -> tuple[Path, Any]:
+    """SkyPilot's own `aws.remote_identity` (~/.sky/config.yaml, or $SKYPILOT_GLOBAL_CONFIG): (file, value or None)."""
+    path = Path(env.get(SKY_CONFIG_ENV) or Path.home() / ".sky" / "config.yaml").expanduser()
+    if not path.is_file():
+        return path, None
+    data = load_yaml(path, what="SkyPilot config file") or {}
+    aws = data.get("aws") if isinstance(data, Mapping) else None
+    return path, (aws.get("remote_identity") if isinstance(aws, Mapping) else None)
+
+
+def instance_profile(value: Any, cluster: str, *, where: str) -> str | None:
+    """SkyPilot's `remote_identity` as the instance profile of `cluster`'s nodes; None for none.
+
+    A name; or `[{CLUSTER_GLOB: NAME}, ...]`, the first glob matching the cluster's name
+    (none matching: no profile); LOCAL_CREDENTIALS / NO_UPLOAD: none. UserError otherwise.
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        for item in value:
+            if not isinstance(item, Mapping) or len(item) != 1:
+                raise UserError(f"{where}: a list of remote identities holds one-key mappings such as "
+                                "[{my-cluster-*: data-reader}]")
+            ((pattern, name),) = item.items()
+            if fnmatch.fnmatchcase(cluster, str(pattern)):
+                return instance_profile(name, cluster, where=f"{where}[{pattern}]")
+        return None
+    if isinstance(value, Mapping):
+        raise UserError(f"{where}: give an instance profile name, or a list such as [{{my-cluster-*: data-reader}}]")
+    text = str(value).strip()
+    if text.upper() in NO_PROFILE:
+        return None
+    if text.upper() == "SERVICE_ACCOUNT":
+        raise UserError(f"{where} SERVICE_ACCOUNT: gpuctl creates no IAM roles; create an instance profile that may "
+                        "use your buckets and give its name")
+    if not _PROFILE_RE.fullmatch(text):
+        raise UserError(f"{where} '{text}': give the name of an IAM instance profile (1-128 letters, digits and "
+                        "+=,.@_-), such as data-reader, not its ARN")
+    return text

@@ -7,7 +7,8 @@ moto stands in for EC2. Checks that:
   cluster, writes an inventory listing their private IPs in rank order, and
   `down` terminates them -- with the first zone out of capacity (a proxy answers
   RunInstances there as EC2 does), so apply also moves to the next zone that
-  offers the type and says so;
+  offers the type and says so; the task's config.aws.remote_identity is the
+  nodes' IAM instance profile;
 - `apply --dry-run` of the 4 x p5.48xlarge example prints the Terraform plan
   summary, 32 EFA interfaces per node and the cluster placement group, and
   creates nothing;
@@ -128,8 +129,13 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
           infra: aws/{REGION}
           instance_type: t3.micro
           image_id: {MOTO_UBUNTU_AMI}
+        config:
+          aws:
+            remote_identity: [{{"other-*": wrong-profile}}, {{"moto-*": moto-data-reader}}]
         run: echo never runs with --provision-only
         """)
+    boto3.client("iam", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_instance_profile(InstanceProfileName="moto-data-reader")
     with CapacityShortage(moto.url, zones=["us-east-1a"]) as proxy:
         # one provider retry, so the capacity error surfaces at once (gpuctl.config)
         env = {**aws_env, "GPUCTL_AWS_ENDPOINT_URL": proxy.url, "GPUCTL_AWS_MAX_RETRIES": "1",
@@ -152,6 +158,7 @@ def check_cluster(moto: MotoServer, proxy: CapacityShortage, stdout: str, name: 
     nodes = running(moto, name)
     assert len(nodes) == 3
     assert {n["InstanceType"] for n in nodes} == {"t3.micro"}
+    assert {n["IamInstanceProfile"]["Arn"].rsplit("/", 1)[1] for n in nodes} == {"moto-data-reader"}
     # no zone in infra: 1a (first offering zone) had no capacity, so all nodes are in 1b
     assert {n["Placement"]["AvailabilityZone"] for n in nodes} == {"us-east-1b"}
     # the failed attempt in 1a was destroyed: one cluster VPC, one subnet, in 1b

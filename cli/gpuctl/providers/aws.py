@@ -16,6 +16,10 @@ function of the request and the user's AWS settings:
   with none, gpuctl opens nothing and says so.
 - The endpoint override (`GPUCTL_AWS_ENDPOINT_URL`) adds `endpoints` and the
   `skip_*` flags to the provider block, and nothing else.
+- Identity: SkyPilot's `remote_identity` (the task's `config.aws.remote_identity`,
+  else `aws.remote_identity` of gpuctl's config or ~/.sky/config.yaml) names the
+  nodes' IAM instance profile (module input `iam_instance_profile`), which is
+  how jobs reach S3 buckets without credentials of their own.
 
 Zones: a new cluster without a zone in `infra` goes to the first zone (sorted)
 offering the type, and on InsufficientInstanceCapacity moves to the next one
@@ -32,8 +36,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
-from gpuctl.cluster import ClusterRequest
-from gpuctl.config import CIDRS_ENV, AwsSettings, aws_settings, config_path
+from gpuctl.cluster import X_REMOTE_IDENTITY, ClusterRequest
+from gpuctl.config import CIDRS_ENV, AwsSettings, aws_settings, config_path, instance_profile
 from gpuctl.errors import ProvisionError, UserError
 from gpuctl.paths import cluster_dir, terraform_dir
 from gpuctl.preflight import (
@@ -119,6 +123,18 @@ def provider_block(region: str, settings: AwsSettings) -> dict[str, Any]:
     return block
 
 
+def node_identity(req: ClusterRequest, settings: AwsSettings) -> tuple[str | None, str]:
+    """(the nodes' IAM instance profile or None, where that was said): the task's
+    config.aws.remote_identity, else the user's aws.remote_identity; UserError for a bad value."""
+    if X_REMOTE_IDENTITY in req.extra:
+        where = "config.aws.remote_identity"
+        return instance_profile(json.loads(req.extra[X_REMOTE_IDENTITY]), req.name, where=where), f"the task's {where}"
+    if settings.remote_identity is not None:
+        where = settings.origin("remote_identity")
+        return instance_profile(settings.remote_identity, req.name, where=where), where
+    return None, ""
+
+
 def module_inputs(req: ClusterRequest, settings: AwsSettings, *, ssh_public_key: str) -> dict[str, Any]:
     if not req.instance_type:
         raise ValueError("ClusterRequest.instance_type is unset; run prepare() first")
@@ -145,6 +161,9 @@ def module_inputs(req: ClusterRequest, settings: AwsSettings, *, ssh_public_key:
         inputs["ami_ssm_parameter"] = DLAMI_SSM_PARAMETER
     if req.disk_size:
         inputs["root_volume_size"] = int(req.disk_size)
+    profile, _ = node_identity(req, settings)
+    if profile:
+        inputs["iam_instance_profile"] = profile
     return inputs
 
 
@@ -199,6 +218,9 @@ def describe(req: ClusterRequest, settings: AwsSettings, outputs: Mapping[str, A
     else:
         lines.append(f"SSH: closed (no ssh_ingress_cidrs); open it with aws.ssh_ingress_cidrs in {config_path()} "
                      f"or {CIDRS_ENV}=YOUR.IP/32")
+    profile, where = node_identity(req, settings)
+    if profile:
+        lines.append(f"IAM instance profile: {profile} ({where})")
     return lines
 
 
@@ -287,6 +309,7 @@ class AwsProvider(BaseProvider):
             raise UserError(
                 f"cluster name '{req.name}': AWS clusters take at most {MODULE_NAME_MAX} characters; pass a shorter -c NAME"
             )
+        node_identity(req, self.settings)  # a bad remote_identity: one line before any AWS call
         pinned = PINNED_BY_INFRA if req.zone else "0"
         zones = node_zones_in_state(state_file_of(req.name))
         if zones:

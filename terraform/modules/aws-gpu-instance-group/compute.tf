@@ -39,14 +39,6 @@ resource "aws_launch_template" "node" {
     }
   }
 
-  dynamic "iam_instance_profile" {
-    for_each = var.iam_instance_profile != null ? [var.iam_instance_profile] : []
-
-    content {
-      name = iam_instance_profile.value
-    }
-  }
-
   # Without EFA there are no interface blocks: subnet and security groups go on aws_instance,
   # which also keeps the module usable against EC2 emulators that ignore them here.
   dynamic "network_interfaces" {
@@ -174,8 +166,10 @@ resource "terraform_data" "node_shape" {
     capacity_reservation_id = var.capacity_reservation_id
     root_volume_size        = var.root_volume_size
     root_volume_kms_key_id  = var.root_volume_kms_key_id
-    iam_instance_profile    = var.iam_instance_profile
-    user_data_sha256        = var.user_data != null ? sha256(var.user_data) : null
+    # Always null: the profile is set on the instances, which take a new one in place (EC2
+    # AssociateIamInstanceProfile). The key stays so that states written before keep their nodes.
+    iam_instance_profile = null
+    user_data_sha256     = var.user_data != null ? sha256(var.user_data) : null
   }
 }
 
@@ -191,6 +185,10 @@ resource "aws_instance" "node" {
   subnet_id                   = local.efa_count == 0 ? local.subnet_id : null
   vpc_security_group_ids      = local.efa_count == 0 ? local.node_security_group_ids : null
   associate_public_ip_address = local.efa_count == 0 ? local.nodes_public : null
+
+  # On the instance, not in the launch template: a changed profile is associated with the
+  # running nodes in place instead of replacing them.
+  iam_instance_profile = var.iam_instance_profile
 
   tags = merge(local.tags, {
     Name          = "${var.name}-${count.index}"

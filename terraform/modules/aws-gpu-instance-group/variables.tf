@@ -210,9 +210,14 @@ variable "root_volume_kms_key_id" {
 }
 
 variable "iam_instance_profile" {
-  description = "Name of an IAM instance profile for the nodes (e.g. to read datasets from S3)."
+  description = "Name of an IAM instance profile for the nodes: their identity for AWS APIs (e.g. S3 buckets the jobs read and write, through the instance metadata service). Changing it associates the new profile with the running nodes in place. null: none."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.iam_instance_profile == null || can(regex("^[A-Za-z0-9+=,.@_-]{1,128}$", coalesce(var.iam_instance_profile, "-")))
+    error_message = "iam_instance_profile must be the name of an instance profile (1-128 letters, digits and +=,.@_-), such as \"training-data-reader\", not its ARN; or null for none."
+  }
 }
 
 variable "user_data" {

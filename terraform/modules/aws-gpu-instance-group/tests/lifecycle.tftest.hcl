@@ -1,6 +1,6 @@
-# Runs share state. After a mocked apply, a tag change must leave the nodes in place (a node
-# planned for replacement would have an unknown id): tags are not part of node_shape, which
-# replaces nodes when it changes. The mock never bumps launch-template versions, so the
+# Runs share state. After a mocked apply, a tag change or a new instance profile must leave the
+# nodes in place (a node planned for replacement would have an unknown id): neither is part of
+# node_shape, which replaces nodes when it changes. The mock never bumps launch-template versions, so the
 # nodes' ignore_changes on the version is not exercised here (it was checked against moto).
 
 mock_provider "aws" {
@@ -74,6 +74,24 @@ run "retag_keeps_nodes" {
   assert {
     condition     = aws_instance.node[0].tags["team"] == "research"
     error_message = "tags are updated in place"
+  }
+}
+
+run "new_instance_profile_keeps_nodes" {
+  command = plan
+
+  variables {
+    iam_instance_profile = "training-data-reader"
+  }
+
+  assert {
+    condition     = [for n in aws_instance.node : n.id] == ["i-0a1b2c3d4e5f60718", "i-0a1b2c3d4e5f60718"]
+    error_message = "giving the nodes an instance profile must not replace them"
+  }
+
+  assert {
+    condition     = aws_instance.node[0].iam_instance_profile == "training-data-reader"
+    error_message = "the profile is associated with the running nodes in place"
   }
 }
 

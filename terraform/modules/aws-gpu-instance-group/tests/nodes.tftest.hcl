@@ -122,8 +122,8 @@ run "boot_options" {
   }
 
   assert {
-    condition     = aws_launch_template.node.iam_instance_profile[0].name == "training-data-reader"
-    error_message = "the instance profile is set by name"
+    condition     = aws_instance.node[0].iam_instance_profile == "training-data-reader" && length(aws_launch_template.node.iam_instance_profile) == 0
+    error_message = "the instance profile is set by name on the instances (changed in place), not in the launch template"
   }
 
   assert {

@@ -41,9 +41,10 @@ run "malformed_ids" {
     ami_id                   = "ubuntu-22.04"
     capacity_reservation_id  = "cb-123"
     extra_security_group_ids = ["default"]
+    iam_instance_profile     = "arn:aws:iam::111122223333:instance-profile/reader"
   }
 
-  expect_failures = [var.subnet_id, var.ami_id, var.capacity_reservation_id, var.extra_security_group_ids]
+  expect_failures = [var.subnet_id, var.ami_id, var.capacity_reservation_id, var.extra_security_group_ids, var.iam_instance_profile]
 }
 
 run "malformed_network" {
