@@ -17,7 +17,8 @@ contract, produced by the job layer (launch.py):
     gpuctl_hostfile_lines  ["IP slots=N", ...], head first
     gpuctl_run_hosts       inventory names of the job's nodes
     gpuctl_internal_key    local path of the cluster's internal private key (wait.yml: node-to-node SSH), or None
-  optional: gpuctl_wait_timeout (s, default 600), gpuctl_stages / gpuctl_grace (kill.yml)
+  optional: gpuctl_wait_timeout (s, default 600), gpuctl_stages / gpuctl_grace (kill.yml),
+            gpuctl_features (prepare.yml: [rclone, fuse], the bucket tools; default none)
 
 Secrets never go through extravars: only the file's path does, and the copy
 task is `no_log`. Extravars go in a 0600 YAML file (`-e @file`, deleted after
