@@ -48,6 +48,8 @@ def test_rclone_env_takes_credentials_from_secrets_only():
     assert env["RCLONE_CONFIG_GPUCTLS3_PROVIDER"] == "Other"  # an endpoint of its own: path-style
     assert env["RCLONE_CONFIG_GPUCTLS3_ENDPOINT"] == STORAGE["endpoint"]
     assert env["RCLONE_CONFIG_GPUCTLS3_REGION"] == "us-east-1"
+    aws, _ = agent.rclone_env({"endpoint": None, "region": "eu-west-1"}, SECRETS, base)
+    assert aws["RCLONE_CONFIG_GPUCTLS3_LOCATION_CONSTRAINT"] == "eu-west-1"  # where `name:` buckets are made
 
 
 def test_rclone_env_without_secrets_leaves_the_node_identity(tmp_path: Path):

@@ -1036,6 +1036,8 @@ def rclone_env(storage, secrets, base=None):
         env[prefix + "ENDPOINT"] = endpoint
     if storage.get("region"):
         env[prefix + "REGION"] = storage["region"]
+        if not endpoint and storage["region"] != "us-east-1":  # AWS makes buckets there without it
+            env[prefix + "LOCATION_CONSTRAINT"] = storage["region"]
     if any(name in secrets for name in BUCKET_CREDENTIALS):
         for name in BUCKET_CREDENTIALS:
             env.pop(name, None)
