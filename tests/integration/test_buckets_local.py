@@ -158,8 +158,9 @@ def test_node_without_rclone_stops_the_first_bucket_job(bk: BK):
         bk.on_worker("umount /usr/bin/rclone")
     line = one_error_line(res)
     assert "Preparing 2 node(s)" in res.stdout
-    assert re.search(r"preparing the nodes failed: worker1: rclone missing on worker1, .*"
-                     r"install it here: apt-get install rclone fuse3", line), res.describe()
+    assert line == ("error: preparing the nodes failed: worker1: rclone missing on worker1, and the job's "
+                    "cloud-bucket file_mounts need it; local nodes run this machine's software, so install it "
+                    "here: apt-get install rclone fuse3"), res.describe()
     assert "RAN" not in res.stdout
 
 
