@@ -20,7 +20,7 @@ from gpuctl.jobplane import buckets
 from gpuctl.jobplane.buckets import BucketMount
 from gpuctl.jobplane.payload import build_payload
 
-from test_jobplane_agent import agent, payload, submit
+from test_jobplane_agent import agent, node_home, payload, submit  # noqa: F401 (a fixture)
 
 SECRET_ID = "AKIDEXAMPLE-not-real"
 SECRET_KEY = "k3y-'with quotes' and $dollar\nand a newline"
@@ -125,15 +125,6 @@ def test_nothing_mounted_and_foreign_mount_points(tmp_path: Path):
 
 
 # -- one-node jobs with a stand-in rclone ----------------------------------------------
-
-
-@pytest.fixture
-def node_home(tmp_path: Path) -> Path:
-    """A scratch HOME with the agent prepared as fingerprint 'fp1' (as in test_jobplane_agent)."""
-    home = tmp_path / "home"
-    (home / ".gpuctl" / "bin").mkdir(parents=True)
-    (home / ".gpuctl" / "prepared").write_text("fp1\n")
-    return home
 
 
 FAKE_RCLONE = r"""#!/bin/bash

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.jobplane import payload as payload_mod
-from test_jobplane_agent import AGENT_PATH, agent, payload, submit
+from test_jobplane_agent import AGENT_PATH, agent, node_home, payload, submit  # noqa: F401 (a fixture)
 
 SECRET = "s3cr3t-in-env-only"
 
@@ -174,16 +174,6 @@ def test_no_runtime_names_what_is_missing_and_what_to_install(tmp_path: Path, mo
 
 
 # -- through submit ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def node_home(tmp_path: Path) -> Path:
-    """A scratch HOME with the agent prepared as fingerprint 'fp1' (as in test_jobplane_agent)."""
-    home = tmp_path / "home"
-    (home / ".gpuctl" / "bin").mkdir(parents=True)
-    (home / ".gpuctl" / "prepared").write_text("fp1\n")
-    (home / ".gpuctl" / "fabric.env").write_text("export FABRIC_VAR=from-fabric\n")
-    return home
 
 
 @pytest.fixture
