@@ -60,12 +60,12 @@ FileArg = typer.Argument(..., metavar="FILE", help="Task YAML in SkyPilot's form
 
 
 def _load(file: Path, env: list[str] | None, secret: list[str] | None = None, *,
-          require_values: bool = True) -> Task:
+          require_values: bool = True, infra: str | None = None) -> Task:
     from gpuctl.spec import load_task
 
     return load_task(file, env_overrides=parse_env_assignments(env or []),
                      secret_overrides=parse_env_assignments(secret or [], flag="--secret", secret=True),
-                     require_values=require_values)
+                     require_values=require_values, infra_override=infra)
 
 
 def _warn(task: Task, req: ClusterRequest) -> None:
@@ -108,14 +108,18 @@ SecretOption = typer.Option(None, "--secret", metavar="K[=V]",
                             help="K=V (or K from your environment) for secrets; never printed.")
 
 
+InfraOption = typer.Option(None, "--infra", metavar="INFRA",
+                           help="Override resources.infra (local, ssh/PATH, aws/REGION, aws/REGION/ZONE).")
+
+
 @app.command()
 def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
-             secret: Optional[List[str]] = SecretOption) -> None:
+             secret: Optional[List[str]] = SecretOption, infra: Optional[str] = InfraOption) -> None:
     """Check a cluster.yaml as apply would, offline: nothing is provisioned or contacted."""
     from gpuctl.catalog import resolve_instance_type
 
-    task = _load(file, env, secret, require_values=False)
-    req = _request(task, file, cluster=None, infra=None, num_nodes=None)
+    task = _load(file, env, secret, require_values=False, infra=infra)
+    req = _request(task, file, cluster=None, infra=infra, num_nodes=None)
     _warn(task, req)
     parts = [f"{req.num_nodes} node(s) on {req.cloud}"]
     if req.cloud == "aws":
@@ -136,7 +140,7 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
 def apply(
     file: Path = FileArg,
     cluster: Optional[str] = typer.Option(None, "-c", "--cluster", metavar="NAME", help="Cluster name (default: the task's name)."),
-    infra: Optional[str] = typer.Option(None, "--infra", metavar="INFRA", help="Override resources.infra (local, ssh/PATH, aws/REGION, aws/REGION/ZONE)."),
+    infra: Optional[str] = InfraOption,
     num_nodes: Optional[int] = typer.Option(None, "--num-nodes", metavar="N", help="Override num_nodes."),
     env: Optional[List[str]] = EnvOption,
     secret: Optional[List[str]] = SecretOption,
@@ -149,7 +153,7 @@ def apply(
     from gpuctl import provision
 
     reporter = Reporter()
-    task = _load(file, env, secret)
+    task = _load(file, env, secret, infra=infra)
     req = _request(task, file, cluster=cluster, infra=infra, num_nodes=num_nodes)
     _warn(task, req)
     if dry_run:

@@ -1056,6 +1056,21 @@ def _redact(message: str, secret_values: Iterable[str]) -> str:
 # Public entry points
 
 
+def _override_infra(data: dict[str, Any], infra: str) -> None:
+    """`--infra`: one location for the task; the file's infra/cloud/region/zone go, alternatives' too."""
+    parse_infra(infra, field="--infra")  # its own error names the flag, not the file
+    resources = data.get("resources")
+    if not isinstance(resources, dict):
+        resources = {} if resources is None else resources
+    if isinstance(resources, dict):
+        resources = {k: v for k, v in resources.items() if k not in _WHERE_FIELDS}
+        for group in ("any_of", "ordered"):
+            if isinstance(resources.get(group), list):
+                resources[group] = [{k: v for k, v in alt.items() if k not in _WHERE_FIELDS}
+                                    if isinstance(alt, dict) else alt for alt in resources[group]]
+        data["resources"] = {"infra": infra, **resources}
+
+
 def _merge_overrides(data: dict[str, Any], section: str, overrides: Mapping[str, str] | None, flag: str) -> None:
     """`--env`/`--secret` values replace or extend the file's, validated like them."""
     if not overrides:
@@ -1074,6 +1089,7 @@ def load_task(
     env_overrides: Mapping[str, str] | None = None,
     secret_overrides: Mapping[str, str] | None = None,
     require_values: bool = True,
+    infra_override: str | None = None,
 ) -> Task:
     """Read and validate a SkyPilot-format task YAML.
 
@@ -1083,6 +1099,8 @@ def load_task(
     `secrets` before validation, so they fill `null` values and are checked
     the same way. Any problem raises `UserError` with one line
     `FILE:LINE: FIELD: MESSAGE` (`FILE:LINE:COLUMN: ...` for YAML syntax).
+    `infra_override` (`--infra`) replaces every location in the file, the
+    alternatives' too, as SkyPilot's `--infra` does.
     With `require_values=False` (validate) an env or secret still without a
     value is no error: it is listed in `Task.warnings` as needed at apply.
     Fields read but not acted on are listed there too, one line each.
@@ -1105,6 +1123,8 @@ def load_task(
 
     _merge_overrides(data, "envs", env_overrides, "--env")
     _merge_overrides(data, "secrets", secret_overrides, "--secret")
+    if infra_override:
+        _override_infra(data, infra_override)
     unset: list[str] = []
     if not require_values:
         for section in ("envs", "secrets"):

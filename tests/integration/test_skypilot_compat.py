@@ -146,6 +146,14 @@ def test_a_pipeline_is_named_as_such(tmp_path: Path) -> None:
             "task.yaml:2", "pipelines are not supported by gpuctl; split the file")
 
 
+def test_infra_flag_replaces_every_location_in_the_file(tmp_path: Path) -> None:
+    text = "resources:\n  infra: gcp\n  accelerators: A100:8\n"
+    assert "1 node(s) on aws, p4d.24xlarge, A100:8" in ok(validate(text, tmp_path, "--infra", "aws"))
+    any_of = "resources:\n  accelerators: A100:8\n  any_of:\n    - infra: gcp\n    - infra: azure\n"
+    assert "1 node(s) on aws, p4d.24xlarge, A100:8" in ok(validate(any_of, tmp_path, "--infra", "aws/us-west-2"))
+    refused(validate(text, tmp_path, "--infra", "gcp"), "--infra 'gcp': not supported by gpuctl")
+
+
 @pytest.mark.parametrize("where", ["infra: gcp", "infra: azure/eastus", "cloud: lambda", "infra: k8s/ctx"])
 def test_other_clouds_are_not_supported_by_gpuctl(tmp_path: Path, where: str) -> None:
     refused(validate(f"resources:\n  {where}\n", tmp_path), "task.yaml:2", "not supported by gpuctl",
