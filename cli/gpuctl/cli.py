@@ -13,20 +13,19 @@ import signal
 import sqlite3
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from gpuctl import joblogs, jobs, ssh, sshconfig, usage
+from gpuctl import joblogs, jobs, lifecycle, ssh, sshconfig, usage
 from gpuctl.cluster import ClusterRequest, check_cluster_name, request_from_task
-from gpuctl.clusterlock import cluster_lock
 from gpuctl.console import Reporter
 from gpuctl.envargs import parse_env_assignments
 from gpuctl.errors import JobCancelled, JobFailed, ProvisionError, UserError
 from gpuctl.inventory import Inventory, load_inventory
 from gpuctl.launch import JobRunner, JobSpec
+from gpuctl.lifecycle import write_ssh_config
 from gpuctl.paths import cluster_dir, state_root
 from gpuctl.state import TERMINAL_JOB_STATES, Registry
 
@@ -166,24 +165,8 @@ def apply(
 
         require_ssh_reach()
     registry = Registry()
-    with cluster_lock(req.name, reporter.info), \
-            reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'"):
-        registry.upsert_cluster(req.name, cloud=req.cloud, region=req.region, zone=req.zone,
-                                num_nodes=req.num_nodes, status="INIT", request=asdict(req))
-        try:
-            inv = provision.provision(req, on_progress=reporter.info)
-        except BaseException:
-            registry.set_cluster_status(req.name, "INIT")
-            raise
-        registry.upsert_cluster(req.name, cloud=req.cloud, region=inv.region, zone=inv.zone,
-                                num_nodes=len(inv.nodes), status="UP",
-                                request={**asdict(req), "workdir": str(task.workdir) if task.workdir else None,
-                                         "container_image": task.container_image})
-    write_ssh_config(inv)
-    if inv.head.known_hosts:  # nodes Terraform replaced are new entries; their old keys go
-        ssh.forget_host_keys(Path(inv.head.known_hosts), {n.host_key_alias for n in inv.nodes}, keep_only=True)
-    for node in inv.nodes:
-        reporter.info(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}")
+    inv = lifecycle.bring_up(req, reporter=reporter, registry=registry, workdir=task.workdir,
+                             container_image=task.container_image)
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provision.inventory_path(req.name)}")
         return
@@ -228,14 +211,6 @@ def _cluster_inventory(name: str) -> Inventory:
 def _job_runner(name: str, reporter: Reporter | None = None) -> JobRunner:
     """The job runner of an existing cluster (its inventory, the registry)."""
     return JobRunner(_cluster_inventory(name), reporter=reporter or Reporter(), registry=Registry())
-
-
-def write_ssh_config(inv: Inventory) -> Path:
-    """`$GPUCTL_STATE_DIR/ssh/<name>.conf`, plus `ssh/config` that includes every cluster's file."""
-    ssh_dir = state_root() / "ssh"
-    path = sshconfig.write(inv, ssh_dir / f"{inv.cluster}.conf")
-    (ssh_dir / "config").write_text(f"# gpuctl: Include this file from ~/.ssh/config\nInclude {ssh_dir}/*.conf\n")
-    return path
 
 
 @app.command()
@@ -488,12 +463,7 @@ def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear d
     registry = Registry()
     if registry.cluster(name) is None and not provision.cluster_exists(name):
         raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
-    with cluster_lock(name, reporter.info), reporter.stage(f"Tearing down cluster '{name}'"):
-        registry.set_cluster_status(name, "STOPPING")
-        provision.destroy(name)
-        registry.remove_jobs(name)
-        registry.remove_cluster(name)
-    reporter.info(f"Cluster '{name}' is gone.")
+    lifecycle.tear_down(name, reporter=reporter, registry=registry)
 
 
 def _interrupt(signum: int, frame: object) -> None:
