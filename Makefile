@@ -12,6 +12,8 @@ LOCK   := requirements.lock
 PIP_VERSION := 26.3
 # The demo's and the tests' training stack (not a dependency of gpuctl).
 TORCH  ?= torch==2.13.0 numpy==2.4.6
+# The JAX example's and the Python API's JAX test (CPU; jax's gloo collectives across nodes).
+JAX    ?= jax==0.10.2 jaxlib==0.10.2
 # podman and runc: the container tests (image_id: docker:IMAGE); runc named so that
 # apt does not pick crun, which cannot run containers under hybrid cgroups.
 # rclone and fuse3: the cloud-bucket tests (rclone copy/mount against moto's S3).
@@ -60,6 +62,7 @@ $(VENV)/.deps: $(LOCK) pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check
 	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install -q $(TORCH)
+	$(BIN)/python -c 'import jax' 2>/dev/null || $(BIN)/pip install -q $(JAX)
 	touch $@
 
 venv: $(VENV)/.deps

@@ -4,6 +4,44 @@ Layers, each its own module, passing plain values:
 spec (cluster.yaml) -> cluster (request) -> render/terraform (provision)
 -> inventory (from `terraform output -json`) -> jobenv/playbooks (Ansible)
 -> stream (live rank output) -> state (registry of clusters and jobs).
+The Python API (gpuctl.Cluster, @gpuctl.function, ...) lives in gpuctl/api/.
 """
 
+from __future__ import annotations
+
 __version__ = "0.1.0"
+
+# The Python API (gpuctl/api/), loaded on first use so that `import gpuctl` stays cheap
+# for the CLI and on the nodes, where only the runtime part is there: name -> (module, attribute).
+_API = {
+    "Cluster": ("gpuctl.api.cluster", "Cluster"),
+    "RemoteError": ("gpuctl.api.cluster", "RemoteError"),
+    "function": ("gpuctl.api.function", "function"),
+    "instance_info": ("gpuctl.api.runtime", "instance_info"),
+    "InstanceInfo": ("gpuctl.api.runtime", "InstanceInfo"),
+    "shard": ("gpuctl.api.runtime", "shard"),
+    "stdout": ("gpuctl.api.runtime", "stdout"),
+    "stderr": ("gpuctl.api.runtime", "stderr"),
+    "silent": ("gpuctl.api.runtime", "silent"),
+    "plugins": ("gpuctl.api.plugins", None),
+    "JobFailed": ("gpuctl.errors", "JobFailed"),
+    "UserError": ("gpuctl.errors", "UserError"),
+}
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> object:
+    try:
+        module_name, attr = _API[name]
+    except KeyError:
+        raise AttributeError(f"module 'gpuctl' has no attribute {name!r}") from None
+    import importlib
+
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

@@ -109,7 +109,7 @@ class JobRunner:
     def fingerprint(self) -> str:
         _, public = ensure_internal_key(self.cdir)
         return prepare.fingerprint(self.inv, internal_public_key=public, fabric_env=self.fabric_env(),
-                                   features=self.features)
+                                   features=self.features, python=prepare.python_env(self.cdir))
 
     def prepare(self, fingerprint: str, why: str) -> None:
         """Run the prepare play on every node (Ansible); a barrier, idempotent."""
@@ -119,7 +119,8 @@ class JobRunner:
                                          control_dir=self.control_dir, fingerprint_value=fingerprint,
                                          internal_key=key, fabric_env=self.fabric_env(),
                                          known_hosts=Path(self.inv.head.known_hosts) if self.inv.head.known_hosts
-                                         else None, features=self.features)
+                                         else None, features=self.features,
+                                         python=prepare.python_env(self.cdir))
         if not result.ok:
             prepare.forget(self.cdir)
             for host, reason in result.unreachable_reasons.items():
@@ -160,6 +161,11 @@ class JobRunner:
     def print_line(self, node: Node, line: str) -> None:
         """One line of a rank's output, prefixed `(worker1, rank=1)`."""
         self.reporter.rank_line(stream.format_prefix(node), node.rank, line)
+
+    def output_text(self, event: Event) -> str | None:
+        """What of a rank's output line to print and save (None: nothing). All of it here;
+        the Python API takes its result lines out (api/cluster.py)."""
+        return event.text
 
     def run(self, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> JobOutcome:
         """The whole job; its outcome (status RUNNING when detached). Raises JobFailed when it failed."""
@@ -392,9 +398,11 @@ class _JobView:
         runner, by_rank = self.runner, self.runner.by_rank
         cluster = runner.inv.cluster
         if event.kind == "O" and event.rank in by_rank:
-            self.logs.write(event.stage or "run", event.rank, event.text)
-            if self.echo and (self.ranks is None or event.rank in self.ranks):
-                runner.print_line(by_rank[event.rank], event.text)
+            text = runner.output_text(event)
+            if text is not None:
+                self.logs.write(event.stage or "run", event.rank, text)
+                if self.echo and (self.ranks is None or event.rank in self.ranks):
+                    runner.print_line(by_rank[event.rank], text)
         elif event.kind == "P" and not self.quiet:
             n = len(runner.inv.nodes)
             if event.text == "sync" and n > 1:

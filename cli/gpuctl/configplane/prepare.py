@@ -14,6 +14,12 @@ file_mounts) are prepared only once a job needs them: the controller keeps
 the set prepared so far in `clusters/<name>/features`, a job needing more
 grows it, and the set is part of the fingerprint, so the first job with
 buckets prepares again (role gpuctl_storage) and later jobs without them do not.
+
+The Python API's venv (role gpuctl_python) works the same way: its Python
+version and packages (`clusters/<name>/python.json`, grown by each
+gpuctl.Cluster that broadcasts there) and gpuctl's runtime files are part of
+the fingerprint once a function was broadcast to nodes that do not run the
+controller's own Python.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from gpuctl.configplane import playbooks
 from gpuctl.errors import UserError
@@ -33,7 +39,7 @@ from gpuctl.paths import ansible_dir
 AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "agent.py"
 # The parts of the Ansible tree that shape a prepared node.
 _PREPARE_TREE = ("playbooks/prepare.yml", "roles/gpuctl_node", "roles/gpuctl_cluster_ssh",
-                 "roles/gpuctl_sshd_limits", "roles/gpuctl_storage")
+                 "roles/gpuctl_sshd_limits", "roles/gpuctl_storage", "roles/gpuctl_python")
 FEATURES = ("rclone", "fuse")  # what gpuctl_storage installs (AWS) or checks (elsewhere)
 
 
@@ -51,7 +57,7 @@ def _tree_bytes() -> list[tuple[str, bytes]]:
 
 
 def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping[str, str],
-                features: Sequence[str] = ()) -> str:
+                features: Sequence[str] = (), python: Mapping[str, Any] | None = None) -> str:
     """sha256 of the agent, the prepare roles, the cluster's SSH and fabric settings and its features."""
     h = hashlib.sha256()
     for name, data in _tree_bytes():
@@ -64,6 +70,10 @@ def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping
     }
     if features:  # absent when none: the fingerprint of a cluster without features stays what it was
         shape["features"] = sorted(set(features))
+    if python:  # the Python API's venv (role gpuctl_python) and the runtime it imports
+        shape["python"] = {"version": python["version"], "packages": sorted(set(python["packages"]))}
+        for name, path in python_runtime_files():
+            h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     h.update(json.dumps(shape, sort_keys=True).encode())
     return h.hexdigest()
 
@@ -100,6 +110,49 @@ def record_features(cluster_dir: Path, values: Sequence[str]) -> None:
     (cluster_dir / "features").write_text("".join(f + "\n" for f in values))
 
 
+PYTHON_ENV_FILE = "python.json"
+
+
+def python_env(cluster_dir: Path) -> dict[str, Any] | None:
+    """What the nodes' venv for the Python API must hold ({version, packages}), or None:
+    `clusters/<name>/python.json`, written once a function was broadcast to a cluster
+    whose nodes do not run the controller's own Python."""
+    try:
+        data = json.loads((cluster_dir / PYTHON_ENV_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("version"), str):
+        return None
+    return {"version": data["version"], "packages": sorted({str(p) for p in data.get("packages") or []})}
+
+
+def want_python_env(cluster_dir: Path, version: str, packages: Sequence[str]) -> dict[str, Any] | None:
+    """Grow the record by `packages` (a venv only gains packages; another Python version starts
+    afresh); the record as it was before, to put back if preparing with the new one fails."""
+    before = python_env(cluster_dir)
+    keep = before["packages"] if before and before["version"] == version else []
+    want = {"version": version, "packages": sorted(set(keep) | set(packages))}
+    if want != before:
+        set_python_env(cluster_dir, want)
+    return before
+
+
+def set_python_env(cluster_dir: Path, value: Mapping[str, Any] | None) -> None:
+    path = cluster_dir / PYTHON_ENV_FILE
+    if value is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(json.dumps(dict(value), sort_keys=True) + "\n")
+
+
+def python_runtime_files() -> list[tuple[str, Path]]:
+    """gpuctl's runtime as the nodes' venv imports it: gpuctl/__init__.py and gpuctl/api/*.py."""
+    package = Path(__file__).resolve().parent.parent
+    files = [("__init__.py", package / "__init__.py")]
+    files += [(f"api/{p.name}", p) for p in sorted((package / "api").glob("*.py"))]
+    return files
+
+
 WAIT_TIMEOUT_ENV = "GPUCTL_WAIT_TIMEOUT"
 
 
@@ -113,7 +166,8 @@ def wait_timeout() -> int:
 
 def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Path, fingerprint_value: str,
                 internal_key: Path, fabric_env: Mapping[str, str], known_hosts: Path | None = None,
-                limit: list[str] | None = None, features: Sequence[str] = ()) -> playbooks.PlaybookResult:
+                limit: list[str] | None = None, features: Sequence[str] = (),
+                python: Mapping[str, Any] | None = None) -> playbooks.PlaybookResult:
     extravars = {
         "gpuctl_prepare_fingerprint": fingerprint_value,
         "gpuctl_internal_key": str(internal_key),
@@ -121,6 +175,9 @@ def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Pa
         "gpuctl_known_hosts": str(known_hosts) if known_hosts else "",
         "gpuctl_wait_timeout": wait_timeout(),
         "gpuctl_features": list(features),
+        # the Python API's venv (role gpuctl_python); {} when no function was broadcast here
+        "gpuctl_python": {**python, "runtime_files": [{"src": str(p), "dest": name}
+                                                      for name, p in python_runtime_files()]} if python else {},
     }
     return playbooks.run_playbook("prepare.yml", inventory=inventory_path, private_data_dir=private_data_dir,
                                   extravars=extravars, control_dir=control_dir, limit=limit)
