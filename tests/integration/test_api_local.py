@@ -12,7 +12,8 @@ no Terraform change, no prepare); one 1-node cluster of its own for keep=False:
 - an exception on rank 1 raises on the controller with its traceback, and no
   other rank survives (fail-fast);
 - a node that cannot load the function is one error naming the nodes and the module;
-- the torch plugin's all_reduce gives the same value on every rank (gloo);
+- the torch plugin's all_reduce gives the same value on every rank (gloo), and
+  the DDP example (examples/python-api/ddp.py) trains the same model on every rank;
 - the jax plugin's collectives across processes (when jax is installed);
 - a second `with` on the kept cluster reuses it; keep=False leaves nothing behind.
 """
@@ -238,6 +239,20 @@ def test_torch_plugin_all_reduce_is_the_same_on_every_rank():
     assert [g[2] for g in got] == [{"MASTER_ADDR": head, "MASTER_PORT": "29500", "WORLD_SIZE": "3", "RANK": str(r),
                                     "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": str(r)}
                                    for r in range(3)]
+
+
+def test_the_ddp_example_trains_in_step(capsys: pytest.CaptureFixture[str]):
+    """examples/python-api/ddp.py (Skyward's DDP example with gpuctl in place of skyward)."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "python-api" / "ddp.py"
+    spec = importlib.util.spec_from_file_location(f"{MOD}_ddp", path)
+    example = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(example)  # type: ignore[union-attr]
+    with gpuctl.Cluster(name=NAME, plugins=[gpuctl.plugins.torch()]) as cluster:
+        results = example.train() @ cluster
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert len({round(r["checksum"], 4) for r in results}) == 1  # DDP kept the models equal
+    epochs = [line for line in capsys.readouterr().out.splitlines() if "Epoch " in line]
+    assert len(epochs) == 10 and all(line.startswith("(head, rank=0) Epoch ") for line in epochs)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed (make deps installs it)")
