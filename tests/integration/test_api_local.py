@@ -12,6 +12,8 @@ no Terraform change, no prepare); one 1-node cluster of its own for keep=False:
 - an exception on rank 1 raises on the controller with its traceback, and no
   other rank survives (fail-fast);
 - a node that cannot load the function is one error naming the nodes and the module;
+- huggingface(token=...) reaches the function as HF_TOKEN and is in no file
+  on the controller or the nodes, nor in the output;
 - the torch plugin's all_reduce gives the same value on every rank (gloo), and
   the DDP example (examples/python-api/ddp.py) trains the same model on every rank;
 - the jax plugin's collectives across processes (when jax is installed);
@@ -33,7 +35,7 @@ import pytest
 
 import gpuctl
 from e2e import Cluster as Local
-from e2e import gpuctl_env, needs_local_nodes, running
+from e2e import files_containing, gpuctl_env, needs_local_nodes, running
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -269,6 +271,24 @@ def test_jax_plugin_collectives_across_nodes():
     with gpuctl.Cluster(name=NAME, plugins=[gpuctl.plugins.jax()]) as cluster:
         got = gather() @ cluster
     assert got == [(3, [1.0, 2.0, 3.0])] * 3
+
+
+def test_huggingface_token_reaches_the_function_and_nothing_else(kept: Local, capsys: pytest.CaptureFixture[str]):
+    token = f"hf_{uuid.uuid4().hex}"
+
+    @gpuctl.function
+    def sees_token(expected_len):
+        import os
+
+        return len(os.environ.get("HF_TOKEN", "")) == expected_len
+
+    with gpuctl.Cluster(name=NAME, plugins=[gpuctl.plugins.huggingface(token=token)]) as cluster:
+        assert sees_token(len(token)) @ cluster == [True, True, True]
+    out = capsys.readouterr()
+    assert token not in out.out + out.err
+    assert files_containing(kept.state_dir, token, skip=[kept.cdir / "nodes"]) == []
+    for node in kept.nodes():  # the call file has no token, and the job's secrets.sh is gone
+        assert kept.ssh(node, f"grep -rlF {token} ~/.gpuctl || true").stdout.split() == [], node.name
 
 
 def test_second_with_reuses_the_kept_cluster(kept: Local):

@@ -371,3 +371,30 @@ def test_import_gpuctl_stays_cheap():
     assert "instance_info" in dir(gpuctl) and "Cluster" in gpuctl.__all__
     with pytest.raises(AttributeError):
         gpuctl.no_such_thing  # noqa: B018
+
+
+def test_the_node_venv_script_makes_a_venv_once(tmp_path: Path):
+    """roles/gpuctl_python's script, here: the venv from this Python's own pythonX.Y, gpuctl's
+    runtime on its path, "ok" the second time (requirements empty: no index is asked)."""
+    import shutil
+
+    version = wire.python_version()
+    if shutil.which(f"python{version}") is None:
+        pytest.skip(f"no python{version} on PATH")
+    script = Path(__file__).resolve().parents[2] / "ansible/roles/gpuctl_python/files/gpuctl-python-env"
+    runtime = tmp_path / "runtime" / "gpuctl"
+    (runtime / "api").mkdir(parents=True)
+    for name, path in prepare.python_runtime_files():
+        (runtime / name).write_bytes(path.read_bytes())
+    (tmp_path / "req.txt").write_text("\n")
+    argv = [str(script), str(tmp_path / "venv"), version, str(tmp_path / "req.txt"), str(runtime.parent),
+            str(tmp_path / "tools"), "0.13.9"]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and first.stdout.split() == ["changed"], first.stderr
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert second.stdout.split() == ["ok"], second.stderr
+    probe = subprocess.run([str(tmp_path / "venv/bin/python"), "-c",
+                            "import gpuctl, gpuctl.api.remote; print(gpuctl.__file__)"], capture_output=True, text=True)
+    assert probe.stdout.strip() == str(runtime / "__init__.py"), probe.stderr
+    bad = subprocess.run([*argv[:2], "3;x", *argv[3:]], capture_output=True, text=True)
+    assert bad.returncode == 2 and "bad Python version" in bad.stderr
