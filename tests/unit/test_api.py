@@ -330,6 +330,8 @@ def test_cluster_refuses_bad_arguments():
         Cluster(name="x", infra="local", num_nodes=0).up()
     with pytest.raises(UserError, match="cluster name"):
         Cluster(name="Bad_Name").up()
+    with pytest.raises(UserError, match="cluster 'nosuch' not found"):
+        Cluster(name="nosuch").up()
 
 
 def test_operators_need_a_call_and_a_cluster():

@@ -171,6 +171,9 @@ class Cluster:
                 raise UserError(f"cluster '{self._name}' runs its jobs in a container "
                                 f"({rec.request['container_image']}); the Python API does not run functions there yet")
             return self
+        if self._name is not None and not shaped and not provision.cluster_exists(self._name):
+            raise UserError(f"cluster '{self._name}' not found; `gpuctl status` lists the clusters you have, or "
+                            "give a task YAML or infra=/num_nodes= to create it")
         task, req = self._request()
         self._name = req.name
         self.task = task
