@@ -70,8 +70,8 @@ venv: $(VENV)/.deps
 deps: system-deps venv
 
 demo: deps
-	$(BIN)/gpuctl apply examples/ddp/cluster.yaml; rc=$$?; \
-	$(BIN)/gpuctl down ddp-demo; exit $$rc
+	cd examples/ddp && $(abspath $(BIN))/gpuctl apply cluster.yaml; rc=$$?; \
+	$(abspath $(BIN))/gpuctl down ddp-demo; exit $$rc
 
 # The tools the suite drives, so a drift of a system package shows in the log.
 versions:

@@ -181,6 +181,11 @@ def _local_path(text: str, info: ValidationInfo, exists: Callable[[Path], bool],
     candidates = _local_candidates(text, info)
     for candidate in candidates:
         if exists(candidate):
+            notes = (info.context or {}).get("notes")
+            if notes is not None and len(candidates) > 1 and candidate == candidates[0] and exists(candidates[1]):
+                key = (info.field_name, *at)
+                notes.append((key, f"'{text}' is {candidate}, from the current directory as in SkyPilot, not "
+                              f"{candidates[1]}; run gpuctl in {info.context.get('base_dir')} for the latter"))
             return candidate
     tried = " nor ".join(str(c) for c in candidates)
     raise _bad(f"{what}: neither {tried} exists" if len(candidates) > 1 else f"{what}: {tried} does not exist",
@@ -1132,12 +1137,15 @@ def load_task(
                 unset += [f"{section}.{k}" for k, v in data[section].items() if v is None]
                 data[section] = {k: "" if v is None else v for k, v in data[section].items()}
     try:
+        notes: list[tuple[tuple[str, ...], str]] = []
         task = Task.model_validate(data, context={"base_dir": file.absolute().parent, "cwd": Path.cwd(),
-                                                  "from_yaml": True, "unset": {u.split(".", 1)[1] for u in unset}})
+                                                  "from_yaml": True, "unset": {u.split(".", 1)[1] for u in unset},
+                                                  "notes": notes})
     except pydantic.ValidationError as err:
         raise UserError(_redact(_one_line(err, source, lines), secret_values)) from None
     task._where = lambda *key: f"{source}:{_line_of(lines, _as_written(lines, key))}"
-    task._warnings = _warnings(task, unset, task._where)
+    task._warnings = [f"{task.where(*key)}: {'.'.join(key)}: {text}" for key, text in notes]
+    task._warnings += _warnings(task, unset, task._where)
     return task
 
 

@@ -203,8 +203,8 @@ def test_a_new_key_replaces_the_old_one(cluster: Cluster) -> None:
     assert denied.returncode == 255 and "Permission denied" in denied.stderr, denied
 
 
-def gpuctl(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuctl", *args], cwd=REPO, capture_output=True, text=True,
+def gpuctl(*args: str, timeout: int = 300, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuctl", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL, env=dict(os.environ))
 
 
@@ -216,7 +216,7 @@ def test_head_launcher_example_reaches_every_worker(_isolated_state: Path) -> No
     name = "head-launcher"
     t = time.monotonic()
     try:
-        proc = gpuctl("apply", "examples/head-launcher/cluster.yaml")
+        proc = gpuctl("apply", "cluster.yaml", cwd=REPO / "examples" / "head-launcher")  # workdir: . is the cwd
         print(f"gpuctl apply examples/head-launcher: {time.monotonic() - t:.1f}s")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         inv = provision.load_inventory_of(name)

@@ -432,7 +432,8 @@ def test_output_streams_live(two: EnvJob):
 
 def test_ddp_example_on_two_nodes(two: EnvJob):
     example = REPO / "examples" / "ddp" / "cluster.yaml"
-    res = two.cluster.gpuctl("apply", str(example), "-c", two.cluster.name, timeout=400).check()
+    # `workdir: .` is the current directory (SkyPilot's rule): run it from the example's folder
+    res = two.cluster.gpuctl("apply", "cluster.yaml", "-c", two.cluster.name, cwd=example.parent, timeout=400).check()
     out = res.stdout.splitlines()
     steps = int(re.search(r"^\s*STEPS:\s*(\d+)", example.read_text(), re.M).group(1))
     for node in two.nodes:

@@ -158,3 +158,12 @@ def test_infra_flag_replaces_every_location_in_the_file(tmp_path: Path) -> None:
 def test_other_clouds_are_not_supported_by_gpuctl(tmp_path: Path, where: str) -> None:
     refused(validate(f"resources:\n  {where}\n", tmp_path), "task.yaml:2", "not supported by gpuctl",
             "gpuctl provisions on aws, local")
+
+
+def test_a_relative_path_found_in_both_places_says_which_it_took(tmp_path: Path) -> None:
+    (tmp_path / "specs").mkdir()
+    proc = validate("workdir: .\nrun: x\n", tmp_path, name="specs/task.yaml")  # cwd: tmp_path
+    ok(proc)
+    assert (f"warning: {tmp_path / 'specs' / 'task.yaml'}:1: workdir: '.' is {tmp_path}, from the current directory "
+            f"as in SkyPilot, not {tmp_path / 'specs'}; run gpuctl in {tmp_path / 'specs'} for the latter") \
+        in proc.stderr
