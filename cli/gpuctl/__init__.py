@@ -16,6 +16,10 @@ __version__ = "0.1.0"
 _API = {
     "Cluster": ("gpuctl.api.cluster", "Cluster"),
     "RemoteError": ("gpuctl.api.cluster", "RemoteError"),
+    "Compute": ("gpuctl.api.compute", "Compute"),
+    "AWS": ("gpuctl.api.compute", "AWS"),
+    "Local": ("gpuctl.api.compute", "Local"),
+    "accelerators": ("gpuctl.api.compute", "accelerators"),
     "function": ("gpuctl.api.function", "function"),
     "instance_info": ("gpuctl.api.runtime", "instance_info"),
     "InstanceInfo": ("gpuctl.api.runtime", "InstanceInfo"),

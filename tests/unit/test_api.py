@@ -400,3 +400,16 @@ def test_the_node_venv_script_makes_a_venv_once(tmp_path: Path):
     assert probe.stdout.strip() == str(runtime / "__init__.py"), probe.stderr
     bad = subprocess.run([*argv[:2], "3;x", *argv[3:]], capture_output=True, text=True)
     assert bad.returncode == 2 and "bad Python version" in bad.stderr
+
+
+def test_skywards_compute_is_a_cluster_with_its_argument_names() -> None:
+    import gpuctl
+
+    c = gpuctl.Compute(provider=gpuctl.AWS(region="us-east-1"), nodes=4, accelerator=gpuctl.accelerators.A100(8),
+                       plugins=[gpuctl.plugins.torch()])
+    assert isinstance(c, gpuctl.Cluster)
+    assert (c.infra, c.num_nodes, c.accelerators, len(c.plugins)) == ("aws/us-east-1", 4, "A100:8", 1)
+    local = gpuctl.Compute(nodes=2)
+    assert (local.infra, local.num_nodes, local.accelerators) == ("local", 2, None)
+    assert str(gpuctl.accelerators.A100_80GB()) == "A100-80GB:1"
+    assert gpuctl.Local().infra == "local" and gpuctl.AWS().infra == "aws"
