@@ -13,12 +13,14 @@ import signal
 import sqlite3
 import sys
 import time
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from gpuctl import joblogs, jobs, lifecycle, ssh, sshconfig, usage
+from gpuctl import gitworkdir, joblogs, jobs, lifecycle, ssh, sshconfig, usage
 from gpuctl.cluster import ClusterRequest, check_cluster_name, request_from_task
 from gpuctl.console import Reporter
 from gpuctl.envargs import parse_env_assignments
@@ -170,22 +172,14 @@ def apply(
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provision.inventory_path(req.name)}")
         return
-    runner = JobRunner(inv, reporter=reporter, registry=registry)
-    if task.workdir_git is None:
-        _run(runner, _job_spec(task, req), run_setup=not no_setup, sync_file_mounts=True, detach=detach)
-        return
-    from contextlib import ExitStack
-    from dataclasses import replace
-
-    from gpuctl import gitworkdir
-
-    git = task.workdir_git
-    with ExitStack() as stack:  # the clone lives until the job's copy to the head is done
-        with reporter.stage(f"Cloning {gitworkdir.shown(git.url)}" + (f" at {git.ref}" if git.ref else "")):
-            clone = stack.enter_context(gitworkdir.checkout(git.url, git.ref, parent=state_root()))
-        spec = _job_spec(task, req)
-        spec = replace(spec, workdir=clone.path, envs={**clone.envs, **spec.envs})
-        _run(runner, spec, run_setup=not no_setup, sync_file_mounts=True, detach=detach)
+    spec = _job_spec(task, req)
+    with ExitStack() as stack:  # a git workdir's clone lives until the job's copy to the head is done
+        if (git := task.workdir_git) is not None:
+            with reporter.stage(f"Cloning {gitworkdir.shown(git.url)}" + (f" at {git.ref}" if git.ref else "")):
+                clone = stack.enter_context(gitworkdir.checkout(git.url, git.ref, parent=state_root()))
+            spec = replace(spec, workdir=clone.path, envs={**clone.envs, **spec.envs})
+        _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=not no_setup,
+             sync_file_mounts=True, detach=detach)
 
 
 def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> None:
@@ -266,8 +260,8 @@ def exec_(
     name: str = typer.Argument(..., metavar="NAME", help="A running cluster."),
     file: Optional[Path] = typer.Argument(None, metavar="FILE", help="Task YAML whose run (and workdir, envs) to use; or give `-- COMMAND...`."),
     num_nodes: Optional[int] = typer.Option(None, "--num-nodes", metavar="N", help="Run on the first K nodes only (ranks 0..K-1)."),
-    env: Optional[List[str]] = typer.Option(None, "--env", metavar="K=V", help="K=V (or K to take it from your environment); repeatable."),
-    secret: Optional[List[str]] = typer.Option(None, "--secret", metavar="K[=V]", help="K=V secrets; never printed."),
+    env: Optional[List[str]] = EnvOption,
+    secret: Optional[List[str]] = SecretOption,
     workdir: Optional[Path] = typer.Option(None, "--workdir", metavar="DIR", help="With -- COMMAND: the directory to sync (default: the workdir of the last apply)."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started."),
 ) -> None:
@@ -275,6 +269,9 @@ def exec_(
     reporter = Reporter()
     inv = _cluster_inventory(name)
     registry = Registry()
+    # What the last apply left: its workdir (for `-- COMMAND`) and container image (every exec, as `sky exec`).
+    record = registry.cluster(name)
+    last_apply = record.request if record else {}
     command = _command_after_dashes()
     if file is not None and command:
         raise UserError("give either a task FILE or `-- COMMAND...`, not both")
@@ -287,9 +284,8 @@ def exec_(
             raise UserError(f"{file}: run: the task has no run command to execute")
         spec_workdir, run, envs, secrets, job_name = task.workdir, task.run, dict(task.envs), dict(task.secrets), task.name
     else:
-        rec = registry.cluster(name)
-        remembered = (rec.request.get("workdir") if rec else None)
-        spec_workdir = workdir.resolve() if workdir else (Path(remembered) if remembered else None)
+        last_workdir = last_apply.get("workdir")
+        spec_workdir = workdir.resolve() if workdir else (Path(last_workdir) if last_workdir else None)
         if spec_workdir is not None and not spec_workdir.is_dir():
             raise UserError(f"--workdir {spec_workdir}: not a directory")
         # Like `kubectl exec` and `docker exec`: the words after `--` are the argv, kept as given.
@@ -300,11 +296,8 @@ def exec_(
     if not 1 <= k <= len(inv.nodes):
         where = "--num-nodes" if num_nodes is not None else f"{file}: num_nodes"
         raise UserError(f"{where} {k}: cluster '{name}' has {len(inv.nodes)} node(s); use 1..{len(inv.nodes)}")
-    # Like `sky exec`: the job runs in the cluster's container (the image of the last apply), if it has one.
-    rec = registry.cluster(name)
-    image = rec.request.get("container_image") if rec else None
     spec = JobSpec(name=job_name, run=run, workdir=spec_workdir, envs=envs, secrets=secrets, num_nodes=k,
-                   gpus_per_node=inv.head.gpus, container_image=image)
+                   gpus_per_node=inv.head.gpus, container_image=last_apply.get("container_image"))
     _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=False, sync_file_mounts=False,
          detach=detach)
 

@@ -374,8 +374,8 @@ def _region_of(data: Mapping[str, Any]) -> str | None:
 
 
 def _region_from_images(data: dict[str, Any]) -> dict[str, Any]:
-    """AWS without a region and a per-region image_id: the first region with an image
-    (SkyPilot would pick among them; gpuctl takes the first, and says so in validate's line)."""
+    """A per-region image_id where no region is named: AWS takes the first region with an
+    image (SkyPilot would pick among them); local nodes take its first image (ignored there)."""
     if _region_of(data) is not None:
         return data
     first = str(next(iter(data["image_id"])))
@@ -384,16 +384,14 @@ def _region_from_images(data: dict[str, Any]) -> dict[str, Any]:
         return {**data, "infra": f"aws/{first}"}
     if isinstance(cloud, str) and cloud.strip().lower() == "aws" and not data.get("zone"):
         return {**data, "region": first}
-    if infra is None and cloud is None:  # local nodes: the image is ignored anyway
-        return {**data, "image_id": {None: next(iter(data["image_id"].values()))}}
+    if infra is None and cloud is None:
+        return {**data, "image_id": next(iter(data["image_id"].values()))}
     return data
 
 
 def _image_for_region(images: dict[Any, Any], region: str | None) -> Any:
     """SkyPilot's per-region `image_id: {us-east-1: ami-...}` -> the one image for our region."""
     choices = ", ".join(str(k) for k in images)
-    if None in images:
-        return images[None]
     if region is None:
         raise _bad(f"a per-region image_id needs a region; set infra: aws/REGION with one of {choices}",
                    "image_id")
@@ -551,7 +549,8 @@ class Resources(_Model):
         data = cls._set_aside(_aliased(data, _RESOURCE_ALIASES), info)
         if isinstance(data, dict) and isinstance(data.get("image_id"), dict) and data["image_id"]:
             data = _region_from_images(data)
-            data = {**data, "image_id": _image_for_region(data["image_id"], _region_of(data))}
+            if isinstance(data["image_id"], dict):
+                data = {**data, "image_id": _image_for_region(data["image_id"], _region_of(data))}
         return data
 
     @field_validator("accelerators", mode="before")
@@ -1176,12 +1175,10 @@ def _warnings(task: Task, unset: Iterable[str], where: Callable[..., str]) -> li
     ignored += [(("resources", k), k) for k in _KEPT_UNUSED if getattr(task.resources, k)]
     if (task.resources.image_id or "").startswith(SKYPILOT_IMAGE_PREFIX):
         ignored.append((("resources", "image_id"), "skypilot_image"))
-    for key in (task.config or {}):
-        if key != "aws":
-            ignored.append((("config", str(key)), "config"))
-    for key in ((task.config or {}).get("aws") or {}) if isinstance((task.config or {}).get("aws"), dict) else ():
-        if key not in _CONFIG_ACTED_ON:
-            ignored.append((("config", "aws", str(key)), "config"))
+    config = task.config or {}
+    aws = config["aws"] if isinstance(config.get("aws"), dict) else {}
+    ignored += [(("config", str(k)), "config") for k in config if k != "aws"]
+    ignored += [(("config", "aws", str(k)), "config") for k in aws if k not in _CONFIG_ACTED_ON]
     for key, field in ignored:
         out.append(f"{where(*key)}: {'.'.join(key)}: ignored; {_IGNORED_WHY.get(field, 'gpuctl does not act on it')}")
     return out

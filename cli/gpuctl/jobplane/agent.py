@@ -1906,7 +1906,8 @@ class Coordinator(object):
         if unprepared:
             return self.finish("UNPREPARED", "node(s) need prepare", ranks=unprepared)
         if self.problems:
-            return self.finish("FAILED", self.describe_problems(), ranks=sorted(self.problems))
+            return self.finish("FAILED", describe_by_node(self.payload["peers"], self.problems),
+                               ranks=sorted(self.problems))
         if self.lost:
             return self.finish("FAILED", "lost before start: " + self.describe_lost())
         kinds = None
@@ -1999,14 +2000,6 @@ class Coordinator(object):
                 return False
         self.relay.command("release")
         return True
-
-    def describe_problems(self):
-        """One clause per distinct problem, naming its nodes: `head, worker1: no container runtime ...`."""
-        names = {}
-        for r in sorted(self.problems):
-            names.setdefault(self.problems[r], []).append(self.payload["peers"][r]["name"])
-        return "; ".join("%s: %s" % (", ".join(n[:3]) + (" and %d more node(s)" % (len(n) - 3) if len(n) > 3 else ""),
-                                     text) for text, n in names.items())
 
     def check_buckets(self):
         """Before the copies, on the head: create the buckets named without a source, check the
