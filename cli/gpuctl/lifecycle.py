@@ -4,39 +4,112 @@ One path for `gpuctl apply` / `gpuctl down` and the Python API
 (gpuctl.Cluster): the cluster's lock, its registry record (INIT -> UP,
 STOPPING -> gone), provision.provision / provision.destroy, the ssh config
 and the host keys of replaced nodes.
+
+With shared state (gpuctl.remotestate) both also hold the cluster's lock in
+the state bucket, start from the bucket's copy of the cluster (`adopt`) and
+leave theirs there (`publish`), so the next runner, or this one after a
+crash, carries on from it.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import Iterator
 
 from gpuctl import ssh, sshconfig
 from gpuctl.cluster import ClusterRequest
 from gpuctl.clusterlock import cluster_lock
 from gpuctl.console import Reporter
 from gpuctl.inventory import Inventory
-from gpuctl.paths import state_root
+from gpuctl.paths import cluster_dir, state_root
 from gpuctl.state import Registry
+
+
+@contextmanager
+def _changing(name: str, command: str, reporter: Reporter, registry: Registry) -> Iterator[None]:
+    """The cluster's lock: this machine's, and the state bucket's when state is shared."""
+    with ExitStack() as stack:
+        stack.enter_context(cluster_lock(name, reporter.info))
+        if registry.remote is not None:
+            from gpuctl.remotestate.store import cluster_lock as remote_lock
+
+            stack.enter_context(remote_lock(registry.remote.store, name, command=command, on_wait=reporter.info))
+            adopt(name, registry)
+        yield
+
+
+def adopt(name: str, registry: Registry) -> bool:
+    """Bring the state bucket's copy of cluster `name` (files, record, jobs) into this state dir.
+
+    False when state is local or the bucket has no such cluster. A cluster this
+    runner knew from the bucket but the bucket no longer has (another runner
+    took it down) is dropped from the registry.
+    """
+    remote = registry.remote
+    if remote is None:
+        return False
+    from gpuctl.remotestate import sync
+
+    record = sync.get_record(remote.store, name)
+    if record is None:
+        known = registry.cluster(name)
+        if known is not None and known.request.get("state") == remote.where(name):
+            registry.remove_jobs(name)
+            registry.remove_cluster(name)
+        return False
+    sync.pull_files(remote.store, name, cluster_dir(name))
+    registry.import_cluster(record)
+    registry.import_jobs(name, sync.get_jobs(remote.store, name))
+    return True
+
+
+def adopt_all(registry: Registry) -> None:
+    """adopt() every cluster the state bucket has (for `gpuctl status` without a name)."""
+    if registry.remote is None:
+        return
+    from gpuctl.remotestate import sync
+
+    names = set(sync.cluster_names(registry.remote.store))
+    for rec in registry.clusters():
+        if rec.name not in names and rec.request.get("state") == registry.remote.where(rec.name):
+            names.add(rec.name)  # gone from the bucket: adopt() drops it
+    for name in sorted(names):
+        adopt(name, registry)
+
+
+def publish(name: str, registry: Registry) -> None:
+    """Leave this runner's copy of the cluster's directory in the state bucket (shared state only)."""
+    if registry.remote is None or not cluster_dir(name).is_dir():
+        return
+    from gpuctl.remotestate import sync
+
+    sync.push_files(registry.remote.store, name, cluster_dir(name))
 
 
 def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, workdir: Path | None = None,
              container_image: str | None = None) -> Inventory:
     """Provision (or reuse: Terraform changes nothing) the cluster `req` describes; its inventory."""
-    from gpuctl import provision  # Terraform and the providers: only for commands that provision
+    from gpuctl import (
+        provision,  # Terraform and the providers: only for commands that provision
+    )
 
-    with cluster_lock(req.name, reporter.info), \
+    shared = {"state": registry.remote.where(req.name)} if registry.remote is not None else {}
+    with _changing(req.name, "gpuctl apply", reporter, registry), \
             reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'"):
         registry.upsert_cluster(req.name, cloud=req.cloud, region=req.region, zone=req.zone,
-                                num_nodes=req.num_nodes, status="INIT", request=asdict(req))
+                                num_nodes=req.num_nodes, status="INIT", request={**asdict(req), **shared})
         try:
             inv = provision.provision(req, on_progress=reporter.info)
         except BaseException:
+            publish(req.name, registry)  # a half-made cluster: the next runner can still take it down
             registry.set_cluster_status(req.name, "INIT")
             raise
+        publish(req.name, registry)
         registry.upsert_cluster(req.name, cloud=req.cloud, region=inv.region, zone=inv.zone,
                                 num_nodes=len(inv.nodes), status="UP",
-                                request={**asdict(req), "workdir": str(workdir) if workdir else None,
+                                request={**asdict(req), **shared, "workdir": str(workdir) if workdir else None,
                                          "container_image": container_image})
     write_ssh_config(inv)
     if inv.head.known_hosts:  # nodes Terraform replaced are new entries; their old keys go
@@ -50,9 +123,13 @@ def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> None:
     """terraform destroy the cluster and forget it (its jobs too)."""
     from gpuctl import provision
 
-    with cluster_lock(name, reporter.info), reporter.stage(f"Tearing down cluster '{name}'"):
+    with _changing(name, "gpuctl down", reporter, registry), reporter.stage(f"Tearing down cluster '{name}'"):
         registry.set_cluster_status(name, "STOPPING")
         provision.destroy(name)
+        if registry.remote is not None:
+            from gpuctl.remotestate import sync
+
+            sync.delete_cluster(registry.remote.store, name)
         registry.remove_jobs(name)
         registry.remove_cluster(name)
     reporter.info(f"Cluster '{name}' is gone.")

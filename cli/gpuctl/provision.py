@@ -26,7 +26,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuctl import ssh
+from gpuctl import remotestate, ssh
 from gpuctl.cluster import ClusterRequest, check_cluster_name
 from gpuctl.errors import ProvisionError, UserError
 from gpuctl.inventory import Inventory, inventory_from_outputs, load_inventory, write_inventory
@@ -128,13 +128,17 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet) -> Invento
         return _adopt_existing_hosts(req, cdir, on_progress)
 
     provider = get_provider(req.cloud)
+    remote = remotestate.current()
+    root = TerraformRoot(cdir / "terraform")
+    if remote is not None and root.root_file.is_file():
+        root.init()  # the providers' prepare reads the state (AWS: the zone nodes are in)
+        root.snapshot_state()
     req = provider.prepare(req)
     created = not cdir.exists()
-    root = TerraformRoot(cdir / "terraform")
     try:
         cdir.mkdir(parents=True, exist_ok=True)
         key_path, public_key = ensure_cluster_key(cdir)
-        root.write(provider.root_config(req, cluster_dir=cdir, ssh_public_key=public_key))
+        root.write(root_config(provider, req, cdir, public_key, remote))
     except BaseException:
         if created:  # nothing was provisioned: leave no half-made cluster behind
             shutil.rmtree(cdir, ignore_errors=True)
@@ -160,7 +164,7 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet) -> Invento
             if nxt is None:
                 raise
             req = nxt
-            root.write(provider.root_config(req, cluster_dir=cdir, ssh_public_key=public_key))
+            root.write(root_config(provider, req, cdir, public_key, remote))
             _write_request(cdir, req)
     on_progress("terraform apply: done" if changed else "terraform apply: no changes, reusing the existing nodes")
     outputs = root.outputs()
@@ -182,6 +186,13 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet) -> Invento
     write_inventory(inv, inv_path)
     on_progress(f"inventory: {inv_path}")
     return inv
+
+
+def root_config(provider: Provider, req: ClusterRequest, cdir: Path, public_key: str,
+                remote: remotestate.Remote | None) -> dict[str, Any]:
+    """The cluster's Terraform root: the provider's rendering, with the S3 backend when state is shared."""
+    return remotestate.with_backend(provider.root_config(req, cluster_dir=cdir, ssh_public_key=public_key),
+                                    req.name, remote)
 
 
 def _adopt_existing_hosts(req: ClusterRequest, cdir: Path, on_progress: Progress) -> Inventory:
@@ -234,8 +245,7 @@ def plan(req: ClusterRequest) -> PlanSummary:
             _, public_key = ensure_cluster_key(scratch)
         # An existing cluster keeps its recorded choices (subnet, ports...), so
         # its root renders exactly as provision() would render it.
-        config = provider.root_config(req, cluster_dir=cdir if existing else scratch, ssh_public_key=public_key)
-        root.write(config)
+        root.write(root_config(provider, req, cdir if existing else scratch, public_key, remotestate.current()))
         state = cdir / "terraform" / "terraform.tfstate"
         if existing and state.is_file():
             shutil.copy2(state, root.workdir / "terraform.tfstate")
@@ -316,7 +326,7 @@ def _refresh_module_source(root: TerraformRoot, provider: Provider, request: dic
         return
     req = request_from_dict(request)
     pub = (cdir / "ssh" / f"{KEY_NAME}.pub").read_text().strip()
-    root.write(provider.root_config(req, cluster_dir=cdir, ssh_public_key=pub))
+    root.write(root_config(provider, req, cdir, pub, remotestate.current()))
 
 
 def _refuse_mounts_under(cdir: Path) -> None:

@@ -4,6 +4,12 @@ SQLite in WAL mode with a busy timeout lets two gpuctl commands run at once
 without corrupting the file; job ids are allocated inside `BEGIN IMMEDIATE`
 so concurrent submissions never get the same id. The schema carries a version
 so later releases can migrate it.
+
+With shared state (gpuctl.remotestate) the database stays this runner's
+working copy: cluster and job rows are written through to the state bucket,
+job ids are allocated there (an id is taken by creating its object, so two
+runners never get the same one), and `import_cluster` / `import_jobs` bring in
+what other runners wrote.
 """
 
 from __future__ import annotations
@@ -12,11 +18,16 @@ import json
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from gpuctl.paths import state_root
+
+if TYPE_CHECKING:
+    from gpuctl.remotestate import Remote
+
+_CONFIGURED: Any = object()  # Registry(remote=...) default: the configured remote state, if any
 
 SCHEMA_VERSION = 1
 
@@ -84,7 +95,12 @@ class JobRecord:
 
 
 class Registry:
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, remote: Remote | None = _CONFIGURED) -> None:
+        if remote is _CONFIGURED:
+            from gpuctl import remotestate
+
+            remote = remotestate.current()
+        self.remote: Remote | None = remote
         self.path = path or state_root() / "state.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
@@ -124,10 +140,48 @@ class Registry:
                    request=excluded.request, updated_at=excluded.updated_at""",
                 (name, cloud, region, zone, num_nodes, status, json.dumps(request, default=str), now, now),
             )
+        self._publish_cluster(name)
 
     def set_cluster_status(self, name: str, status: str) -> None:
         with self._connect() as db:
             db.execute("UPDATE clusters SET status=?, updated_at=? WHERE name=?", (status, time.time(), name))
+        self._publish_cluster(name)
+
+    def import_cluster(self, row: dict[str, Any]) -> None:
+        """Take a cluster row as another runner wrote it (no write-through)."""
+        with self._connect() as db:
+            db.execute("INSERT OR REPLACE INTO clusters VALUES (?,?,?,?,?,?,?,?,?)",
+                       (row["name"], row["cloud"], row.get("region"), row.get("zone"), int(row["num_nodes"]),
+                        row["status"], json.dumps(row.get("request") or {}, default=str),
+                        float(row.get("created_at") or 0), float(row.get("updated_at") or 0)))
+
+    def import_jobs(self, cluster: str, rows: list[dict[str, Any]]) -> None:
+        """Take job rows as other runners wrote them (no write-through)."""
+        with self._connect() as db:
+            for row in rows:
+                codes = row.get("returncodes") or {}
+                db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                           (cluster, int(row["job_id"]), row.get("name"), row["status"], row.get("task_id"),
+                            int(row["num_nodes"]), float(row["submitted_at"]), row.get("started_at"),
+                            row.get("ended_at"), json.dumps({str(k): v for k, v in codes.items()}),
+                            row.get("failed_rank"), row.get("detail")))
+
+    def _publish_cluster(self, name: str) -> None:
+        if self.remote is None:
+            return
+        from gpuctl.remotestate import sync
+
+        record = self.cluster(name)
+        if record is not None:
+            sync.put_record(self.remote.store, name, asdict(record))
+
+    def _publish_job(self, cluster: str, job_id: int, *, new: bool = False) -> bool:
+        if self.remote is None:
+            return True
+        from gpuctl.remotestate import sync
+
+        job = self.job(cluster, job_id)
+        return job is None or sync.put_job(self.remote.store, cluster, asdict(job), new=new)
 
     def remove_cluster(self, name: str) -> None:
         with self._connect() as db:
@@ -146,13 +200,25 @@ class Registry:
     # jobs
     def new_job(self, cluster: str, *, name: str | None, num_nodes: int) -> JobRecord:
         now = time.time()
-        with self._connect() as db:
-            (last,) = db.execute("SELECT COALESCE(MAX(job_id), 0) FROM jobs WHERE cluster=?", (cluster,)).fetchone()
-            job_id = last + 1
-            db.execute(
-                "INSERT INTO jobs (cluster, job_id, name, status, num_nodes, submitted_at) VALUES (?,?,?,?,?,?)",
-                (cluster, job_id, name, "PENDING", num_nodes, now),
-            )
+        taken = 0
+        if self.remote is not None:
+            from gpuctl.remotestate import sync
+
+            taken = max(sync.job_ids(self.remote.store, cluster), default=0)
+        while True:
+            with self._connect() as db:
+                (last,) = db.execute("SELECT COALESCE(MAX(job_id), 0) FROM jobs WHERE cluster=?",
+                                     (cluster,)).fetchone()
+                job_id = max(last, taken) + 1
+                db.execute(
+                    "INSERT INTO jobs (cluster, job_id, name, status, num_nodes, submitted_at) VALUES (?,?,?,?,?,?)",
+                    (cluster, job_id, name, "PENDING", num_nodes, now),
+                )
+            if self._publish_job(cluster, job_id, new=True):
+                break
+            taken = job_id  # another runner created this id first: its row arrives with import_jobs
+            with self._connect() as db:
+                db.execute("DELETE FROM jobs WHERE cluster=? AND job_id=?", (cluster, job_id))
         return JobRecord(cluster=cluster, job_id=job_id, name=name, status="PENDING", task_id=None,
                          num_nodes=num_nodes, submitted_at=now)
 
@@ -164,6 +230,7 @@ class Registry:
         cols = ", ".join(f"{k}=?" for k in fields)
         with self._connect() as db:
             db.execute(f"UPDATE jobs SET {cols} WHERE cluster=? AND job_id=?", (*fields.values(), cluster, job_id))
+        self._publish_job(cluster, job_id)
 
     def job(self, cluster: str, job_id: int) -> JobRecord | None:
         with self._connect() as db:

@@ -97,7 +97,25 @@ class TerraformRoot:
         except (OSError, ValueError):
             return False
 
+    @property
+    def snapshot_file(self) -> Path:
+        """A read-only copy of a remote backend's state (snapshot_state), for code that reads the state."""
+        return self.workdir / "state-snapshot.json"
+
+    def state_file(self) -> Path:
+        """The local state, else the last snapshot of the remote one."""
+        local = self.workdir / "terraform.tfstate"
+        return local if local.is_file() or not self.snapshot_file.is_file() else self.snapshot_file
+
     # -- commands ----------------------------------------------------------
+
+    def snapshot_state(self) -> Path:
+        """`terraform state pull` into snapshot_file (the backend's current state; after init)."""
+        _, out, _ = self._run("state", "pull")
+        tmp = self.snapshot_file.with_name(self.snapshot_file.name + ".tmp")
+        tmp.write_text(out or "{}")
+        tmp.replace(self.snapshot_file)
+        return self.snapshot_file
 
     def init(self) -> None:
         """`terraform init` (modules and providers; honours the CLI config's mirrors)."""

@@ -5,7 +5,8 @@ real aws-gpu-instance-group module and the real `gpuctl` CLI in a subprocess;
 moto stands in for EC2. Checks that:
 - `apply --provision-only` creates node_count running instances tagged with the
   cluster, writes an inventory listing their private IPs in rank order, and
-  `down` terminates them -- with the first zone out of capacity (a proxy answers
+  `down` from another runner's fresh state dir (state shared in moto's S3)
+  terminates them -- with the first zone out of capacity (a proxy answers
   RunInstances there as EC2 does), so apply also moves to the next zone that
   offers the type and says so; the task's config.aws.remote_identity is the
   nodes' IAM instance profile;
@@ -136,16 +137,22 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
         """)
     boto3.client("iam", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing",
                  aws_secret_access_key="testing").create_instance_profile(InstanceProfileName="moto-data-reader")
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    s3.create_bucket(Bucket="gpuctl-team-state")
+    shared = {"GPUCTL_STATE_BUCKET": "gpuctl-team-state", "GPUCTL_STATE_ENDPOINT_URL": moto.url}
     with CapacityShortage(moto.url, zones=["us-east-1a"]) as proxy:
         # one provider retry, so the capacity error surfaces at once (gpuctl.config)
-        env = {**aws_env, "GPUCTL_AWS_ENDPOINT_URL": proxy.url, "GPUCTL_AWS_MAX_RETRIES": "1",
+        env = {**aws_env, **shared, "GPUCTL_AWS_ENDPOINT_URL": proxy.url, "GPUCTL_AWS_MAX_RETRIES": "1",
                "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
         up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
         assert up.returncode == 0, up.stdout + up.stderr
         check_cluster(moto, proxy, up.stdout, name, _isolated_state)
-        # the rendered root keeps the endpoint it was made with, so `down` goes through the proxy too
-        down = gpuctl("down", name, env=env, cwd=tmp_path)
+        # a CI runner that never saw the cluster takes it down: the Terraform state and the
+        # rendered root (with the endpoint it was made with) come from the state bucket
+        down = gpuctl("down", name, env={**env, "GPUCTL_STATE_DIR": str(tmp_path / "fresh-runner")}, cwd=tmp_path)
     assert down.returncode == 0, down.stdout + down.stderr
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket="gpuctl-team-state").get("Contents", [])] == []
     assert running(moto, name) == []
     assert len(instances(moto, name)) == 3  # terminated, not forgotten by moto
     assert [v for v in ec2(moto).describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []

@@ -286,7 +286,10 @@ def node_zones_in_state(state_file: Path) -> set[str]:
 
 
 def state_file_of(name: str) -> Path:
-    return cluster_dir(name) / "terraform" / "terraform.tfstate"
+    """The cluster's Terraform state file, or the snapshot of its remote state (shared state)."""
+    from gpuctl.terraform import TerraformRoot
+
+    return TerraformRoot(cluster_dir(name) / "terraform").state_file()
 
 
 class AwsProvider(BaseProvider):

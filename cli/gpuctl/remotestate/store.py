@@ -1,0 +1,202 @@
+"""The state bucket: small objects under one prefix, and a cluster's lock.
+
+Objects are written with server-side encryption (SSE-KMS with the configured
+key, else SSE-S3); who may read them is the bucket's IAM policy. The lock is
+an object created with `If-None-Match: *`: S3 (and S3-compatible stores that
+implement conditional writes) create it for exactly one writer, the same
+mechanism Terraform's S3 backend uses for `use_lockfile`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import secrets
+import socket
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from gpuctl.errors import ProvisionError, UserError
+from gpuctl.remotestate.settings import ENV, StateSettings
+
+LOCK_POLL_SECONDS = 2.0
+
+
+class ClusterLocked(ProvisionError):
+    """Another runner holds the cluster's lock (exit code 3: try again later)."""
+
+    exit_code = 3
+
+
+class S3Store:
+    """get/put/list/delete of keys under the state prefix, with errors as one line."""
+
+    def __init__(self, settings: StateSettings) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.settings = settings
+        session = boto3.session.Session(profile_name=settings.profile) if settings.profile else boto3.session.Session()
+        self.client = session.client(
+            "s3", region_name=settings.region, endpoint_url=settings.endpoint_url,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=10, read_timeout=60,
+                          s3={"addressing_style": "path"} if settings.endpoint_url else None),
+        )
+
+    def key(self, *parts: str) -> str:
+        return "/".join((self.settings.prefix, *parts))
+
+    def _encryption(self) -> dict[str, str]:
+        if self.settings.kms_key_id:
+            return {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": self.settings.kms_key_id}
+        return {"ServerSideEncryption": "AES256"}
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._call("read", key, lambda: self.client.get_object(Bucket=self.settings.bucket,
+                                                                          Key=key)["Body"].read())
+        except _Missing:
+            return None
+
+    def put(self, key: str, data: bytes, *, only_if_absent: bool = False) -> bool:
+        """Write `key`; with only_if_absent, False when it already exists (nothing written)."""
+        extra = {"IfNoneMatch": "*"} if only_if_absent else {}
+        try:
+            self._call("write", key, lambda: self.client.put_object(
+                Bucket=self.settings.bucket, Key=key, Body=data, **self._encryption(), **extra))
+        except _Exists:
+            return False
+        return True
+
+    def put_etag(self, key: str, data: bytes) -> str:
+        """Write `key`; the ETag the store gave the new object."""
+        reply = self._call("write", key, lambda: self.client.put_object(
+            Bucket=self.settings.bucket, Key=key, Body=data, **self._encryption()))
+        return str(reply.get("ETag", ""))
+
+    def delete(self, key: str) -> None:
+        try:
+            self._call("delete", key, lambda: self.client.delete_object(Bucket=self.settings.bucket, Key=key))
+        except _Missing:
+            pass
+
+    def list(self, prefix: str) -> dict[str, str]:
+        """key -> ETag of every object under `prefix` (a folder: ends with /)."""
+        found: dict[str, str] = {}
+        token: dict[str, str] = {}
+        while True:
+            page = self._call("list", prefix, lambda after=token: self.client.list_objects_v2(
+                Bucket=self.settings.bucket, Prefix=prefix, **after))
+            for item in page.get("Contents", []):
+                found[item["Key"]] = item.get("ETag", "")
+            if not page.get("IsTruncated"):
+                return found
+            token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    def _call(self, verb: str, key: str, fn: Callable[[], Any]) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        where = f"s3://{self.settings.bucket}/{key}"
+        try:
+            return fn()
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise _Missing() from None
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                raise _Exists() from None
+            if code == "NoSuchBucket":
+                raise UserError(f"state bucket '{self.settings.bucket}' does not exist (state.bucket / "
+                                f"{ENV['bucket']}); create it, with versioning on, or fix the name") from None
+            if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
+                raise UserError(f"cannot {verb} {where}: {code}; give this runner's AWS identity "
+                                f"s3:GetObject/PutObject/DeleteObject/ListBucket on the state bucket") from None
+            raise ProvisionError(f"cannot {verb} {where}: {code or exc}") from None
+        except NoCredentialsError:
+            raise UserError(f"cannot {verb} {where}: no AWS credentials for the state bucket; set AWS_PROFILE "
+                            f"or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or state.profile)") from None
+        except BotoCoreError as exc:
+            raise ProvisionError(f"cannot {verb} {where}: {exc}") from None
+
+
+class _Missing(Exception):
+    pass
+
+
+class _Exists(Exception):
+    pass
+
+
+def holder_text(holder: dict[str, Any]) -> str:
+    """'ci@runner-7 (pid 123, `gpuctl apply`, since 2026-11-24T02:00:00Z)'."""
+    return (f"{holder.get('who', '?')} (pid {holder.get('pid', '?')}, `{holder.get('command', '?')}`, "
+            f"since {holder.get('since', '?')})")
+
+
+def _me(command: str, token: str) -> dict[str, Any]:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    run = os.environ.get("GITHUB_RUN_ID") or os.environ.get("CI_JOB_ID")
+    return {"who": f"{user}@{socket.gethostname()}", "pid": os.getpid(), "command": command, "token": token,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **({"ci_run": run} if run else {})}
+
+
+@contextmanager
+def cluster_lock(store: S3Store, name: str, *, command: str, on_wait: Callable[[str], None],
+                 timeout: float | None = None) -> Iterator[None]:
+    """Hold `locks/<name>.json` in the state bucket for the block; wait up to `timeout` seconds for it.
+
+    Released only if it still holds our token (a `force-unlock` by someone else is not undone).
+    """
+    key = store.key("locks", f"{name}.json")
+    token = secrets.token_hex(8)
+    body = json.dumps(_me(command, token)).encode()
+    wait = store.settings.lock_timeout if timeout is None else timeout
+    deadline = time.monotonic() + wait
+    said = False
+    while not store.put(key, body, only_if_absent=True):
+        holder = _read_lock(store, key)
+        if holder is None:
+            continue  # released between our write and our read: try again
+        if time.monotonic() >= deadline:
+            raise ClusterLocked(f"cluster '{name}' is locked by {holder_text(holder)} in "
+                                f"s3://{store.settings.bucket}/{key}; wait for it and retry, or if that runner is "
+                                f"gone: gpuctl force-unlock {name}")
+        if not said:
+            on_wait(f"Waiting up to {wait:.0f}s for {holder_text(holder)}, which holds cluster '{name}'")
+            said = True
+        time.sleep(LOCK_POLL_SECONDS)
+    try:
+        yield
+    finally:
+        current = _read_lock(store, key)
+        if current is not None and current.get("token") == token:
+            store.delete(key)
+
+
+def _read_lock(store: S3Store, key: str) -> dict[str, Any] | None:
+    data = store.get(key)
+    if data is None:
+        return None
+    try:
+        holder = json.loads(data)
+    except ValueError:
+        return {"who": "an unreadable lock object"}
+    return holder if isinstance(holder, dict) else {"who": "an unreadable lock object"}
+
+
+def read_lock(store: S3Store, name: str) -> dict[str, Any] | None:
+    return _read_lock(store, store.key("locks", f"{name}.json"))
+
+
+def break_lock(store: S3Store, name: str) -> dict[str, Any] | None:
+    """Remove the cluster's lock (force-unlock); the holder it had, or None."""
+    key = store.key("locks", f"{name}.json")
+    holder = _read_lock(store, key)
+    if holder is not None:
+        store.delete(key)
+    return holder

@@ -1,0 +1,159 @@
+"""Shared state in S3 (moto on loopback): a runner that never saw a cluster takes it over.
+
+Runner A (its own GPUCTL_STATE_DIR) applies a 2-node local cluster and runs a
+job; runner B, with a fresh state dir and only GPUCTL_STATE_BUCKET set, sees it
+in `status`, runs on it with `exec` (host keys still verified), lists both
+runners' jobs with ids that never collide, is refused or waits while another
+runner holds the cluster's lock, and takes it down; A then no longer lists it.
+On AWS (moto EC2), `down` from a fresh state dir terminates what another one
+provisioned (tests/integration/test_aws_moto.py, in its one apply).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import boto3
+import pytest
+from e2e import netns_names
+from mototest import MotoServer, fake_aws_env
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+BUCKET = "gpuctl-ci-state"
+PREFIX = "runners"
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    server = MotoServer(log=tmp_path_factory.mktemp("moto") / "moto.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def s3(moto: MotoServer):
+    return boto3.client("s3", region_name="us-east-1", endpoint_url=moto.url, aws_access_key_id="testing",
+                        aws_secret_access_key="testing")
+
+
+def keys(moto: MotoServer, prefix: str) -> list[str]:
+    return [o["Key"] for o in s3(moto).list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
+
+
+def runner_env(moto: MotoServer, state_dir: Path, tf_cli_config: Path, **extra: str) -> dict[str, str]:
+    env = fake_aws_env(moto.url)
+    env.update(GPUCTL_STATE_DIR=str(state_dir), GPUCTL_STATE_BUCKET=BUCKET, GPUCTL_STATE_PREFIX=PREFIX,
+               GPUCTL_STATE_ENDPOINT_URL=moto.url, TF_CLI_CONFIG_FILE=str(tf_cli_config), TF_IN_AUTOMATION="1",
+               **extra)
+    env.pop("GPUCTL_LOCAL_MODE", None)
+    return env
+
+
+def gpuctl(*args: str, env: dict[str, str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"gpuctl {' '.join(args)} ran over {timeout}s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def ok(res: subprocess.CompletedProcess[str]) -> str:
+    assert res.returncode == 0, f"{res.args}\n{res.stdout}\n{res.stderr}"
+    return res.stdout
+
+
+HOLD = """
+import sys, time
+from gpuctl import remotestate
+from gpuctl.remotestate.store import cluster_lock
+remote = remotestate.current()
+with cluster_lock(remote.store, sys.argv[1], command="gpuctl apply", on_wait=print):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def hold_lock(name: str, seconds: float, env: dict[str, str]) -> subprocess.Popen[str]:
+    """Another runner in the middle of changing the cluster: gpuctl's own lock, held for `seconds`."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, name, str(seconds)], env=env, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: Path, tf_cli_config: Path) -> None:
+    s3(moto).create_bucket(Bucket=BUCKET)
+    name = f"rs-{uuid.uuid4().hex[:6]}"
+    task = tmp_path / "task.yaml"
+    task.write_text(textwrap.dedent(f"""\
+        name: {name}
+        num_nodes: 2
+        resources: {{infra: local}}
+        run: echo "rank $SKYPILOT_NODE_RANK says hello"
+        """))
+    env_a = runner_env(moto, tmp_path / "runner-a", tf_cli_config)
+    env_b = runner_env(moto, tmp_path / "runner-b", tf_cli_config)
+    before = netns_names()
+    try:
+        out = ok(gpuctl("apply", str(task), env=env_a, cwd=tmp_path))
+        assert "rank 1 says hello" in out
+        stored = keys(moto, f"{PREFIX}/clusters/{name}/")
+        assert f"{PREFIX}/clusters/{name}/terraform.tfstate" in stored  # Terraform's S3 backend
+        assert f"{PREFIX}/clusters/{name}/record.json" in stored
+        assert f"{PREFIX}/clusters/{name}/files/ssh/id_ed25519" in stored
+        assert not any("/files/nodes/" in k or "/files/cm/" in k for k in stored)
+
+        # runner B never saw the cluster
+        status = ok(gpuctl("status", name, env=env_b, cwd=tmp_path))
+        assert f"{name}: UP, 2 node(s) on local" in status and "rank=1" in status
+        ran = ok(gpuctl("exec", name, "--", "echo", "b-was-here", env=env_b, cwd=tmp_path))
+        assert ran.count("b-was-here") == 2
+        queue = ok(gpuctl("queue", name, env=env_b, cwd=tmp_path)).splitlines()
+        assert [line.split()[0] for line in queue[1:]] == ["1", "2"]
+        assert all("SUCCEEDED" in line for line in queue[1:])
+        assert gpuctl("logs", name, "1", "--status", env=env_b, cwd=tmp_path).returncode == 0
+        assert ok(gpuctl("queue", name, env=env_a, cwd=tmp_path)).count("SUCCEEDED") == 2  # A sees B's job
+
+        # another runner is changing the cluster: refused at once with lock_timeout 0, naming it
+        holder = hold_lock(name, 6, env_a)
+        try:
+            refused = gpuctl("apply", str(task), env={**env_b, "GPUCTL_STATE_LOCK_TIMEOUT": "0"}, cwd=tmp_path)
+            assert refused.returncode == 3, refused.stdout + refused.stderr
+            line = refused.stderr.strip()
+            assert "\n" not in line and "Traceback" not in line
+            assert f"error: cluster '{name}' is locked by " in line and "`gpuctl apply`" in line
+            assert f"gpuctl force-unlock {name}" in line
+            # ... or waited for, with the default timeout
+            waited = ok(gpuctl("apply", str(task), "--provision-only", env=env_b, cwd=tmp_path))
+            assert "Waiting up to 600s for " in waited
+        finally:
+            holder.wait(timeout=30)
+
+        # a runner that died holding the lock: force-unlock
+        hold_lock(name, 60, env_a).kill()
+        unlocked = ok(gpuctl("force-unlock", name, env=env_b, cwd=tmp_path))
+        assert f"Removed the lock of cluster '{name}' held by " in unlocked
+        assert keys(moto, f"{PREFIX}/locks/") == []
+
+        ok(gpuctl("down", name, env=env_b, cwd=tmp_path))
+        assert keys(moto, f"{PREFIX}/clusters/{name}/") == []
+        assert netns_names() - before == set()
+        assert "No clusters." in ok(gpuctl("status", env=env_a, cwd=tmp_path))
+    finally:
+        if keys(moto, f"{PREFIX}/clusters/{name}/record.json"):
+            gpuctl("down", name, env=env_a, cwd=tmp_path)
