@@ -195,6 +195,7 @@ def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts:
 
 def _cluster_inventory(name: str) -> Inventory:
     check_cluster_name(name)
+    lifecycle.adopt(name, Registry())  # shared state: the bucket's copy of the cluster, if any
     path = cluster_dir(name) / "inventory.yml"
     inv = load_inventory(path, cluster=name) if path.is_file() else None
     if inv is None:
@@ -215,6 +216,10 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
     from gpuctl import provision
 
     registry = Registry()
+    if name:
+        lifecycle.adopt(check_cluster_name(name), registry)
+    else:
+        lifecycle.adopt_all(registry)
     records = [registry.cluster(check_cluster_name(name))] if name else registry.clusters()
     if name and records[0] is None:
         raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
@@ -286,6 +291,11 @@ def exec_(
     else:
         last_workdir = last_apply.get("workdir")
         spec_workdir = workdir.resolve() if workdir else (Path(last_workdir) if last_workdir else None)
+        if workdir is None and spec_workdir is not None and not spec_workdir.is_dir():
+            # applied from another machine (shared state): the nodes keep the workdir that apply synced
+            reporter.info(f"note: the last apply's workdir {spec_workdir} is not on this machine; running in the "
+                          "copy the nodes have (--workdir DIR syncs one)")
+            spec_workdir = None
         if spec_workdir is not None and not spec_workdir.is_dir():
             raise UserError(f"--workdir {spec_workdir}: not a directory")
         # Like `kubectl exec` and `docker exec`: the words after `--` are the argv, kept as given.
@@ -428,6 +438,24 @@ def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluste
                "again and copies it to the other nodes")
 
 
+@app.command("force-unlock")
+def force_unlock(name: str = typer.Argument(..., metavar="NAME", help="Cluster whose lock to remove.")) -> None:
+    """Remove a cluster's lock in the shared state bucket, left by a runner that died (as `terraform force-unlock`)."""
+    from gpuctl.remotestate.store import break_lock, holder_text
+
+    check_cluster_name(name)
+    registry = Registry()
+    if registry.remote is None:
+        raise UserError("force-unlock: state is local (no state.bucket in config.yaml or GPUCTL_STATE_BUCKET); "
+                        "a local lock is released when its gpuctl exits")
+    holder = break_lock(registry.remote.store, name)
+    if holder is None:
+        typer.echo(f"Cluster '{name}' is not locked.")
+        return
+    typer.echo(f"Removed the lock of cluster '{name}' held by {holder_text(holder)}; make sure that runner is gone, "
+               f"then re-run your command (Terraform's own state lock, if left, is in its .tflock next to the state)")
+
+
 @app.command("_watch", hidden=True)
 def watch_(name: str, job_id: int) -> None:
     """Background watcher of a detached job (started by `-d`)."""
@@ -454,6 +482,7 @@ def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear d
     reporter = Reporter()
     check_cluster_name(name)
     registry = Registry()
+    lifecycle.adopt(name, registry)
     if registry.cluster(name) is None and not provision.cluster_exists(name):
         raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
     lifecycle.tear_down(name, reporter=reporter, registry=registry)

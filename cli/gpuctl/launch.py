@@ -132,6 +132,9 @@ class JobRunner:
             self.check_console_host_keys()
         prepare.record(self.cdir, fingerprint)
         prepare.record_features(self.cdir, self.features)
+        from gpuctl.lifecycle import publish
+
+        publish(self.inv.cluster, self.registry)  # shared state: the prepare records and learned host keys
 
     def check_console_host_keys(self) -> None:
         """The keys learned at first contact against those each instance printed to its console."""
