@@ -102,3 +102,19 @@ def test_aws_job_with_ssh_closed_is_refused_before_provisioning(tmp_path: Path, 
                           capture_output=True, text=True, timeout=120)
     assert_user_error(proc, "ssh_ingress_cidrs", "--provision-only")
     assert_nothing_provisioned(_isolated_state)
+
+
+def test_shared_state_errors_are_one_line(tmp_path: Path, _isolated_state: Path):
+    """A bad state setting, force-unlock without shared state, a state bucket that does not exist."""
+    (tmp_path / "cluster.yaml").write_text("resources: {infra: local}\n" + GOOD_RUN)
+    assert_user_error(gpuctl("force-unlock", "c1", cwd=tmp_path), "force-unlock: state is local")
+    assert_user_error(gpuctl("status", cwd=tmp_path, env_extra={"GPUCTL_STATE_BUCKET": "Not_A_Bucket"}),
+                      "GPUCTL_STATE_BUCKET 'Not_A_Bucket': not an S3 bucket name")
+    from mototest import MotoServer, fake_aws_env
+
+    with MotoServer() as moto:
+        env = {**fake_aws_env(moto.url), "GPUCTL_STATE_DIR": str(_isolated_state),
+               "GPUCTL_STATE_BUCKET": "no-such-state-bucket", "GPUCTL_STATE_ENDPOINT_URL": moto.url}
+        proc = gpuctl("apply", "cluster.yaml", cwd=tmp_path, env_extra=env)
+    assert_user_error(proc, "state bucket 'no-such-state-bucket' does not exist", "GPUCTL_STATE_BUCKET")
+    assert_nothing_provisioned(_isolated_state)
