@@ -127,6 +127,7 @@ def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: P
         assert [line.split()[0] for line in queue[1:]] == ["1", "2"]
         assert all("SUCCEEDED" in line for line in queue[1:])
         assert gpuctl("logs", name, "1", "--status", env=env_b, cwd=tmp_path).returncode == 0
+        assert "rank 1 says hello" in ok(gpuctl("logs", name, "1", env=env_b, cwd=tmp_path))  # A's job, from the head
         assert ok(gpuctl("queue", name, env=env_a, cwd=tmp_path)).count("SUCCEEDED") == 2  # A sees B's job
 
         # another runner is changing the cluster: refused at once with lock_timeout 0, naming it
@@ -141,6 +142,7 @@ def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: P
             # ... or waited for, with the default timeout
             waited = ok(gpuctl("apply", str(task), "--provision-only", env=env_b, cwd=tmp_path))
             assert "Waiting up to 600s for " in waited
+            assert "terraform apply: no changes, reusing the existing nodes" in waited
         finally:
             holder.wait(timeout=30)
 

@@ -326,6 +326,20 @@ def release(cluster_dir: Path, *, registry: Path | None = None) -> None:
                 entry.unlink()
 
 
+def nodes_dir(cluster_dir: Path) -> Path:
+    """Where the cluster's nodes live: `<cluster_dir>/nodes`, or where its rendered root already put them.
+
+    A cluster adopted from shared state by another state dir on this machine
+    keeps its nodes where they are (a new path would make Terraform replace them).
+    """
+    try:
+        module = json.loads((cluster_dir / "terraform" / "main.tf.json").read_text())["module"]
+        recorded = Path(next(iter(module.values()))["state_dir"])
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return cluster_dir / "nodes"
+    return recorded if recorded.is_dir() else cluster_dir / "nodes"
+
+
 # -- the provider ----------------------------------------------------------------
 
 
@@ -340,7 +354,7 @@ class LocalProvider(BaseProvider):
 
     def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
         cluster_dir = Path(cluster_dir).resolve()
-        state_dir = cluster_dir / "nodes"
+        state_dir = nodes_dir(cluster_dir)
         if not _SAFE_PATH.fullmatch(str(state_dir)):
             raise UserError(f"{state_dir}: local nodes need a state directory path made of letters, digits and "
                             "._+@- only; set GPUCTL_STATE_DIR to such a directory")
@@ -367,7 +381,7 @@ class LocalProvider(BaseProvider):
         (node.env, bridge.env), so the module's own scripts can remove them.
         Then give back the cluster's subnet or port block."""
         cluster_dir = Path(cluster_dir).resolve()
-        state_dir = cluster_dir / "nodes"
+        state_dir = nodes_dir(cluster_dir)
         scripts = self.module_dir() / "scripts"
         for env_file in sorted(state_dir.glob("node*/node.env")):
             _run_script(scripts / "node.sh", "down", _read_env(env_file))

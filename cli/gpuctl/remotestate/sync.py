@@ -11,7 +11,8 @@ Layout under the prefix:
 
 Paths inside the cluster directory differ between runners, so text files carry
 the directory as `@GPUCTL_CLUSTER_DIR@` in the bucket and get the runner's own
-on the way down. What is machine-local stays out: ssh control sockets (cm/),
+on the way down — except the rendered Terraform root, which keeps the paths it
+was made with (local nodes stay where they are; providers.local.nodes_dir). What is machine-local stays out: ssh control sockets (cm/),
 ansible-runner's private data (runner/), job logs (jobs/: `gpuctl logs` reads
 them from the head), local nodes' homes (nodes/), Terraform's plugin cache.
 `.sync.json` remembers each file's hash as last synced, so a command moves only
@@ -47,7 +48,12 @@ def _synced_files(cdir: Path) -> dict[str, Path]:
     return out
 
 
-def _to_bucket(data: bytes, cdir: Path) -> bytes:
+_VERBATIM = {"terraform/main.tf.json"}
+
+
+def _to_bucket(data: bytes, cdir: Path, rel: str = "") -> bytes:
+    if rel in _VERBATIM:
+        return data
     try:
         text = data.decode()
     except UnicodeDecodeError:
@@ -55,7 +61,9 @@ def _to_bucket(data: bytes, cdir: Path) -> bytes:
     return text.replace(str(cdir), PLACEHOLDER).encode()
 
 
-def _from_bucket(data: bytes, cdir: Path) -> bytes:
+def _from_bucket(data: bytes, cdir: Path, rel: str = "") -> bytes:
+    if rel in _VERBATIM:
+        return data
     try:
         text = data.decode()
     except UnicodeDecodeError:
@@ -89,7 +97,7 @@ def push_files(store: S3Store, name: str, cdir: Path) -> int:
     local = _synced_files(cdir)
     moved = 0
     for rel, path in local.items():
-        data = _to_bucket(path.read_bytes(), cdir)
+        data = _to_bucket(path.read_bytes(), cdir, rel)
         digest = _digest(data)
         if (seen.get(rel) or [None])[0] != digest:
             seen[rel] = [digest, store.put_etag(prefix + rel, data)]
@@ -117,7 +125,7 @@ def pull_files(store: S3Store, name: str, cdir: Path) -> bool:
             continue  # never write outside the cluster directory
         known = seen.get(rel)
         if known and known[1] == remote[key] and target.is_file() \
-                and _digest(_to_bucket(target.read_bytes(), cdir)) == known[0]:
+                and _digest(_to_bucket(target.read_bytes(), cdir, rel)) == known[0]:
             continue  # unchanged on both sides
         data = store.get(key)
         if data is None:
@@ -126,7 +134,7 @@ def pull_files(store: S3Store, name: str, cdir: Path) -> bool:
         tmp = target.with_name(target.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(_from_bucket(data, cdir))
+            fh.write(_from_bucket(data, cdir, rel))
         tmp.replace(target)
         seen[rel] = [_digest(data), remote[key]]
     for rel in [r for r in seen if prefix + r not in remote]:
