@@ -61,7 +61,7 @@ def adopt(name: str, registry: Registry) -> bool:
         return False
     sync.pull_files(remote.store, name, cluster_dir(name))
     registry.import_cluster(record)
-    registry.import_jobs(name, sync.get_jobs(remote.store, name))
+    registry.import_jobs(name, sync.get_jobs(remote.store, name, cluster_dir(name)))
     return True
 
 

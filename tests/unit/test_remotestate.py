@@ -165,5 +165,11 @@ def test_job_ids_are_unique_across_runners(store: S3Store, tmp_path: Path) -> No
     assert [(j.job_id, j.status, j.returncodes) for j in two.jobs("c1")] == \
         [(1, "SUCCEEDED", {0: 0, 1: 0}), (2, "PENDING", {}), (3, "PENDING", {})]
     assert two.cluster("c1").status == "UP"
+    cdir = tmp_path / "c1"
+    cdir.mkdir()
+    assert len(sync.get_jobs(store, "c1", cdir)) == 3
+    assert sync.get_jobs(store, "c1", cdir) == []  # nothing changed since: nothing read
+    two.update_job("c1", 2, status="FAILED")
+    assert [j["job_id"] for j in sync.get_jobs(store, "c1", cdir)] == [2]
     sync.delete_cluster(store, "c1")
     assert store.list(store.key("clusters") + "/") == {}

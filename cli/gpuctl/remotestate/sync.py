@@ -31,7 +31,8 @@ from gpuctl.remotestate.store import S3Store
 
 PLACEHOLDER = "@GPUCTL_CLUSTER_DIR@"
 SYNC_FILE = ".sync.json"
-_SKIP_TOP = {"cm", "runner", "jobs", "nodes", SYNC_FILE}
+JOBS_SYNC_FILE = ".jobs-sync.json"
+_SKIP_TOP = {"cm", "runner", "jobs", "nodes", SYNC_FILE, JOBS_SYNC_FILE}
 _SKIP_ANY = {".terraform", "logs"}
 _SKIP_NAMES = {"terraform.tfstate", "terraform.tfstate.backup", ".terraform.tfstate.lock.info", "state-snapshot.json"}
 
@@ -178,9 +179,21 @@ def job_ids(store: S3Store, name: str) -> list[int]:
     return sorted(ids)
 
 
-def get_jobs(store: S3Store, name: str) -> list[dict[str, Any]]:
+def get_jobs(store: S3Store, name: str, cdir: Path | None = None) -> list[dict[str, Any]]:
+    """The cluster's job rows; with `cdir`, only those changed since the last call (ETags in JOBS_SYNC_FILE)."""
     prefix = store.key("clusters", name, "jobs") + "/"
-    rows = [_json_object(store.get(key)) for key in sorted(store.list(prefix))]
+    listed = store.list(prefix)
+    seen: dict[str, str] = {}
+    if cdir is not None:
+        try:
+            seen = json.loads((cdir / JOBS_SYNC_FILE).read_text())
+        except (OSError, ValueError):
+            seen = {}
+    rows = [_json_object(store.get(key)) for key in sorted(listed) if seen.get(key) != listed[key]]
+    if cdir is not None and cdir.is_dir():
+        tmp = cdir / (JOBS_SYNC_FILE + ".tmp")
+        tmp.write_text(json.dumps(listed, sort_keys=True))
+        tmp.replace(cdir / JOBS_SYNC_FILE)
     return [r for r in rows if r is not None]
 
 
