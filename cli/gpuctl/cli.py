@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from gpuctl import gitworkdir, joblogs, jobs, lifecycle, ssh, sshconfig, usage
+from gpuctl import gitworkdir, joblogs, jobs, lifecycle, output, ssh, sshconfig, usage
 from gpuctl.cluster import ClusterRequest, check_cluster_name, request_from_task
 from gpuctl.console import Reporter
 from gpuctl.envargs import parse_env_assignments
@@ -28,6 +28,7 @@ from gpuctl.errors import JobCancelled, JobFailed, ProvisionError, UserError
 from gpuctl.inventory import Inventory, load_inventory
 from gpuctl.launch import JobRunner, JobSpec
 from gpuctl.lifecycle import write_ssh_config
+from gpuctl.output import OutputOption, wants_json
 from gpuctl.paths import cluster_dir, state_root
 from gpuctl.state import TERMINAL_JOB_STATES, Registry
 
@@ -115,17 +116,21 @@ InfraOption = typer.Option(None, "--infra", metavar="INFRA",
 
 @app.command()
 def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
-             secret: Optional[List[str]] = SecretOption, infra: Optional[str] = InfraOption) -> None:
+             secret: Optional[List[str]] = SecretOption, infra: Optional[str] = InfraOption,
+             output_format: str = OutputOption) -> None:
     """Check a cluster.yaml as apply would, offline: nothing is provisioned or contacted."""
     from gpuctl.catalog import resolve_instance_type
 
+    as_json = wants_json(output_format)
     task = _load(file, env, secret, require_values=False, infra=infra)
     req = _request(task, file, cluster=None, infra=infra, num_nodes=None)
     _warn(task, req)
     parts = [f"{req.num_nodes} node(s) on {req.cloud}"]
+    instance_type = None
     if req.cloud == "aws":
-        parts.append(resolve_instance_type(req.instance_type, req.accelerator, req.gpus_per_node, req.cpus,
-                                           req.memory))
+        instance_type = resolve_instance_type(req.instance_type, req.accelerator, req.gpus_per_node, req.cpus,
+                                              req.memory)
+        parts.append(instance_type)
     if req.accelerator:
         parts.append(f"{req.accelerator}:{req.gpus_per_node}")
     if task.container_image:
@@ -134,6 +139,13 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
         parts.append(f"workdir from git {task.workdir_git.url}")
     if task.bucket_mounts:
         parts.append(f"{len(task.bucket_mounts)} bucket mount(s)")
+    if as_json:
+        output.emit("validate", {
+            "ok": True, "file": str(file), "cluster": req.name, "num_nodes": req.num_nodes, "cloud": req.cloud,
+            "region": req.region, "zone": req.zone, "instance_type": instance_type,
+            "accelerator": req.accelerator, "gpus_per_node": req.gpus_per_node,
+            "container_image": task.container_image, "warnings": list(task.warnings)})
+        return
     typer.echo(f"{file}: OK ({', '.join(parts)})")
 
 
@@ -149,11 +161,13 @@ def apply(
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the Terraform plan; create nothing."),
     provision_only: bool = typer.Option(False, "--provision-only", help="Stop after provisioning and writing the inventory."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started; follow with `gpuctl logs`."),
+    output_format: str = OutputOption,
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
     from gpuctl import provision
 
-    reporter = Reporter()
+    as_json = wants_json(output_format)
+    reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     task = _load(file, env, secret, infra=infra)
     req = _request(task, file, cluster=cluster, infra=infra, num_nodes=num_nodes)
     _warn(task, req)
@@ -161,6 +175,10 @@ def apply(
         summary = provision.plan(req)
         for line in summary.describe():
             reporter.info(line)
+        if as_json:
+            output.emit("apply", {"ok": True, "cluster": req.name, "dry_run": True,
+                                  "plan": {"add": summary.add, "change": summary.change, "destroy": summary.destroy},
+                                  "lines": summary.describe()})
         return
     if req.cloud == "aws" and not provision_only and (task.run or task.setup):
         from gpuctl.providers.aws import require_ssh_reach
@@ -171,18 +189,44 @@ def apply(
                              container_image=task.container_image)
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provision.inventory_path(req.name)}")
+        if as_json:
+            _emit_apply(registry, req.name, inv, job_id=None)
         return
     spec = _job_spec(task, req)
-    with ExitStack() as stack:  # a git workdir's clone lives until the job's copy to the head is done
-        if (git := task.workdir_git) is not None:
-            with reporter.stage(f"Cloning {gitworkdir.shown(git.url)}" + (f" at {git.ref}" if git.ref else "")):
-                clone = stack.enter_context(gitworkdir.checkout(git.url, git.ref, parent=state_root()))
-            spec = replace(spec, workdir=clone.path, envs={**clone.envs, **spec.envs})
-        _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=not no_setup,
-             sync_file_mounts=True, detach=detach)
+    job_id: int | None = None
+    try:
+        with ExitStack() as stack:  # a git workdir's clone lives until the job's copy to the head is done
+            if (git := task.workdir_git) is not None:
+                with reporter.stage(f"Cloning {gitworkdir.shown(git.url)}" + (f" at {git.ref}" if git.ref else "")):
+                    clone = stack.enter_context(gitworkdir.checkout(git.url, git.ref, parent=state_root()))
+                spec = replace(spec, workdir=clone.path, envs={**clone.envs, **spec.envs})
+            job_id = _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=not no_setup,
+                          sync_file_mounts=True, detach=detach)
+    except JobFailed:
+        if as_json:  # the failed job is the result: its document, then the error line and exit code 1
+            _emit_apply(registry, req.name, inv, job_id=None, latest_job=True)
+        raise
+    if as_json:
+        _emit_apply(registry, req.name, inv, job_id=job_id)
 
 
-def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> None:
+def _emit_apply(registry: Registry, name: str, inv: Inventory, *, job_id: int | None,
+                latest_job: bool = False) -> None:
+    """apply's JSON document: the cluster as `status` shows it, and the job this apply ran (or null)."""
+    record = registry.cluster(name)
+    job = registry.job(name, job_id) if job_id is not None else None
+    if latest_job:
+        job = (registry.jobs(name) or [None])[-1]
+    doc = output.cluster_doc(record, inv, None) if record is not None else {"name": name}
+    doc.pop("last_job", None)
+    output.emit("apply", {"ok": job is None or job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
+                          **{k: v for k, v in doc.items() if k != "name"},
+                          "inventory": str(cluster_dir(name) / "inventory.yml"),
+                          "job": output.job_doc(job) if job is not None else None})
+
+
+def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> int:
+    """Run the job; its id."""
     try:
         outcome = runner.run(spec, run_setup=run_setup, sync_file_mounts=sync_file_mounts, detach=detach)
     except KeyboardInterrupt:
@@ -191,6 +235,7 @@ def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts:
         name, job_id = runner.inv.cluster, outcome.job_id
         runner.reporter.info(f"Job {job_id} detached. Follow it: gpuctl logs {name} {job_id}; "
                              f"cancel it: gpuctl cancel {name} {job_id}")
+    return outcome.job_id
 
 
 def _cluster_inventory(name: str) -> Inventory:
@@ -211,10 +256,12 @@ def _job_runner(name: str, reporter: Reporter | None = None) -> JobRunner:
 @app.command()
 def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Cluster name (default: all clusters)."),
            refresh: bool = typer.Option(False, "--refresh", "-r",
-                                        help="Check Terraform state and whether each node answers over SSH.")) -> None:
+                                        help="Check Terraform state and whether each node answers over SSH."),
+           output_format: str = OutputOption) -> None:
     """Show clusters, their nodes and addresses, and their last jobs."""
     from gpuctl import provision
 
+    as_json = wants_json(output_format)
     registry = Registry()
     if name:
         lifecycle.adopt(check_cluster_name(name), registry)
@@ -223,6 +270,20 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
     records = [registry.cluster(check_cluster_name(name))] if name else registry.clusters()
     if name and records[0] is None:
         raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
+    if as_json:
+        docs = []
+        for rec in records:
+            assert rec is not None
+            inv = provision.load_inventory_of(rec.name)
+            doc = output.cluster_doc(rec, inv, (registry.jobs(rec.name) or [None])[-1])
+            if refresh and inv is not None:
+                health = _node_health(inv)
+                doc["terraform"] = provision.state_drift(rec.name)
+                for node in doc["nodes"]:
+                    node["health"] = health.get(node["rank"])
+            docs.append(doc)
+        output.emit("status", {"ok": True, "clusters": docs})
+        return
     if not records:
         typer.echo("No clusters.")
         return
@@ -317,11 +378,16 @@ def _fmt_time(ts: float | None) -> str:
 
 
 @app.command()
-def queue(name: str = typer.Argument(..., metavar="NAME", help="Cluster whose jobs to list.")) -> None:
+def queue(name: str = typer.Argument(..., metavar="NAME", help="Cluster whose jobs to list."),
+          output_format: str = OutputOption) -> None:
     """List a cluster's jobs: state, start and end time, and each rank's exit code."""
-    runner = _job_runner(name)
+    as_json = wants_json(output_format)
+    runner = _job_runner(name, Reporter(stream=sys.stderr) if as_json else None)
     registry = runner.registry
     rows = [jobs.refresh(runner, job) for job in registry.jobs(name)]
+    if as_json:
+        output.emit("queue", {"ok": True, "cluster": name, "jobs": [output.job_doc(j) for j in rows]})
+        return
     if not rows:
         typer.echo(f"No jobs on cluster '{name}'.")
         return
@@ -340,8 +406,11 @@ def logs(
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep streaming until the job ends."),
     status_only: bool = typer.Option(False, "--status", help="Print no logs; exit 0 if the job succeeded "
                                      "(100 failed, 101 not finished, 103 cancelled)."),
+    output_format: str = OutputOption,
 ) -> None:
     """Show a job's output, live or after the fact."""
+    if wants_json(output_format) and not status_only:
+        raise UserError("--output json: with `gpuctl logs` only together with --status (logs are text)")
     runner = _job_runner(name)
     reporter, inv, registry = runner.reporter, runner.inv, runner.registry
     job = jobs.refresh(runner, jobs.resolve_job(registry, name, job_id))
@@ -351,8 +420,12 @@ def logs(
             raise UserError(f"--rank {rank}: job {job.job_id} ran on ranks 0..{len(nodes) - 1}")
         nodes = tuple(n for n in nodes if n.rank == rank)
     if status_only:
-        typer.echo(f"Job {job.job_id}: {job.status}")
-        raise typer.Exit(jobs.STATUS_EXIT.get(job.status, jobs.NOT_FINISHED_EXIT))
+        code = jobs.STATUS_EXIT.get(job.status, jobs.NOT_FINISHED_EXIT)
+        if wants_json(output_format):
+            output.emit("logs", {"ok": code == 0, "cluster": name, "job": output.job_doc(job), "exit_code": code})
+        else:
+            typer.echo(f"Job {job.job_id}: {job.status}")
+        raise typer.Exit(code)
     ranks = [n.rank for n in nodes]
     if job.status in TERMINAL_JOB_STATES and jobs.print_saved_logs(reporter, inv, job, ranks):
         raise typer.Exit(jobs.STATUS_EXIT.get(job.status, 0) and 1)
@@ -401,6 +474,19 @@ def ssh_config(name: Optional[str] = typer.Argument(None, metavar="NAME", help="
         typer.echo(str(p))
     typer.echo(f"Use: ssh -F {paths[0] if len(paths) == 1 else state_root() / 'ssh' / 'config'} HOST, "
                f"or add `Include {state_root() / 'ssh' / 'config'}` to ~/.ssh/config")
+
+
+@app.command("inventory")
+def inventory_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
+               fmt: str = typer.Option("ansible", "--format", "-f", metavar="FORMAT",
+                                       help="ansible (YAML), json, hostfile (MPI/DeepSpeed) or ssh-config.")) -> None:
+    """Print the cluster's inventory for your own tools: Ansible, MPI, DeepSpeed, ssh."""
+    from gpuctl import inventoryexport
+
+    if fmt.strip().lower() not in inventoryexport.FORMATS:
+        raise UserError(f"--format {fmt}: use one of {', '.join(inventoryexport.FORMATS)}")
+    inv = _cluster_inventory(name)
+    sys.stdout.write(inventoryexport.export(inv, fmt, ssh_config_path=state_root() / "ssh" / f"{name}.conf"))
 
 
 @app.command("ssh")
@@ -475,17 +561,21 @@ def watch_(name: str, job_id: int) -> None:
 
 @app.command()
 def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear down."),
-         yes: bool = typer.Option(True, "-y", "--yes", hidden=True)) -> None:
+         yes: bool = typer.Option(True, "-y", "--yes", hidden=True),
+         output_format: str = OutputOption) -> None:
     """Destroy a cluster (terraform destroy) and forget it."""
     from gpuctl import provision
 
-    reporter = Reporter()
+    as_json = wants_json(output_format)
+    reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     check_cluster_name(name)
     registry = Registry()
     lifecycle.adopt(name, registry)
     if registry.cluster(name) is None and not provision.cluster_exists(name):
         raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
     lifecycle.tear_down(name, reporter=reporter, registry=registry)
+    if as_json:
+        output.emit("down", {"ok": True, "cluster": name, "destroyed": True})
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -550,11 +640,10 @@ def main() -> None:
         # Without standalone mode click returns typer.Exit's code instead of
         # raising it, and leaves usage errors to us (usage.report).
         rv = app(args=argv, prog_name="gpuctl", standalone_mode=False)
-    except UserError as exc:
+    except (UserError, JobFailed, ProvisionError) as exc:
         print(f"error: {exc.message}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except (JobFailed, ProvisionError) as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        if output.json_requested(argv) and not output.emitted():
+            output.emit_error(next((w for w in argv if w in _command_names()), None), exc.message, exc.exit_code)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
