@@ -673,6 +673,58 @@ def test_logs_after_the_job_from_the_saved_copy(jl: JobsCluster, pair: Pair):
     check_logs()
 
 
+# -- machine-readable output --------------------------------------------------------
+
+STATUS_KEYS = {"name", "status", "cloud", "region", "zone", "num_nodes", "nodes", "last_job"}
+NODE_KEYS = {"name", "rank", "address", "ssh_user", "ssh_host", "ssh_port", "gpus", "node_id"}
+JOB_KEYS = {"id", "name", "status", "num_nodes", "submitted_at", "started_at", "ended_at", "submitted_epoch",
+            "started_epoch", "ended_epoch", "returncodes", "failed_rank"}
+
+
+def json_of(res: Result) -> dict:
+    """stdout is exactly one JSON document (progress goes to stderr)."""
+    import json
+
+    doc = json.loads(res.stdout)
+    assert doc["schema"] == 1, res.describe()
+    return doc
+
+
+def test_json_output_and_inventory_export(jl: JobsCluster, pair: Pair, tmp_path: Path):
+    status = json_of(jl.gpuctl("status", NAME, "-o", "json").check())
+    (cluster,) = status["clusters"]
+    assert set(cluster) == STATUS_KEYS and all(set(n) == NODE_KEYS for n in cluster["nodes"])
+    assert [n["address"] for n in cluster["nodes"]] == [n.address for n in jl.nodes]
+    assert (cluster["status"], cluster["num_nodes"], set(cluster["last_job"]) == JOB_KEYS) == ("UP", 3, True)
+
+    queue = json_of(jl.gpuctl("queue", NAME, "--output", "json").check())
+    by_id = {job["id"]: job for job in queue["jobs"]}
+    assert all(set(job) == JOB_KEYS for job in queue["jobs"])
+    assert by_id[jl.apply_job]["status"] == "FAILED" and by_id[jl.apply_job]["failed_rank"] == 1
+    assert by_id[pair.log_job]["returncodes"] == {"0": 0, "1": 0, "2": 0}
+    assert by_id[pair.log_job]["ended_at"].endswith("Z")
+
+    ok_status = jl.gpuctl("logs", NAME, str(pair.log_job), "--status", "-o", "json")
+    assert ok_status.returncode == 0 and json_of(ok_status)["exit_code"] == 0, ok_status.describe()
+    failed = jl.gpuctl("logs", NAME, str(jl.apply_job), "--status", "-o", "json")
+    assert failed.returncode == 100 and json_of(failed)["job"]["status"] == "FAILED", failed.describe()
+    missing = jl.gpuctl("queue", "no-such-cluster", "-o", "json")
+    assert missing.returncode == 2 and json_of(missing)["ok"] is False and "not found" in json_of(missing)["error"]
+
+    hostfile = jl.gpuctl("inventory", NAME, "--format", "hostfile").check().stdout
+    assert hostfile.splitlines() == [f"{n.address} slots={n.gpus}" for n in jl.nodes]
+    exported = json_of(jl.gpuctl("inventory", NAME, "--format", "json").check())
+    assert [n["rank"] for n in exported["nodes"]] == [0, 1, 2] and exported["ssh_key"].endswith("id_ed25519")
+    assert "Host " in jl.gpuctl("inventory", NAME, "--format", "ssh-config").check().stdout
+    # the exported Ansible inventory works in the user's own Ansible, host keys checked as gpuctl does
+    inv_file = tmp_path / "inventory.yml"
+    inv_file.write_text(jl.gpuctl("inventory", NAME).check().stdout)
+    ping = subprocess.run([str(Path(sys.executable).parent / "ansible"), "-i", str(inv_file), "all", "-m", "ping",
+                           "-o"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True"})
+    assert ping.returncode == 0 and ping.stdout.count("SUCCESS") == 3, ping.stdout + ping.stderr
+
+
 # -- teardown ------------------------------------------------------------------------
 
 
