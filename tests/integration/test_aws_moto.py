@@ -148,6 +148,7 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
         up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
         assert up.returncode == 0, up.stdout + up.stderr
         check_cluster(moto, proxy, up.stdout, name, _isolated_state)
+        check_module_inventory(_isolated_state / "clusters" / name, env, tmp_path)
         # a CI runner that never saw the cluster takes it down: the Terraform state and the
         # rendered root (with the endpoint it was made with) come from the state bucket
         down = gpuctl("down", name, env={**env, "GPUCTL_STATE_DIR": str(tmp_path / "fresh-runner")}, cwd=tmp_path)
@@ -156,6 +157,26 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
     assert running(moto, name) == []
     assert len(instances(moto, name)) == 3  # terminated, not forgotten by moto
     assert [v for v in ec2(moto).describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []
+
+
+def check_module_inventory(cdir: Path, env: dict[str, str], tmp_path: Path) -> None:
+    """The module's ansible_inventory output, from the real apply: what gpuctl's own inventory says,
+    and an inventory Ansible and gpuctl (`infra: ssh/FILE`) both read."""
+    from gpuctl.inventory import load_inventory
+
+    out = subprocess.run(["terraform", "output", "-raw", "ansible_inventory"], cwd=cdir / "terraform", env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    exported = tmp_path / "module-inventory.yml"
+    exported.write_text(out.stdout)
+    theirs = load_inventory(exported, cluster="moto-train")
+    ours = load_inventory(cdir / "inventory.yml", cluster="moto-train")
+    assert [(n.name, n.rank, n.address, n.ssh_host, n.node_id) for n in theirs.nodes] == \
+        [(n.name, n.rank, n.address, n.ssh_host, n.node_id) for n in ours.nodes]
+    listed = subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(exported), "--list"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert yaml.safe_load(listed.stdout)["gpuctl_nodes"]["hosts"] == ["head", "worker1", "worker2"]
 
 
 def check_cluster(moto: MotoServer, proxy: CapacityShortage, stdout: str, name: str, state: Path) -> None:

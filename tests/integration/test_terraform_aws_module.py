@@ -35,7 +35,7 @@ EXPECTED_RUNS = {
     "market": 4,
     "network": 9,
     "nodes": 6,
-    "output_shapes": 4,
+    "output_shapes": 6,
     "placement": 5,
     "security": 7,
     "validations": 29,
@@ -197,6 +197,29 @@ def test_validate_example(module_copy: Path, tf_env: dict[str, str], example: st
     assert 'source = "../.."' in (path / "main.tf").read_text(), "examples call the module by relative source"
     ok(terraform(["init", "-backend=false", "-no-color"], path, tf_env))
     assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], path, tf_env))
+
+
+def test_module_from_a_git_source_with_subdir_and_ref(tmp_path: Path, tf_env: dict[str, str]) -> None:
+    """The README's `git::URL//terraform/modules/aws-gpu-instance-group?ref=...` form, offline:
+    a bare clone of this repository stands in for GitHub, pinned to the committed HEAD."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    bare = tmp_path / "gpuctl.git"
+    ok(subprocess.run(["git", "clone", "--quiet", "--bare", "--", str(REPO), str(bare)], capture_output=True,
+                      text=True))
+    root = tmp_path / "root"
+    root.mkdir()
+    source = f"git::file://{bare}//terraform/modules/aws-gpu-instance-group?ref={head.stdout.strip()}"
+    (root / "main.tf").write_text(
+        'provider "aws" {\n  region = "us-east-1"\n}\n\n'
+        f'module "training_cluster" {{\n  source = "{source}"\n\n'
+        '  name              = "llm-train"\n  instance_type     = "p5.48xlarge"\n  node_count        = 2\n'
+        '  availability_zone = "us-east-1a"\n  ssh_public_key    = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA test"\n}\n\n'
+        'output "ansible_inventory" {\n  value = module.training_cluster.ansible_inventory\n}\n')
+    ok(terraform(["init", "-backend=false", "-no-color"], root, tf_env))
+    assert (root / ".terraform" / "modules" / "training_cluster" / "variables.tf").is_file()
+    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], root, tf_env))
 
 
 def test_examples_cover_the_main_shapes() -> None:

@@ -56,8 +56,9 @@ MODULE_KEY = "cluster"  # module "cluster" { ... } in the rendered root
 PROVIDER_VERSION = ">= 5.74, < 7"  # 5.74: first release that accepts efa-only interfaces
 MODULE_NAME_MAX = 32  # the module prefixes resource names with the cluster name
 ENDPOINT_SERVICES = ("ec2", "sts", "iam", "ssm")
+# ansible_inventory: for users of the cluster's root (`terraform output -raw ansible_inventory`)
 PASSED_OUTPUTS = ("nodes", "ssh_user", "bastion", "efa_interfaces_per_node", "placement_group_name",
-                  "availability_zone")
+                  "availability_zone", "ansible_inventory")
 
 # req.extra keys written by prepare()
 X_EFA_INTERFACES = "aws.efa_interfaces"
@@ -164,6 +165,8 @@ def module_inputs(req: ClusterRequest, settings: AwsSettings, *, ssh_public_key:
     profile, _ = node_identity(req, settings)
     if profile:
         inputs["iam_instance_profile"] = profile
+    if req.gpus_per_node:
+        inputs["gpus_per_node"] = req.gpus_per_node
     return inputs
 
 

@@ -320,3 +320,20 @@ variable "bastion" {
     error_message = "bastion.root_volume_size must be a whole number of GiB, at least 8."
   }
 }
+
+variable "ssh_private_key_file" {
+  description = "Path of the private key matching the nodes' key pair, written into the `ansible_inventory` output as `ansible_ssh_private_key_file`; null leaves it to your SSH/Ansible config."
+  type        = string
+  default     = null
+}
+
+variable "gpus_per_node" {
+  description = "GPUs per node written into the `ansible_inventory` output (`gpuctl_gpus`, a hostfile's slots); null: what EC2 reports for the instance type."
+  type        = number
+  default     = null
+
+  validation {
+    condition     = var.gpus_per_node == null || try(var.gpus_per_node >= 0 && floor(var.gpus_per_node) == var.gpus_per_node, false)
+    error_message = "gpus_per_node must be a whole number of at least 0, or null."
+  }
+}

@@ -215,3 +215,80 @@ run "elastic_ips" {
     error_message = "with elastic_ip, public_ip is the Elastic IP, got ${jsonencode(output.nodes)}"
   }
 }
+
+run "ansible_inventory_without_bastion" {
+  state_key = "inventory" # fresh nodes: the overrides below apply to new instances only
+
+  variables {
+    ssh_private_key_file = "~/.ssh/train"
+    gpus_per_node        = 8
+  }
+
+  override_resource {
+    target = aws_instance.node[0]
+    values = {
+      id                = "i-00000000000000000"
+      private_ip        = "10.0.0.10"
+      public_ip         = ""
+      availability_zone = "us-east-1a"
+    }
+  }
+
+  override_resource {
+    target = aws_instance.node[1]
+    values = {
+      id                = "i-11111111111111111"
+      private_ip        = "10.0.0.11"
+      public_ip         = ""
+      availability_zone = "us-east-1a"
+    }
+  }
+
+  assert {
+    condition     = keys(yamldecode(output.ansible_inventory).all.children.gpuctl_nodes.hosts) == ["head", "worker1"]
+    error_message = "ansible_inventory lists head, worker1 in group gpuctl_nodes, got ${output.ansible_inventory}"
+  }
+
+  assert {
+    condition     = [for h in values(yamldecode(output.ansible_inventory).all.children.gpuctl_nodes.hosts) : [h.gpuctl_rank, h.gpuctl_address, h.gpuctl_gpus, h.ansible_ssh_private_key_file]] == [[0, "10.0.0.10", 8, "~/.ssh/train"], [1, "10.0.0.11", 8, "~/.ssh/train"]]
+    error_message = "hosts carry rank, private address, gpus and the key path, got ${output.ansible_inventory}"
+  }
+
+  assert {
+    condition     = yamldecode(output.ansible_inventory).all.children.gpuctl_nodes.hosts.worker1.ansible_host == "10.0.0.11" && !contains(keys(yamldecode(output.ansible_inventory).all.children.gpuctl_nodes.hosts.head), "gpuctl_proxy_jump")
+    error_message = "without a public address or bastion, ansible_host is the private address and there is no ProxyJump"
+  }
+
+  assert {
+    condition     = yamldecode(output.ansible_inventory).all.vars == { gpuctl_cluster = "shape", gpuctl_cloud = "aws", gpuctl_zone = "us-east-1a" }
+    error_message = "all.vars name the cluster, cloud and zone, got ${output.ansible_inventory}"
+  }
+}
+
+run "ansible_inventory_behind_bastion" {
+  state_key = "inventory_bastion"
+
+  variables {
+    ssh_ingress_cidrs = ["203.0.113.7/32"]
+    bastion           = { enabled = true, ami_id = "ami-0fedcba9876543210" }
+  }
+
+  override_resource {
+    target = aws_instance.bastion
+    values = {
+      id         = "i-0b0b0b0b0b0b0b0b0"
+      public_ip  = "198.51.100.7"
+      private_ip = "10.0.0.5"
+    }
+  }
+
+  assert {
+    condition     = alltrue([for h in values(yamldecode(output.ansible_inventory).all.children.gpuctl_nodes.hosts) : h.gpuctl_proxy_jump == "ubuntu@198.51.100.7" && h.ansible_ssh_common_args == "-o ProxyJump=ubuntu@198.51.100.7" && h.ansible_host == h.gpuctl_address])
+    error_message = "behind a bastion every host is reached at its private address through ProxyJump, got ${output.ansible_inventory}"
+  }
+
+  assert {
+    condition     = alltrue([for h in values(yamldecode(output.ansible_inventory).all.children.gpuctl_nodes.hosts) : !contains(keys(h), "ansible_ssh_private_key_file")])
+    error_message = "without ssh_private_key_file the key is left to the user's SSH config"
+  }
+}
