@@ -17,6 +17,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -52,10 +53,20 @@ def git_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _interactive() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
 def _git(args: list[str], env: Mapping[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    # When stdin is not a terminal (CI, a pipe, a cron job) nothing may prompt: git then runs in a
+    # session of its own, with no controlling terminal to open, and ssh's askpass is off, so an
+    # unknown host key or a key's passphrase fails with ssh's message instead of waiting on /dev/tty.
+    interactive = _interactive()
+    if not interactive:
+        env = {**env, "SSH_ASKPASS_REQUIRE": "never"}
     try:
         return subprocess.run(["git", *args], cwd=cwd, env=dict(env), capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=CLONE_TIMEOUT_S)
+                              stdin=subprocess.DEVNULL, timeout=CLONE_TIMEOUT_S, start_new_session=not interactive)
     except FileNotFoundError:
         raise UserError("workdir: a git workdir needs git on this machine; install git") from None
     except subprocess.TimeoutExpired:

@@ -75,3 +75,19 @@ def test_token_goes_to_git_as_a_header_in_the_environment_never_in_a_url() -> No
     assert env["GIT_CONFIG_VALUE_0"] == "Authorization: Basic " + base64.b64encode(b"s3cr3t:").decode()
     assert env["GIT_TERMINAL_PROMPT"] == "0"
     assert gitworkdir.shown("https://user:s3cr3t@github.com/org/repo.git") == "https://***@github.com/org/repo.git"
+
+
+def test_nothing_prompts_when_stdin_is_not_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # git's ssh is a script that records whether it could ask anyone: a controlling terminal to
+    # open (where ssh asks for a passphrase or a host key) and ssh's askpass setting
+    probe = tmp_path / "fake-ssh"
+    seen = tmp_path / "seen"
+    probe.write_text(f"#!/bin/sh\nif (exec </dev/tty) 2>/dev/null; then t=tty; else t=no-tty; fi\n"
+                     f"echo \"$t askpass=$SSH_ASKPASS_REQUIRE\" > {seen}\nexit 255\n")
+    probe.chmod(0o755)
+    monkeypatch.setattr(gitworkdir, "_interactive", lambda: False)
+    with pytest.raises(UserError, match=r"^workdir.url 'ssh://git.example/x.git': git clone failed"):
+        with gitworkdir.checkout("ssh://git.example/x.git", None, parent=tmp_path,
+                                 environ={"GIT_SSH_COMMAND": str(probe), "PATH": "/usr/bin:/bin"}):
+            pass
+    assert seen.read_text().strip() == "no-tty askpass=never"

@@ -213,3 +213,12 @@ def test_nofile_limit_is_raised() -> None:
     playbooks.raise_nofile_limit(4096)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert soft >= min(4096, hard)
+
+
+def test_ansible_ssh_never_prompts() -> None:
+    """ansible-runner hides ssh's prompts and a CI runner has no one to answer them: BatchMode."""
+    import configparser
+
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ansible_dir() / "ansible.cfg")
+    assert "-o BatchMode=yes" in cfg["ssh_connection"]["ssh_args"]
