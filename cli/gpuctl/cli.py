@@ -16,7 +16,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, NoReturn, Optional
 
 import typer
 
@@ -70,8 +70,8 @@ def _load(file: Path, env: list[str] | None, secret: list[str] | None = None, *,
                      require_values=require_values, infra_override=infra)
 
 
-def _warn(task: Task, req: ClusterRequest) -> None:
-    """One line on stderr per thing in the task gpuctl will not do as written."""
+def _warn(task: Task, req: ClusterRequest) -> list[str]:
+    """One line on stderr per thing in the task gpuctl will not do as written; the warnings' texts."""
     lines = [f"warning: {w}" for w in task.warnings]
     if req.cloud == "local":
         res = task.resources
@@ -90,6 +90,7 @@ def _warn(task: Task, req: ClusterRequest) -> None:
         lines.append(f"note: {task.choice_note}")
     for line in lines:
         typer.echo(line, err=True)
+    return [line.removeprefix("warning: ") for line in lines if line.startswith("warning: ")]
 
 
 def _request(task: Task, file: Path, *, cluster: str | None, infra: str | None,
@@ -124,7 +125,7 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
     as_json = wants_json(output_format)
     task = _load(file, env, secret, require_values=False, infra=infra)
     req = _request(task, file, cluster=None, infra=infra, num_nodes=None)
-    _warn(task, req)
+    warnings = _warn(task, req)
     parts = [f"{req.num_nodes} node(s) on {req.cloud}"]
     instance_type = None
     if req.cloud == "aws":
@@ -144,7 +145,7 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
             "ok": True, "file": str(file), "cluster": req.name, "num_nodes": req.num_nodes, "cloud": req.cloud,
             "region": req.region, "zone": req.zone, "instance_type": instance_type,
             "accelerator": req.accelerator, "gpus_per_node": req.gpus_per_node,
-            "container_image": task.container_image, "warnings": list(task.warnings)})
+            "container_image": task.container_image, "warnings": warnings})
         return
     typer.echo(f"{file}: OK ({', '.join(parts)})")
 
@@ -409,9 +410,10 @@ def logs(
     output_format: str = OutputOption,
 ) -> None:
     """Show a job's output, live or after the fact."""
-    if wants_json(output_format) and not status_only:
+    as_json = wants_json(output_format)
+    if as_json and not status_only:
         raise UserError("--output json: with `gpuctl logs` only together with --status (logs are text)")
-    runner = _job_runner(name)
+    runner = _job_runner(name, Reporter(stream=sys.stderr) if as_json else None)
     reporter, inv, registry = runner.reporter, runner.inv, runner.registry
     job = jobs.refresh(runner, jobs.resolve_job(registry, name, job_id))
     nodes = jobs.job_nodes(inv, job)
@@ -421,7 +423,7 @@ def logs(
         nodes = tuple(n for n in nodes if n.rank == rank)
     if status_only:
         code = jobs.STATUS_EXIT.get(job.status, jobs.NOT_FINISHED_EXIT)
-        if wants_json(output_format):
+        if as_json:
             output.emit("logs", {"ok": code == 0, "cluster": name, "job": output.job_doc(job), "exit_code": code})
         else:
             typer.echo(f"Job {job.job_id}: {job.status}")
@@ -588,6 +590,15 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+@app.command("version")
+def version_(output_format: str = OutputOption) -> None:
+    """Print gpuctl's version (as `gpuctl --version`)."""
+    if wants_json(output_format):
+        output.emit("version", {"ok": True, "version": package_version()})
+        return
+    typer.echo(f"gpuctl {package_version()}")
+
+
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, metavar="",
                                        help="Print gpuctl's version and exit.")) -> None:
@@ -642,12 +653,10 @@ def main() -> None:
         rv = app(args=argv, prog_name="gpuctl", standalone_mode=False)
     except (UserError, JobFailed, ProvisionError) as exc:
         print(f"error: {exc.message}", file=sys.stderr)
-        if output.json_requested(argv) and not output.emitted():
-            output.emit_error(next((w for w in argv if w in _command_names()), None), exc.message, exc.exit_code)
-        sys.exit(exc.exit_code)
+        _exit_with_error(argv, exc.message, exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        _exit_with_error(argv, "interrupted", 130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (sqlite3.OperationalError, OSError) as exc:
@@ -658,12 +667,20 @@ def main() -> None:
         if not full:
             raise
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        print(f"error: cannot write gpuctl's state in {state_root()}: {why}; free some space or fix its "
-              "permissions, then `gpuctl queue NAME` brings the cluster's jobs up to date", file=sys.stderr)
-        sys.exit(1)
+        message = (f"cannot write gpuctl's state in {state_root()}: {why}; free some space or fix its "
+                   "permissions, then `gpuctl queue NAME` brings the cluster's jobs up to date")
+        print(f"error: {message}", file=sys.stderr)
+        _exit_with_error(argv, message, 1)
     except (typer.Abort, usage.Abort):  # type: ignore[misc]
         print("aborted", file=sys.stderr)
-        sys.exit(1)
+        _exit_with_error(argv, "aborted", 1)
     except usage.ClickException as exc:
-        sys.exit(usage.report(exc, app, argv))
+        _exit_with_error(argv, exc.format_message().rstrip("."), usage.report(exc, app, argv))
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _exit_with_error(argv: list[str], message: str, code: int) -> NoReturn:
+    """Exit with `code`; with `--output json`, after the error's document on stdout unless one was printed."""
+    if output.json_requested(argv) and not output.emitted():
+        output.emit_error(next((w for w in argv if w in _command_names()), None), message, code)
+    sys.exit(code)

@@ -80,3 +80,70 @@ def test_no_arguments_prints_help_not_an_error(tmp_path: Path):
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "Usage: gpuctl" in proc.stdout + proc.stderr
     assert proc.returncode in (0, 2)
+
+
+# -- --output json: one document on stdout, also for errors (README: "Machine-readable output") --
+
+VALIDATE_KEYS = {"schema", "command", "ok", "file", "cluster", "num_nodes", "cloud", "region", "zone",
+                 "instance_type", "accelerator", "gpus_per_node", "container_image", "warnings"}
+ERROR_KEYS = {"schema", "command", "ok", "error", "exit_code"}
+
+
+def json_doc(proc: subprocess.CompletedProcess) -> dict:
+    """stdout is exactly one JSON object (json.loads refuses anything around it)."""
+    import json
+
+    doc = json.loads(proc.stdout)
+    assert isinstance(doc, dict) and doc["schema"] == 1, proc.stdout
+    return doc
+
+
+def test_validate_json_document(tmp_path: Path):
+    (tmp_path / "cluster.yaml").write_text("name: ci-check\nnum_nodes: 2\nresources:\n  infra: local\n"
+                                           "  instance_type: p5.48xlarge\nrun: echo hi\n")
+    proc = run("validate", "cluster.yaml", "-o", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json_doc(proc)
+    assert set(doc) == VALIDATE_KEYS
+    assert (doc["command"], doc["ok"], doc["cluster"], doc["num_nodes"], doc["cloud"]) == \
+        ("validate", True, "ci-check", 2, "local")
+    # the warning is in the document and on stderr, never on stdout outside the document
+    assert len(doc["warnings"]) == 1 and "resources.instance_type" in doc["warnings"][0], doc
+    assert proc.stderr.startswith("warning: ") and "resources.instance_type" in proc.stderr
+
+
+# argv -> exit code and a fragment of the error; each also prints its `error:` line on stderr
+JSON_ERRORS = {
+    "unknown-cluster": (["status", "nosuch", "-o", "json"], 2, "cluster 'nosuch' not found"),
+    "missing-file": (["validate", "nope.yaml", "--output=json"], 2, "nope.yaml"),
+    "usage-error": (["queue", "-o", "json"], 2, "NAME"),
+    "logs-without-status": (["logs", "c", "-o", "json"], 2, "--status"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(JSON_ERRORS))
+def test_json_error_document(case: str, tmp_path: Path):
+    argv, code, fragment = JSON_ERRORS[case]
+    proc = run(*argv, cwd=tmp_path)
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    doc = json_doc(proc)
+    assert set(doc) == ERROR_KEYS
+    assert (doc["command"], doc["ok"], doc["exit_code"]) == (argv[0], False, code)
+    assert fragment in doc["error"], doc
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error_lines) == 1 and fragment in error_lines[0], proc.stderr
+
+
+def test_bad_output_and_format_values_name_the_flag_and_choices(tmp_path: Path):
+    bad_output = run("status", "--output", "yaml", cwd=tmp_path)
+    assert bad_output.returncode == 2 and bad_output.stdout == ""
+    assert bad_output.stderr.strip() == "error: --output yaml: use text or json"
+    bad_format = run("inventory", "nosuch", "--format", "yaml", cwd=tmp_path)
+    assert bad_format.returncode == 2 and bad_format.stdout == ""
+    assert bad_format.stderr.strip() == "error: --format yaml: use one of ansible, json, hostfile, ssh-config"
+
+
+def test_version_command_text_and_json(tmp_path: Path):
+    assert run("version", cwd=tmp_path).stdout.strip() == f"gpuctl {version('gpuctl')}"
+    doc = json_doc(run("version", "-o", "json", cwd=tmp_path))
+    assert doc == {"schema": 1, "command": "version", "ok": True, "version": version("gpuctl")}
