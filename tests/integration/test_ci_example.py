@@ -25,6 +25,9 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "ci"
 BUCKET = "gpuctl-ci-example"
+# the keys of `apply --output json` (README: "Machine-readable output"); a job adds its own
+APPLY_KEYS = {"schema", "command", "ok", "cluster", "status", "cloud", "region", "zone", "num_nodes", "nodes",
+              "inventory", "job"}
 
 
 @pytest.fixture()
@@ -54,17 +57,21 @@ def test_workflow_steps_on_three_runners(moto: MotoServer, tmp_path: Path, tf_cl
         assert up.returncode == 0, up.stdout + up.stderr
         assert json.loads((out / "validate.json").read_text())["ok"] is True
         doc = json.loads((out / "up.json").read_text())
+        assert set(doc) == APPLY_KEYS and doc["job"] is None, doc
         assert (doc["cluster"], doc["status"], len(doc["nodes"])) == (cluster, "UP", 2)
 
         run = step("run", tmp_path / "runner-2", env)
         assert run.returncode == 0, run.stdout + run.stderr
-        job = json.loads((out / "run.json").read_text())["job"]
-        assert job["status"] == "SUCCEEDED" and job["returncodes"] == {"0": 0, "1": 0}
+        ran = json.loads((out / "run.json").read_text())
+        assert set(ran) == APPLY_KEYS and ran["ok"] is True, ran
+        job = ran["job"]
+        assert job["status"] == "SUCCEEDED" and job["returncodes"] == {"0": 0, "1": 0} and job["failed_rank"] is None
         assert "rank 1 of 2" in run.stderr  # rank output goes to stderr; stdout is the JSON document
     finally:
         down = step("down", tmp_path / "runner-3", env)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert json.loads((out / "down.json").read_text())["destroyed"] is True
+    assert json.loads((out / "down.json").read_text()) == {"schema": 1, "command": "down", "ok": True,
+                                                           "cluster": cluster, "destroyed": True}
     s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=moto.url, aws_access_key_id="testing",
                       aws_secret_access_key="testing")
     assert s3.list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == 0

@@ -514,12 +514,19 @@ def test_failing_setup_stops_before_run(three: EnvJob):
         '  if [ "$GPUCTL_NODE_RANK" == "2" ]; then echo "setup breaks"; exit 5; fi\n'
         "  echo setup fine\n"
         f"run: touch {marker}\n")
-    res = three.cluster.gpuctl("apply", str(task), "-c", three.cluster.name, timeout=200)
-    assert res.returncode != 0, res.describe()
+    # as CI runs it: --output json, whose document on stdout names the failed job; progress and rank output on stderr
+    res = three.cluster.gpuctl("apply", str(task), "-c", three.cluster.name, "--output", "json", timeout=200)
+    assert res.returncode == 1, res.describe()
     assert "Traceback" not in res.stderr
     assert "worker2" in res.stderr and "exit code 5" in res.stderr and "rank 2" in res.stderr, res.describe()
-    assert "(worker2, rank=2) setup breaks" in res.stdout.splitlines()
-    assert "Starting job" not in res.stdout
+    assert "(worker2, rank=2) setup breaks" in res.stderr.splitlines()
+    assert "Starting job" not in res.stderr
+    doc = json.loads(res.stdout)  # stdout is this one document and nothing else
+    assert set(doc) == {"schema", "command", "ok", "cluster", "status", "cloud", "region", "zone", "num_nodes",
+                        "nodes", "inventory", "job"}, doc
+    assert (doc["command"], doc["ok"], doc["cluster"], len(doc["nodes"])) == ("apply", False, three.cluster.name, 3)
+    assert (doc["job"]["status"], doc["job"]["failed_rank"], doc["job"]["returncodes"]["2"]) == \
+        ("FAILED_SETUP", 2, 5), doc["job"]
     for node in three.nodes:
         assert not three.cluster.exists_on(node, marker), f"run started on {node.name} after a failed setup"
     status = three.cluster.gpuctl("status", three.cluster.name).check()

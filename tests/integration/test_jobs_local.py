@@ -13,6 +13,7 @@ through the processes inside each node's network namespace (`ip netns pids`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -683,8 +684,6 @@ JOB_KEYS = {"id", "name", "status", "num_nodes", "submitted_at", "started_at", "
 
 def json_of(res: Result) -> dict:
     """stdout is exactly one JSON document (progress goes to stderr)."""
-    import json
-
     doc = json.loads(res.stdout)
     assert doc["schema"] == 1, res.describe()
     return doc
@@ -706,6 +705,7 @@ def test_json_output_and_inventory_export(jl: JobsCluster, pair: Pair, tmp_path:
 
     ok_status = jl.gpuctl("logs", NAME, str(pair.log_job), "--status", "-o", "json")
     assert ok_status.returncode == 0 and json_of(ok_status)["exit_code"] == 0, ok_status.describe()
+    assert set(json_of(ok_status)) == {"schema", "command", "ok", "cluster", "job", "exit_code"}
     failed = jl.gpuctl("logs", NAME, str(jl.apply_job), "--status", "-o", "json")
     assert failed.returncode == 100 and json_of(failed)["job"]["status"] == "FAILED", failed.describe()
     missing = jl.gpuctl("queue", "no-such-cluster", "-o", "json")
@@ -714,6 +714,8 @@ def test_json_output_and_inventory_export(jl: JobsCluster, pair: Pair, tmp_path:
     hostfile = jl.gpuctl("inventory", NAME, "--format", "hostfile").check().stdout
     assert hostfile.splitlines() == [f"{n.address} slots={n.gpus}" for n in jl.nodes]
     exported = json_of(jl.gpuctl("inventory", NAME, "--format", "json").check())
+    assert set(exported) == {"schema", "command", "ok", "cluster", "cloud", "region", "zone", "nodes", "ssh_key",
+                             "known_hosts"}
     assert [n["rank"] for n in exported["nodes"]] == [0, 1, 2] and exported["ssh_key"].endswith("id_ed25519")
     assert "Host " in jl.gpuctl("inventory", NAME, "--format", "ssh-config").check().stdout
     # the exported Ansible inventory works in the user's own Ansible, host keys checked as gpuctl does
@@ -725,13 +727,54 @@ def test_json_output_and_inventory_export(jl: JobsCluster, pair: Pair, tmp_path:
     assert ping.returncode == 0 and ping.stdout.count("SUCCESS") == 3, ping.stdout + ping.stderr
 
 
+def test_nothing_prompts_with_a_terminal_but_stdin_closed(jl: JobsCluster):
+    """stdin is /dev/null while the session has a controlling terminal (where ssh would ask for a
+    passphrase or a host key): every ssh runs in BatchMode, so commands finish and the terminal
+    shows no question. (Every other test runs gpuctl with stdin closed and no terminal.)"""
+    import fcntl
+    import termios
+
+    master, slave = os.openpty()
+    seen: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                return
+            if not chunk:
+                return
+            seen.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        for argv in (["exec", NAME, "--", "true"], ["status", NAME, "--refresh", "-o", "json"]):
+            proc = subprocess.Popen([sys.executable, "-m", "gpuctl", *argv], env=gpuctl_env(jl.cluster.state_dir),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, text=True,
+                                    start_new_session=True,  # then the pty (its stderr) becomes its terminal
+                                    preexec_fn=lambda: fcntl.ioctl(2, termios.TIOCSCTTY, 0))
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0, (argv, out)
+    finally:
+        os.close(slave)
+        reader.join(timeout=10)
+        os.close(master)
+    text = b"".join(seen).decode(errors="replace").lower()
+    assert not any(q in text for q in ("passphrase", "password", "yes/no", "continue connecting")), text
+    assert [n["health"] for n in json.loads(out)["clusters"][0]["nodes"]] == ["reachable"] * 3, out
+
+
 # -- teardown ------------------------------------------------------------------------
 
 
 def test_down_leaves_nothing(jl: JobsCluster):
     footprint = jl.cluster.footprint()
     footprint.assert_present(3)
-    jl.gpuctl("down", NAME).check()
+    down = jl.gpuctl("down", NAME, "-o", "json").check()
+    assert json.loads(down.stdout) == {"schema": 1, "command": "down", "ok": True, "cluster": NAME, "destroyed": True}
+    assert "Tearing down cluster" in down.stderr  # progress on stderr
     footprint.assert_gone()
     assert not set(jl.netns.values()) & netns_names()
     assert pids_matching(MOD) == []
