@@ -12,6 +12,7 @@ the checkout), with Terraform pointed at the local provider mirror (`tf_cli_conf
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -218,7 +219,10 @@ def test_module_from_a_git_source_with_subdir_and_ref(tmp_path: Path, tf_env: di
         '  availability_zone = "us-east-1a"\n  ssh_public_key    = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA test"\n}\n\n'
         'output "ansible_inventory" {\n  value = module.training_cluster.ansible_inventory\n}\n')
     ok(terraform(["init", "-backend=false", "-no-color"], root, tf_env))
-    assert (root / ".terraform" / "modules" / "training_cluster" / "variables.tf").is_file()
+    installed = json.loads((root / ".terraform" / "modules" / "modules.json").read_text())["Modules"]
+    (module,) = [m for m in installed if m["Key"] == "training_cluster"]
+    assert module["Dir"].endswith("terraform/modules/aws-gpu-instance-group"), module
+    assert (root / module["Dir"] / "outputs.tf").is_file()
     assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], root, tf_env))
 
 
