@@ -562,6 +562,40 @@ def watch_(name: str, job_id: int) -> None:
 
 
 @app.command()
+def check(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
+          sizes: str = typer.Option("1M,64M,1G", "--sizes", metavar="SIZES",
+                                    help="Message sizes, comma-separated: bytes, or K, M, G (powers of 1024)."),
+          expect_fabric: Optional[str] = typer.Option(
+              None, "--expect-fabric", metavar="FABRIC",
+              help="efa, ib, roce or socket (default: what prepare detected, else what the cluster was provisioned "
+                   "with)."),
+          min_busbw: Optional[float] = typer.Option(None, "--min-busbw", metavar="GBPS",
+                                                    help="Fail when the bus bandwidth at the largest size is below "
+                                                         "this many GB/s."),
+          method: str = typer.Option("auto", "--method", metavar="METHOD",
+                                     help="auto (nccl-tests' all_reduce_perf where the nodes have it, else "
+                                          "torch.distributed), nccl-tests or torch."),
+          env: Optional[List[str]] = EnvOption,
+          output_format: str = OutputOption) -> None:
+    """All-reduce across every node and GPU: bandwidth per size, and whether NCCL used the cluster's fabric."""
+    from gpuctl.healthcheck import command as healthcheck
+
+    as_json = wants_json(output_format)
+    options = healthcheck.parse_options(sizes=sizes, expect_fabric=expect_fabric, min_busbw=min_busbw,
+                                        method=method, envs=parse_env_assignments(env or []))
+    inv = _cluster_inventory(name)
+    report = healthcheck.run_check(inv, registry=Registry(), options=options,
+                                   reporter=Reporter(stream=sys.stderr) if as_json else Reporter())
+    if as_json:
+        output.emit("check", report.document())
+    else:
+        for line in report.text():
+            typer.echo(line)
+    if report.problem is not None:
+        raise JobFailed(report.problem)
+
+
+@app.command()
 def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear down."),
          yes: bool = typer.Option(True, "-y", "--yes", hidden=True),
          output_format: str = OutputOption) -> None:

@@ -1,0 +1,282 @@
+"""gpuctl check, node side: one all_reduce across every node and GPU, timed.
+
+Copied to every node as ~/.gpuctl/check/probe.py (with ncclperf.py beside
+it) and run by the check job's run stage on each node, with the job's env
+(GPUCTL_NODE_RANK, GPUCTL_NUM_NODES, GPUCTL_NODE_IPS, MASTER_ADDR,
+MASTER_PORT, GPUCTL_NUM_GPUS_PER_NODE) and NCCL_DEBUG=INFO. Standard library,
+plus torch for the torch path; never imported by gpuctl itself.
+
+- nccl-tests (method auto or nccl-tests): where the node has NVIDIA GPUs,
+  all_reduce_perf and mpirun, the head runs one mpirun per size over every
+  GPU of every node (ncclperf.mpirun_argv); the other nodes' ranks end at once
+  (mpirun reaches them over ssh).
+- torch (else): torch.distributed all_reduce of float32 buffers, NCCL on
+  CUDA GPUs (one process per GPU, started here) or gloo on CPU (one per
+  node). Per size: a correctness round, one timed round that sets how many
+  more to run (the slowest rank's time, so every rank runs the same number),
+  a few warm-ups, then `iters` rounds back to back; the time is the slowest
+  rank's average.
+
+What the controller reads is one line per fact on stdout, `__GPUCTL_CHECK__ {json}`:
+kind rank (each process), result (rank 0, one per size), method, mpirun,
+mpi-worker, problem (text: what went wrong, in one line). Exit status 0 when
+every size was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+MARK = "__GPUCTL_CHECK__"
+ELEMENT_BYTES = 4
+
+
+def say(kind: str, **fields: object) -> None:
+    print(MARK + " " + json.dumps({"kind": kind, **fields}, sort_keys=True), flush=True)
+
+
+def env_int(name: str, default: int = 0) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+def host() -> str:
+    return socket.gethostname()
+
+
+def nvidia_gpus() -> int:
+    """NVIDIA GPUs on this node (nvidia-smi -L), 0 without the driver."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], check=False, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def find_nccl_tests() -> tuple[str, str] | None:
+    """(all_reduce_perf, mpirun) where both are on this node."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ncclperf  # beside this file on the node
+
+    def first(candidates: tuple[str, ...], name: str) -> str | None:
+        for path in (*candidates, shutil.which(name)):
+            if path and os.path.isfile(path) and os.access(path, os.X_OK):
+                return path
+        return None
+
+    binary = first(ncclperf.BINARY_CANDIDATES, "all_reduce_perf")
+    mpirun = first(ncclperf.MPIRUN_CANDIDATES, "mpirun")
+    return (binary, mpirun) if binary and mpirun else None
+
+
+# -- nccl-tests ----------------------------------------------------------------
+
+
+def run_nccl_tests(args: argparse.Namespace, binary: str, mpirun: str, gpus: int) -> int:
+    import ncclperf
+
+    node_rank, nnodes = env_int("GPUCTL_NODE_RANK"), env_int("GPUCTL_NUM_NODES", 1)
+    if node_rank != 0:
+        say("mpi-worker", host=host(), node_rank=node_rank)
+        return 0  # the head's mpirun starts this node's ranks over ssh
+    ips = [ip for ip in os.environ.get("GPUCTL_NODE_IPS", "").split() if ip] or ["localhost"]
+    hostfile = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "hostfile-" + (os.environ.get("GPUCTL_TASK_ID") or str(os.getpid())))
+    with open(hostfile, "w") as fh:  # the cluster's GPUs per node may be undeclared (slots=0 in GPUCTL_HOSTFILE)
+        fh.write("".join(f"{ip} slots={gpus}\n" for ip in ips))
+    say("method", method="nccl-tests", binary=binary, mpirun=mpirun, gpus_per_node=gpus, nodes=nnodes, host=host())
+    names = ncclperf.forwarded_env(os.environ)
+    try:
+        for size in args.sizes:
+            argv = ncclperf.mpirun_argv(mpirun=mpirun, binary=binary, hostfile=hostfile, num_nodes=len(ips),
+                                        gpus_per_node=gpus, size_bytes=size, env_names=names,
+                                        as_root=os.geteuid() == 0)
+            say("mpirun", argv=argv)
+            code = subprocess.call(argv)
+            if code != 0:
+                say("problem", text=f"mpirun of {binary} at {size} bytes exited with code {code} on {host()}")
+                return code
+    finally:
+        os.unlink(hostfile)
+    return 0
+
+
+# -- torch.distributed -----------------------------------------------------------
+
+
+def run_torch(args: argparse.Namespace) -> int:
+    try:
+        import torch
+    except ImportError as exc:
+        say("problem", text=f"{host()} has neither a Python with torch (tried {args.tried or sys.executable}: {exc}) "
+                            "nor nccl-tests' all_reduce_perf with mpirun; install torch for python3 there, "
+                            "or use an image that ships them (the Deep Learning AMI)")
+        return 3
+    cuda = torch.cuda.is_available()
+    backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
+    if backend == "nccl" and not cuda:
+        say("problem", text=f"{host()}: --backend nccl but torch {torch.__version__} sees no CUDA GPU")
+        return 3
+    nproc = 1
+    if backend == "nccl":
+        count = torch.cuda.device_count()
+        declared = env_int("GPUCTL_NUM_GPUS_PER_NODE")
+        if declared > count:
+            say("problem", text=f"{host()}: the cluster has {declared} GPU(s) per node, torch sees {count}")
+            return 3
+        nproc = declared or count
+    if args.local_rank is not None or nproc == 1:
+        return worker(args, torch, backend, args.local_rank or 0, nproc)
+    return spawn(args, nproc)
+
+
+def spawn(args: argparse.Namespace, nproc: int) -> int:
+    """One process per GPU, each this script with --local-rank; the first failure stops the others."""
+    argv = [sys.executable, "-u", os.path.abspath(__file__), *sys.argv[1:]]
+    procs = [subprocess.Popen([*argv, "--local-rank", str(i)]) for i in range(nproc)]
+    code = 0
+    try:
+        while procs:
+            for p in list(procs):
+                rc = p.poll()
+                if rc is None:
+                    continue
+                procs.remove(p)
+                if rc != 0 and code == 0:
+                    code = rc
+                    for other in procs:
+                        other.terminate()
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            p.kill()
+    return code
+
+
+def worker(args: argparse.Namespace, torch, backend: str, local_rank: int, nproc: int) -> int:
+    import torch.distributed as dist
+
+    node_rank, nnodes = env_int("GPUCTL_NODE_RANK"), env_int("GPUCTL_NUM_NODES", 1)
+    rank, world = node_rank * nproc + local_rank, nnodes * nproc
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    address = f"[{master}]" if ":" in master else master
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{address}:{args.port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=args.timeout))
+    except Exception as exc:  # noqa: BLE001 - one line for the controller
+        say("problem", text=f"{host()} rank {rank}: torch.distributed could not start {backend} with "
+                            f"{master}:{args.port} within {args.timeout}s: {type(exc).__name__}: {exc}")
+        return 4
+    info = {"rank": rank, "world_size": world, "node_rank": node_rank, "local_rank": local_rank,
+            "backend": backend, "device": str(device), "host": host(), "torch": torch.__version__,
+            "python": sys.executable}
+    if backend == "nccl":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        try:
+            info["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001 - the version is a nicety
+            pass
+    say("rank", **info)
+    try:
+        for size in args.sizes:
+            time_us, iters, wrong = bench(torch, dist, device, size, rank, world, args)
+            if rank == 0:
+                say("result", size_bytes=size, time_us=time_us, iters=iters, wrong=wrong)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def bench(torch, dist, device, size: int, rank: int, world: int, args: argparse.Namespace):
+    """(average µs per all_reduce on the slowest rank, rounds timed, whether a sum came out wrong)."""
+    cuda = device.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def slowest(value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    buf = torch.empty(size // ELEMENT_BYTES, dtype=torch.float32, device=device)
+    buf.fill_(float(rank + 1))  # round 1: correctness, and the connections
+    dist.all_reduce(buf)
+    sync()
+    want = world * (world + 1) / 2
+    wrong = slowest(0.0 if float(buf[0].item()) == want and float(buf[-1].item()) == want else 1.0) > 0
+    buf.zero_()
+    sync()
+    start = time.perf_counter()
+    dist.all_reduce(buf)
+    sync()
+    one = slowest(time.perf_counter() - start)
+    for _ in range(min(args.warmup, int(args.target / 10 / one) if one > 0 else args.warmup)):
+        dist.all_reduce(buf)
+    iters = max(1, min(args.max_iters, int(args.target / one) if one > 0 else args.max_iters))
+    sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(buf)
+    sync()
+    elapsed = slowest(time.perf_counter() - start)
+    return elapsed / iters * 1e6, iters, wrong
+
+
+# -- entry -------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="probe.py")
+    p.add_argument("--sizes", required=True, help="bytes, comma-separated")
+    p.add_argument("--method", choices=("auto", "torch", "nccl-tests"), default="auto")
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
+    p.add_argument("--port", type=int, default=0, help="rendezvous port on MASTER_ADDR (default MASTER_PORT + 2)")
+    p.add_argument("--timeout", type=int, default=300, help="seconds to wait for every rank")
+    p.add_argument("--max-iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--target", type=float, default=0.5, help="seconds of timed rounds per size, about")
+    p.add_argument("--tried", default="", help="the interpreters the run stage tried for torch")
+    p.add_argument("--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",") if s]
+    args.port = args.port or env_int("MASTER_PORT", 29500) + 2
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.local_rank is None and args.method in ("auto", "nccl-tests"):
+        detected = nvidia_gpus()
+        gpus = env_int("GPUCTL_NUM_GPUS_PER_NODE") or detected
+        found = find_nccl_tests() if detected else None
+        if found:
+            return run_nccl_tests(args, found[0], found[1], gpus)
+        if args.method == "nccl-tests":
+            say("problem", text=f"{host()}: --method nccl-tests needs NVIDIA GPUs (found {detected}), all_reduce_perf "
+                                "and mpirun on the node")
+            return 3
+    return run_torch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
