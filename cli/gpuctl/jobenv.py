@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from gpuctl.configplane.fabricprobe import gpudirect_rdma
 from gpuctl.inventory import Inventory, Node
 
 DEFAULT_MASTER_PORT = 29500
@@ -123,12 +124,10 @@ def secrets_script(secrets: Mapping[str, str]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-# Instance families whose GPUs do GPUDirect RDMA over EFA (fabric.md).
-_RDMA_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6")
-
-
 def fabric_env(cloud: str, *, efa: bool, instance_type: str | None = None) -> dict[str, str]:
-    """NCCL/libfabric defaults for the cluster's network; the task's envs override them.
+    """The static NCCL/libfabric defaults of a cloud's fabric: what a node's fabric.env gets only
+    where detection cannot see (its RDMA devices could not be read; configplane/fabricprobe.py
+    decides everywhere else, from the node itself). The task's envs override them either way.
 
     On EFA nodes NCCL must load aws-ofi-nccl (`NET/OFI`) or it silently falls
     back to sockets; these are the awsome-distributed-training defaults.
@@ -136,7 +135,6 @@ def fabric_env(cloud: str, *, efa: bool, instance_type: str | None = None) -> di
     if cloud != "aws" or not efa:
         return {}
     env = {"FI_PROVIDER": "efa", "NCCL_SOCKET_IFNAME": "^lo,docker", "FI_EFA_FORK_SAFE": "1"}
-    family = (instance_type or "").split(".", 1)[0]
-    if family.startswith(_RDMA_FAMILIES):
+    if gpudirect_rdma(instance_type):
         env["FI_EFA_USE_DEVICE_RDMA"] = "1"
     return env
