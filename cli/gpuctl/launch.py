@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from gpuctl import joblogs, jobenv, ssh, stream
-from gpuctl.configplane import playbooks, prepare
+from gpuctl.configplane import fabric, playbooks, prepare
 from gpuctl.console import Reporter
 from gpuctl.errors import JobCancelled, JobFailed, UserError
 from gpuctl.inventory import Inventory, Node
@@ -100,11 +100,14 @@ class JobRunner:
         self.features = prepare.features(self.cdir)  # optional node features prepared so far (bucket tools)
 
     # -- the configuration plane, when needed ---------------------------------
-    def fabric_env(self) -> dict[str, str]:
+    def _request(self) -> dict:
         rec = self.registry.cluster(self.inv.cluster)
-        req = rec.request if rec else {}
-        return jobenv.fabric_env(self.inv.cloud, efa=req.get("network_tier") == "best",
-                                 instance_type=req.get("instance_type"))
+        return dict(rec.request) if rec and rec.request else {}
+
+    def fabric_env(self) -> dict:
+        """What prepare passes each node's fabric probe: the instance type and the cloud's static
+        defaults (written only where the probe cannot see); the node decides the rest."""
+        return fabric.probe_settings(self.inv.cloud, self._request())
 
     def fingerprint(self) -> str:
         _, public = ensure_internal_key(self.cdir)
@@ -120,7 +123,9 @@ class JobRunner:
                                          internal_key=key, fabric_env=self.fabric_env(),
                                          known_hosts=Path(self.inv.head.known_hosts) if self.inv.head.known_hosts
                                          else None, features=self.features,
-                                         python=prepare.python_env(self.cdir))
+                                         python=prepare.python_env(self.cdir), fabric_head=self.inv.head.address,
+                                         fabric_record=self.cdir / fabric.RAW_FILE)
+        found = fabric.record(self.cdir, self.inv)  # also after a failure: what the nodes that ran found
         if not result.ok:
             prepare.forget(self.cdir)
             for host, reason in result.unreachable_reasons.items():
@@ -130,6 +135,9 @@ class JobRunner:
             raise JobFailed(f"preparing the nodes failed: {describe_result(result)}")
         if self.inv.cloud == "aws":
             self.check_console_host_keys()
+        if found is not None:
+            for line in fabric.warnings(found, fabric.expected_kind(self.inv.cloud, self._request())):
+                self.reporter.info(f"Fabric: {line}")
         prepare.record(self.cdir, fingerprint)
         prepare.record_features(self.cdir, self.features)
         from gpuctl.lifecycle import publish

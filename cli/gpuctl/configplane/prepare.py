@@ -2,8 +2,10 @@
 
 The prepared state of a node is what the prepare play leaves there: the
 agent, the cluster's internal key and Host entries, sshd limits, the fabric
-env. Its fingerprint, a hash of everything that shapes that state, is written
-on every node by the play and kept on the controller. A job carries the
+env its own probe wrote (`fabricprobe.py`, shipped in roles/gpuctl_node, so a
+changed probe is a changed fingerprint and prepares again). Its fingerprint,
+a hash of everything that shapes that state, is written on every node by the
+play and kept on the controller. A job carries the
 fingerprint it expects; each node compares it with its own record before
 running anything (the check costs no extra call), and the controller runs
 prepare again when a node differs: a new agent, a rotated key, a replaced
@@ -56,9 +58,11 @@ def _tree_bytes() -> list[tuple[str, bytes]]:
     return out
 
 
-def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping[str, str],
+def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping[str, Any],
                 features: Sequence[str] = (), python: Mapping[str, Any] | None = None) -> str:
-    """sha256 of the agent, the prepare roles, the cluster's SSH and fabric settings and its features."""
+    """sha256 of the agent, the prepare roles (the fabric probe with them), the cluster's SSH and
+    fabric settings and its features. `fabric_env`: what prepare passes the probe
+    (configplane/fabric.probe_settings: the instance type and the static fallback env)."""
     h = hashlib.sha256()
     for name, data in _tree_bytes():
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
@@ -165,13 +169,21 @@ def wait_timeout() -> int:
 
 
 def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Path, fingerprint_value: str,
-                internal_key: Path, fabric_env: Mapping[str, str], known_hosts: Path | None = None,
+                internal_key: Path, fabric_env: Mapping[str, Any], known_hosts: Path | None = None,
                 limit: list[str] | None = None, features: Sequence[str] = (),
-                python: Mapping[str, Any] | None = None) -> playbooks.PlaybookResult:
+                python: Mapping[str, Any] | None = None, fabric_head: str = "",
+                fabric_record: Path | None = None) -> playbooks.PlaybookResult:
+    """The prepare play. `fabric_env`: configplane/fabric.probe_settings; `fabric_head`: the address
+    whose route names NCCL_SOCKET_IFNAME; `fabric_record`: where the play leaves every node's probe
+    JSON on the controller (fabric.record turns it into fabric.json)."""
     extravars = {
         "gpuctl_prepare_fingerprint": fingerprint_value,
         "gpuctl_internal_key": str(internal_key),
-        "gpuctl_fabric_env": dict(fabric_env),
+        # the fabric probe (role gpuctl_node): static defaults only where it cannot see
+        "gpuctl_fabric_env": dict(fabric_env.get("fallback_env") or {}),
+        "gpuctl_fabric_instance_type": str(fabric_env.get("instance_type") or ""),
+        "gpuctl_fabric_head": fabric_head,
+        "gpuctl_fabric_record": str(fabric_record) if fabric_record else "",
         "gpuctl_known_hosts": str(known_hosts) if known_hosts else "",
         "gpuctl_wait_timeout": wait_timeout(),
         "gpuctl_features": list(features),
