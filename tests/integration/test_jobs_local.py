@@ -389,7 +389,8 @@ def subset(jl: JobsCluster) -> SubsetJob:
     touched = f"~/jl/subset-{uuid.uuid4().hex[:8]}"
     command = ('echo "rank=$GPUCTL_NODE_RANK n=$GPUCTL_NUM_NODES sky_n=$SKYPILOT_NUM_NODES '
                'ips=$(printf "%s\\n" "$GPUCTL_NODE_IPS" | paste -sd, -) '
-               'hosts=$(cut -d" " -f1 "$GPUCTL_HOSTFILE" | paste -sd, -) master=$MASTER_ADDR k=$JL_K"; '
+               'hosts=$(cut -d" " -f1 "$GPUCTL_HOSTFILE" | paste -sd, -) master=$MASTER_ADDR k=$JL_K '
+               'ifname=$NCCL_SOCKET_IFNAME fi=${FI_PROVIDER-unset}"; '
                f"touch {touched}; "
                'if [ "$GPUCTL_NODE_RANK" == "0" ]; then for h in worker1 worker2; do '
                'echo "$h is $(ssh -o BatchMode=yes $h hostname)"; done; fi')
@@ -404,7 +405,7 @@ def test_subset_run_gets_its_ranks_ips_and_env(jl: JobsCluster, subset: SubsetJo
     rank_lines = [line for line in res.stdout.splitlines() if re.match(r"\(\w+, rank=\d+\) rank=", line)]
     assert sorted(rank_lines) == sorted(
         f"({n.name}, rank={n.rank}) rank={n.rank} n=2 sky_n=2 ips={ips} hosts={ips} master={head.address} "
-        f"k={subset.value}" for n in (head, w1)), res.describe()
+        f"k={subset.value} ifname=eth0 fi=unset" for n in (head, w1)), res.describe()  # fabric.env: socket nodes
     assert "(worker2" not in res.stdout
     job_files = [f"~/.gpuctl/jobs/{job}/{name}" for name in ("run.sh", "run.log", "run.pid", "run.exit")]
     for n in (head, w1):
@@ -421,6 +422,22 @@ def test_head_ssh_to_each_worker_by_name(jl: JobsCluster, subset: SubsetJob):
     for n in jl.nodes[1:]:
         assert f"(head, rank=0) {n.name} is {jl.hostnames[n.rank]}" in out, subset.res.describe()
     assert not any(line.startswith("(worker1, rank=1) worker") for line in out)
+
+
+def test_prepare_detected_each_nodes_fabric(jl: JobsCluster):
+    """Issue 12: the prepare play's probe found no RDMA device on the netns nodes: socket, over
+    eth0 (the route to the head, the head's own address included), recorded in fabric.json
+    and written to each node's fabric.env with nothing NCCL-specific but the interface."""
+    doc = json.loads((jl.cluster.cdir / "fabric.json").read_text())
+    assert doc["kind"] == "socket" and not (jl.cluster.cdir / "fabric.probe.json").exists()
+    assert [(n["rank"], n["name"], n["kind"], n["interface"], n["active_ports"], n["env"]) for n in doc["nodes"]] \
+        == [(n.rank, n.name, "socket", "eth0", [], {"NCCL_SOCKET_IFNAME": "eth0"}) for n in jl.nodes]
+    assert all(n["head"] == jl.nodes[0].address and n["warnings"] == [] for n in doc["nodes"]), doc
+    for n in jl.nodes:
+        env, node_json = jl.read_all(n, "~/.gpuctl/fabric.env", "~/.gpuctl/fabric.json")
+        exports = [line for line in env.splitlines() if not line.startswith("#")]
+        assert exports == ["export NCCL_SOCKET_IFNAME=eth0"], (n.name, env)
+        assert json.loads(node_json)["kind"] == "socket", n.name
 
 
 # -- 7. ssh-config and ssh -------------------------------------------------------------

@@ -25,7 +25,8 @@ def test_installed_wheel_finds_its_terraform_and_ansible_trees(tmp_path: Path):
                      "gpuctl/terraform/modules/local-nodes/scripts/node.sh",
                      "gpuctl/terraform/modules/aws-gpu-instance-group/compute.tf",
                      "gpuctl/ansible/ansible.cfg", "gpuctl/ansible/playbooks/run.yml",
-                     "gpuctl/ansible/roles/gpuctl_node/files/gpuctl-node"):
+                     "gpuctl/ansible/roles/gpuctl_node/files/gpuctl-node",
+                     "gpuctl/ansible/roles/gpuctl_node/files/gpuctl-fabric-probe"):
         assert expected in names, expected
     assert not any("/.terraform/" in n or n.endswith(".tfstate") for n in names)
 
