@@ -249,8 +249,12 @@ def test_where_the_expected_fabric_comes_from(tmp_path: Path) -> None:
         {"kind": "efa", "nodes": [{"rank": 0, "kind": "efa", "devices": 32}, {"rank": 1, "kind": "socket"}]}))
     detected = fabric.expected_fabric(override=None, fabric_file=fabric.read_fabric_file(tmp_path), cloud="aws",
                                       request={})
-    assert (detected.kind, detected.source, detected.for_rank(1), detected.for_rank(0), detected.for_rank(None)) == \
-        ("efa", "detected by prepare", "socket", "efa", "efa")
+    # a node that came up without its EFA devices does not lower the bar: every node must use efa
+    assert (detected.kind, detected.source, detected.for_rank(1), detected.for_rank(0), detected.per_rank) == \
+        ("efa", "detected by prepare", "efa", "efa", {0: "efa", 1: "socket"})
+    provisioned = fabric.expected_fabric(override=None, fabric_file={"nodes": [{"rank": 0, "kind": "socket"}]},
+                                         cloud="aws", request=best)
+    assert (provisioned.kind, provisioned.source) == ("efa", "provisioned with network_tier: best")
     nodes_only = fabric.expected_fabric(override=None, fabric_file={"nodes": [{"rank": 0, "kind": "IB"}]},
                                         cloud="ssh", request=None)
     assert nodes_only.kind == "ib"

@@ -2,11 +2,14 @@
 
 Where the expectation comes from, first found wins:
 1. `--expect-fabric efa|ib|roce|socket`;
-2. `clusters/<name>/fabric.json`, written by prepare's fabric detection:
-   `{"kind": "efa", "nodes": [{"rank": 0, "kind": "efa", ...}, ...]}` (a node's
-   own kind wins over the cluster's for that node);
-3. the request the cluster was provisioned from: AWS with `network_tier: best`
-   (EFA interfaces) -> efa; anything else -> socket.
+2. the request the cluster was provisioned from: AWS with `network_tier: best`
+   (EFA interfaces) -> efa, whatever a node's detection says (a node whose EFA
+   devices did not show up is exactly what the check must catch);
+3. `clusters/<name>/fabric.json`, written by prepare's fabric detection
+   (`{"nodes": [{"rank": 0, "kind": "efa", ...}, ...]}`): the best fabric any
+   node has, expected of every node (your own IB machines: one node without
+   its HCAs fails the check instead of lowering the bar);
+4. socket.
 
 `socket` is a floor, not a demand: nothing faster was promised, so any
 transport meets it. The others must be exactly what NCCL used.
@@ -29,10 +32,11 @@ FABRIC_FILE = "fabric.json"
 class Expected:
     kind: str
     source: str  # how gpuctl knows: "--expect-fabric", "detected by prepare", ...
-    per_rank: Mapping[int, str] = field(default_factory=dict)  # node rank -> kind, from fabric.json
+    per_rank: Mapping[int, str] = field(default_factory=dict)  # node rank -> kind prepare detected there
 
     def for_rank(self, rank: int | None) -> str:
-        return self.per_rank.get(rank, self.kind) if rank is not None else self.kind
+        """What the node of `rank` must use: the cluster's fabric (every node alike)."""
+        return self.kind
 
     def doc(self) -> dict[str, Any]:
         return {"kind": self.kind, "source": self.source,
@@ -58,24 +62,24 @@ def read_fabric_file(cdir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+_STRENGTH = {"socket": 0, "roce": 1, "ib": 2, "efa": 3}
+
+
 def expected_fabric(*, override: str | None, fabric_file: Mapping[str, Any] | None, cloud: str,
                     request: Mapping[str, Any] | None) -> Expected:
     if override is not None:
         return Expected(override, "--expect-fabric")
-    if fabric_file:
-        per_rank = {}
-        for node in fabric_file.get("nodes") or []:
-            if isinstance(node, dict) and isinstance(node.get("rank"), int) and isinstance(node.get("kind"), str):
-                per_rank[node["rank"]] = node["kind"].lower()
-        kind = fabric_file.get("kind")
-        if not isinstance(kind, str) or not kind:
-            kinds = set(per_rank.values())
-            kind = kinds.pop() if len(kinds) == 1 else None
-        if kind:
-            return Expected(kind.lower(), "detected by prepare", per_rank)
     req = request or {}
+    detected: dict[int, str] = {}
+    for node in (fabric_file or {}).get("nodes") or []:
+        if isinstance(node, dict) and isinstance(node.get("rank"), int) and isinstance(node.get("kind"), str) \
+                and node["kind"].lower() in _STRENGTH:
+            detected[node["rank"]] = node["kind"].lower()
     if cloud == "aws" and req.get("network_tier") == "best":
-        return Expected("efa", "provisioned with network_tier: best")
+        return Expected("efa", "provisioned with network_tier: best", detected)
+    if detected:
+        best = max(detected.values(), key=_STRENGTH.__getitem__)
+        return Expected(best, "detected by prepare", detected)
     return Expected("socket", "no fabric requested" if cloud != "local" else "local nodes")
 
 
