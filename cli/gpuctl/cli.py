@@ -259,8 +259,9 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
            refresh: bool = typer.Option(False, "--refresh", "-r",
                                         help="Check Terraform state and whether each node answers over SSH."),
            output_format: str = OutputOption) -> None:
-    """Show clusters, their nodes and addresses, and their last jobs."""
+    """Show clusters, their nodes and addresses, the fabric prepare found on each, and their last jobs."""
     from gpuctl import provision
+    from gpuctl.configplane import fabric
 
     as_json = wants_json(output_format)
     registry = Registry()
@@ -277,6 +278,14 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
             assert rec is not None
             inv = provision.load_inventory_of(rec.name)
             doc = output.cluster_doc(rec, inv, (registry.jobs(rec.name) or [None])[-1])
+            detected = fabric.load_fabric(cluster_dir(rec.name)) or {}
+            by_rank = {n.get("rank"): n for n in detected.get("nodes", []) if isinstance(n, dict)}
+            doc["fabric"] = detected.get("kind")
+            for node in doc["nodes"]:
+                found = by_rank.get(node["rank"])
+                node["fabric"] = None if found is None else {
+                    "kind": found.get("kind"), "interface": found.get("interface"),
+                    "active_ports": found.get("active_ports") or [], "summary": fabric.node_line(found)}
             if refresh and inv is not None:
                 health = _node_health(inv)
                 doc["terraform"] = provision.state_drift(rec.name)
@@ -298,9 +307,11 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
             health = _node_health(inv)
             typer.echo(f"  terraform: {provision.state_drift(rec.name)}")
         if inv is not None:
+            fabrics = fabric.status_lines(cluster_dir(rec.name))
             for node in inv.nodes:
                 typer.echo(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} "
                            f"ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}"
+                           + (f"  fabric {fabrics[node.rank]}" if node.rank in fabrics else "")
                            + (f"  {health[node.rank]}" if node.rank in health else ""))
         jobs = registry.jobs(rec.name)
         if jobs:

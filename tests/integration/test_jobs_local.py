@@ -693,7 +693,7 @@ def test_logs_after_the_job_from_the_saved_copy(jl: JobsCluster, pair: Pair):
 
 # -- machine-readable output --------------------------------------------------------
 
-STATUS_KEYS = {"name", "status", "cloud", "region", "zone", "num_nodes", "nodes", "last_job"}
+STATUS_KEYS = {"name", "status", "cloud", "region", "zone", "num_nodes", "nodes", "last_job", "fabric"}
 NODE_KEYS = {"name", "rank", "address", "ssh_user", "ssh_host", "ssh_port", "gpus", "node_id"}
 JOB_KEYS = {"id", "name", "status", "num_nodes", "submitted_at", "started_at", "ended_at", "submitted_epoch",
             "started_epoch", "ended_epoch", "returncodes", "failed_rank"}
@@ -709,7 +709,11 @@ def json_of(res: Result) -> dict:
 def test_json_output_and_inventory_export(jl: JobsCluster, pair: Pair, tmp_path: Path):
     status = json_of(jl.gpuctl("status", NAME, "-o", "json").check())
     (cluster,) = status["clusters"]
-    assert set(cluster) == STATUS_KEYS and all(set(n) == NODE_KEYS for n in cluster["nodes"])
+    assert set(cluster) == STATUS_KEYS and all(set(n) == NODE_KEYS | {"fabric"} for n in cluster["nodes"])
+    assert cluster["fabric"] == "socket"  # prepare's detection: local nodes have no RDMA devices
+    assert [(n["fabric"]["kind"], n["fabric"]["interface"]) for n in cluster["nodes"]] == [("socket", "eth0")] * 3
+    text = jl.gpuctl("status", NAME).check().stdout
+    assert text.count("fabric socket (eth0)") == 3, text
     assert [n["address"] for n in cluster["nodes"]] == [n.address for n in jl.nodes]
     assert (cluster["status"], cluster["num_nodes"], set(cluster["last_job"]) == JOB_KEYS) == ("UP", 3, True)
 
