@@ -46,3 +46,16 @@ def _isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state = tmp_path / "gpuctl-state"
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(state))
     return state
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - Iterator[MotoServer]
+    """One moto server on loopback for the session (tests that need a clean one reset it)."""
+    from mototest import MotoServer
+
+    server = MotoServer(log=tmp_path_factory.mktemp("moto") / "moto.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -30,7 +30,6 @@ from typing import Iterator
 import boto3
 import pytest
 import yaml
-
 from mototest import CapacityShortage, MotoServer, fake_aws_env, isolated_aws_env
 
 pytestmark = pytest.mark.integration
@@ -39,16 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 GPUCTL = [sys.executable, "-m", "gpuctl"]
 REGION = "us-east-1"
 MOTO_UBUNTU_AMI = "ami-1e749f67"  # in moto's bundled image list
-
-
-@pytest.fixture(scope="session")
-def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    server = MotoServer(log=tmp_path_factory.mktemp("moto") / "moto.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ import sys
 import textwrap
 import uuid
 from pathlib import Path
-from typing import Iterator
 
 import boto3
 import pytest
@@ -32,14 +31,14 @@ BUCKET = "gpuctl-ci-state"
 PREFIX = "runners"
 
 
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    server = MotoServer(log=tmp_path_factory.mktemp("moto") / "moto.log")
-    server.start()
+@pytest.fixture()
+def moto(moto_server: MotoServer) -> MotoServer:
+    """The session's moto server (tests/conftest.py) with the state bucket in it."""
     try:
-        yield server
-    finally:
-        server.stop()
+        s3(moto_server).create_bucket(Bucket=BUCKET)
+    except s3(moto_server).exceptions.BucketAlreadyOwnedByYou:
+        pass
+    return moto_server
 
 
 def s3(moto: MotoServer):
@@ -97,7 +96,6 @@ def hold_lock(name: str, seconds: float, env: dict[str, str]) -> subprocess.Pope
 
 
 def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: Path, tf_cli_config: Path) -> None:
-    s3(moto).create_bucket(Bucket=BUCKET)
     name = f"rs-{uuid.uuid4().hex[:6]}"
     task = tmp_path / "task.yaml"
     task.write_text(textwrap.dedent(f"""\

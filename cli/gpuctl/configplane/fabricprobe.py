@@ -269,21 +269,23 @@ def _display(root, path):
     return "/" + rel if rel != "." else "/"
 
 
-def find_plugin(root="/"):
-    """The aws-ofi-nccl directory (one with libnccl-net*.so), or None."""
-    for d in PLUGIN_DIRS:
+def _first_dir_with(root, dirs, pattern):
+    """The first of `dirs` (as the node sees it) holding a file matching `pattern`, or None."""
+    for d in dirs:
         full = os.path.join(root, d.lstrip("/"))
-        if glob.glob(os.path.join(full, "libnccl-net*.so*")):
+        if glob.glob(os.path.join(full, pattern)):
             return _display(root, full)
     return None
+
+
+def find_plugin(root="/"):
+    """The aws-ofi-nccl directory (one with libnccl-net*.so), or None."""
+    return _first_dir_with(root, PLUGIN_DIRS, "libnccl-net*.so*")
 
 
 def find_libfabric(root="/"):
-    for d in LIBFABRIC_DIRS:
-        full = os.path.join(root, d.lstrip("/"))
-        if glob.glob(os.path.join(full, "libfabric.so*")):
-            return _display(root, full)
-    return None
+    """The libfabric directory (one with libfabric.so), or None."""
+    return _first_dir_with(root, LIBFABRIC_DIRS, "libfabric.so*")
 
 
 def instance_type(given, sys_root="/sys"):

@@ -52,24 +52,23 @@ def _synced_files(cdir: Path) -> dict[str, Path]:
 _VERBATIM = {"terraform/main.tf.json"}
 
 
-def _to_bucket(data: bytes, cdir: Path, rel: str = "") -> bytes:
+def _replace(data: bytes, rel: str, old: str, new: str) -> bytes:
+    """`old` -> `new` in a text file of the cluster directory (binary and verbatim files as they are)."""
     if rel in _VERBATIM:
         return data
     try:
         text = data.decode()
     except UnicodeDecodeError:
         return data
-    return text.replace(str(cdir), PLACEHOLDER).encode()
+    return text.replace(old, new).encode()
+
+
+def _to_bucket(data: bytes, cdir: Path, rel: str = "") -> bytes:
+    return _replace(data, rel, str(cdir), PLACEHOLDER)
 
 
 def _from_bucket(data: bytes, cdir: Path, rel: str = "") -> bytes:
-    if rel in _VERBATIM:
-        return data
-    try:
-        text = data.decode()
-    except UnicodeDecodeError:
-        return data
-    return text.replace(PLACEHOLDER, str(cdir)).encode()
+    return _replace(data, rel, PLACEHOLDER, str(cdir))
 
 
 def _digest(data: bytes) -> str:
