@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 # What test-min and test-latest run: no nodes, no cloud, just gpuctl's code and CLI.
 BOUND_TESTS := tests/unit tests/integration/test_cli_errors.py tests/integration/test_cli_usage.py
 
-.PHONY: all deps system-deps venv demo test test-min test-latest versions lock lint tf-test clean
+.PHONY: all deps system-deps venv demo test test-min test-latest versions lock lint tf-test collection clean
 
 all: test
 
@@ -103,6 +103,10 @@ bound-venv:
 	$(BIN)/uv pip install -q --python $(VENV)-$(BOUND)/bin/python --no-deps -e .
 	@echo "==> $(BOUND): $$(grep -E '^(typer|click|pydantic|ansible-core|ansible-runner|boto3|rich|pyyaml|jinja2)==' $(VENV)-$(BOUND)/requirements.txt | tr '\n' ' ')"
 	$(VENV)-$(BOUND)/bin/python -m pytest -q $(BOUND_TESTS)
+
+# gpuctl's roles and playbooks as the Ansible collection gpuctl.cluster (dist/gpuctl-cluster-VERSION.tar.gz).
+collection: venv
+	$(BIN)/ansible-galaxy collection build ansible/ --output-path dist/ --force
 
 lint: venv
 	$(BIN)/ansible-lint ansible/
