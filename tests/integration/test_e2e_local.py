@@ -297,7 +297,7 @@ def check_status(job: EnvJob) -> None:
     assert f"{job.cluster.name}: UP, {len(job.nodes)} node(s) on local" in lines, res.stdout
     for node in job.nodes:
         assert re.search(rf"^\s+{node.name}\s+rank={node.rank}\s+{re.escape(node.address)}\s+ssh "
-                         rf"{node.user}@{re.escape(node.host)}:{node.port}$", res.stdout, re.M), res.stdout
+                         rf"{node.user}@{re.escape(node.host)}:{node.port}\s+fabric socket \(\S+\)$", res.stdout, re.M), res.stdout
     one = job.cluster.gpuctl("status", job.cluster.name).check()
     assert one.stdout.splitlines()[0] == f"{job.cluster.name}: UP, {len(job.nodes)} node(s) on local"
 
