@@ -147,16 +147,22 @@ def _cidrs(value: Any, *, where: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def config_block(raw: Any, name: str, keys: Sequence[str], *, path: Path, example: str) -> Mapping[str, Any]:
+    """One top-level block of the config file (absent = empty), refusing keys gpuctl would silently ignore."""
+    raw = raw or {}
+    if not isinstance(raw, Mapping):
+        raise UserError(f"{path}: '{name}' must be a mapping such as {example} (keys: {', '.join(keys)})")
+    unknown = sorted(set(raw) - set(keys))
+    if unknown:
+        raise UserError(f"{path}: unknown key {name}.{unknown[0]}; known keys: {', '.join(keys)}")
+    return raw
+
+
 def aws_settings(env: Mapping[str, str] | None = None, *, path: Path | None = None) -> AwsSettings:
     """Merge `aws:` from the config file with the GPUCTL_* environment variables."""
     env = os.environ if env is None else env
     path = path or config_path()
-    raw = load_config(path).get("aws") or {}
-    if not isinstance(raw, Mapping):
-        raise UserError(f"{path}: 'aws' must be a mapping of {', '.join(_AWS_KEYS)}")
-    unknown = sorted(set(raw) - set(_AWS_KEYS))
-    if unknown:
-        raise UserError(f"{path}: unknown key aws.{unknown[0]}; known keys: {', '.join(_AWS_KEYS)}")
+    raw = config_block(load_config(path).get("aws"), "aws", _AWS_KEYS, path=path, example="{profile: NAME}")
     values: dict[str, Any] = {}
     source: dict[str, str] = {}
     for key in _AWS_KEYS:

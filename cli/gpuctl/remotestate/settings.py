@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from gpuctl.config import config_block
 from gpuctl.errors import UserError
 
 BACKENDS = ("local", "s3")
@@ -64,12 +65,7 @@ def state_settings(raw: Mapping[str, Any] | None, *, path: Path,
                    env: Mapping[str, str] | None = None) -> StateSettings:
     """`state:` from the config file (`raw`, may be None) merged with GPUCTL_STATE_* (which win)."""
     env = os.environ if env is None else env
-    raw = raw or {}
-    if not isinstance(raw, Mapping):
-        raise UserError(f"{path}: 'state' must be a mapping such as {{backend: s3, bucket: NAME}}")
-    unknown = sorted(set(raw) - set(KEYS))
-    if unknown:
-        raise UserError(f"{path}: unknown key state.{unknown[0]}; known keys: {', '.join(KEYS)}")
+    raw = config_block(raw, "state", KEYS, path=path, example="{backend: s3, bucket: NAME}")
     values: dict[str, Any] = {}
     where: dict[str, str] = {}
     for key in KEYS:
