@@ -7,6 +7,7 @@ exit code 2 (nothing provisioned), a failed job or provision exit code 1.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shlex
 import signal
@@ -16,7 +17,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, List, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
@@ -342,9 +343,11 @@ def exec_(
     secret: Optional[List[str]] = SecretOption,
     workdir: Optional[Path] = typer.Option(None, "--workdir", metavar="DIR", help="With -- COMMAND: the directory to sync (default: the workdir of the last apply)."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started."),
+    output_format: str = OutputOption,
 ) -> None:
     """Sync the workdir and run on a running cluster: no provisioning, no setup, no file_mounts."""
-    reporter = Reporter()
+    as_json = wants_json(output_format)
+    reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     inv = _cluster_inventory(name)
     registry = Registry()
     # What the last apply left: its workdir (for `-- COMMAND`) and container image (every exec, as `sky exec`).
@@ -381,8 +384,21 @@ def exec_(
         raise UserError(f"{where} {k}: cluster '{name}' has {len(inv.nodes)} node(s); use 1..{len(inv.nodes)}")
     spec = JobSpec(name=job_name, run=run, workdir=spec_workdir, envs=envs, secrets=secrets, num_nodes=k,
                    gpus_per_node=inv.head.gpus, container_image=last_apply.get("container_image"))
-    _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=False, sync_file_mounts=False,
-         detach=detach)
+    try:
+        job_id = _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=False,
+                      sync_file_mounts=False, detach=detach)
+    except JobFailed:
+        if as_json:  # as apply: the failed job is the result
+            _emit_job("exec", registry, name, (registry.jobs(name) or [None])[-1])
+        raise
+    if as_json:
+        _emit_job("exec", registry, name, registry.job(name, job_id))
+
+
+def _emit_job(command: str, registry: Registry, name: str, job: Any) -> None:
+    """exec's JSON document: the job it ran (null if it never got an id)."""
+    output.emit(command, {"ok": job is not None and job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
+                          "job": output.job_doc(job) if job is not None else None})
 
 
 def _fmt_time(ts: float | None) -> str:
@@ -456,9 +472,12 @@ def cancel(
     name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
     job_id: Optional[int] = typer.Argument(None, metavar="JOB", help="Job id (default: the latest unfinished job)."),
     all_jobs: bool = typer.Option(False, "--all", "-a", help="Cancel every unfinished job."),
+    output_format: str = OutputOption,
 ) -> None:
     """End a job on every node (its whole process tree) and mark it CANCELLED."""
-    runner = _job_runner(name)
+    as_json = wants_json(output_format)
+    say = functools.partial(typer.echo, err=as_json)
+    runner = _job_runner(name, Reporter(stream=sys.stderr) if as_json else None)
     inv, registry = runner.inv, runner.registry
     if all_jobs and job_id is not None:
         raise UserError("give a JOB id or --all, not both")
@@ -466,16 +485,20 @@ def cancel(
     if job_id is not None:
         target = [jobs.resolve_job(registry, name, job_id)]
         if target[0].status in TERMINAL_JOB_STATES:
-            typer.echo(f"Job {job_id} already ended: {target[0].status}")
-            return
+            say(f"Job {job_id} already ended: {target[0].status}")
+            target = []
     else:
         target = unfinished if all_jobs else unfinished[-1:]
-    if not target:
-        typer.echo(f"No unfinished jobs on cluster '{name}'.")
-        return
+        if not target:
+            say(f"No unfinished jobs on cluster '{name}'.")
     for job in target:
         runner.cancel(job.job_id, jobs.job_nodes(inv, job))
-        typer.echo(f"Job {job.job_id} cancelled on {job.num_nodes} node(s).")
+        say(f"Job {job.job_id} cancelled on {job.num_nodes} node(s).")
+    if as_json:  # the jobs asked about, as they are now (an ended one keeps its status)
+        asked = [jobs.resolve_job(registry, name, job_id)] if job_id is not None else target
+        output.emit("cancel", {"ok": True, "cluster": name, "cancelled": [j.job_id for j in target],
+                               "jobs": [output.job_doc(row) for j in asked
+                                        if (row := registry.job(name, j.job_id)) is not None]})
 
 
 @app.command("ssh-config")

@@ -81,6 +81,8 @@ def cluster_doc(record: Any, inventory: Any | None, last_job: Any | None) -> dic
 def json_requested(argv: list[str]) -> bool:
     """Whether the command line asks for `--output json` (for errors raised before the command runs)."""
     for i, word in enumerate(argv):
+        if word == "--":  # what follows is exec's command, not gpuctl's options
+            return False
         if word in ("--output", "-o") and i + 1 < len(argv) and argv[i + 1].strip().lower() == "json":
             return True
         if word.lower() in ("--output=json", "-ojson"):

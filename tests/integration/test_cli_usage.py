@@ -118,6 +118,8 @@ JSON_ERRORS = {
     "missing-file": (["validate", "nope.yaml", "--output=json"], 2, "nope.yaml"),
     "usage-error": (["queue", "-o", "json"], 2, "NAME"),
     "logs-without-status": (["logs", "c", "-o", "json"], 2, "--status"),
+    "exec-unknown-cluster": (["exec", "nosuch", "-o", "json", "--", "true"], 2, "cluster 'nosuch' not found"),
+    "cancel-unknown-cluster": (["cancel", "nosuch", "-o", "json"], 2, "cluster 'nosuch' not found"),
 }
 
 

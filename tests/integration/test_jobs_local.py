@@ -732,6 +732,22 @@ def test_json_output_and_inventory_export(jl: JobsCluster, pair: Pair, tmp_path:
     missing = jl.gpuctl("queue", "no-such-cluster", "-o", "json")
     assert missing.returncode == 2 and json_of(missing)["ok"] is False and "not found" in json_of(missing)["error"]
 
+    # exec and cancel, as a CI script runs them: the job is the document, rank output goes to stderr
+    failed_exec = jl.gpuctl("exec", NAME, "-o", "json", *shell(
+        'echo "exec-json rank $GPUCTL_NODE_RANK"; exit $((GPUCTL_NODE_RANK == 2 ? 4 : 0))'))
+    doc = json_of(failed_exec)
+    assert failed_exec.returncode == 1 and set(doc) == {"schema", "command", "ok", "cluster", "job"}, \
+        failed_exec.describe()
+    assert (doc["command"], doc["ok"], doc["job"]["status"], doc["job"]["failed_rank"]) == ("exec", False, "FAILED", 2)
+    assert doc["job"]["returncodes"] == {"0": 0, "1": 0, "2": 4} and set(doc["job"]) == JOB_KEYS
+    assert "exec-json rank" not in failed_exec.stdout and "exec-json rank 1" in failed_exec.stderr
+    detached = json_of(jl.gpuctl("exec", NAME, "-d", "-o", "json", *shell("sleep 120")).check())
+    assert (detached["ok"], detached["job"]["status"]) == (True, "RUNNING"), detached
+    cancelled = json_of(jl.gpuctl("cancel", NAME, "-o", "json").check())
+    assert cancelled["cancelled"] == [detached["job"]["id"]] and cancelled["jobs"][0]["status"] == "CANCELLED"
+    again = json_of(jl.gpuctl("cancel", NAME, str(detached["job"]["id"]), "-o", "json").check())
+    assert (again["cancelled"], again["jobs"][0]["status"]) == ([], "CANCELLED"), again
+
     hostfile = jl.gpuctl("inventory", NAME, "--format", "hostfile").check().stdout
     assert hostfile.splitlines() == [f"{n.address} slots={n.gpus}" for n in jl.nodes]
     exported = json_of(jl.gpuctl("inventory", NAME, "--format", "json").check())

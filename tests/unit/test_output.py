@@ -46,6 +46,7 @@ def test_documents_keep_their_keys() -> None:
 def test_json_requested_and_format_checked() -> None:
     assert output.json_requested(["status", "-o", "json"]) and output.json_requested(["down", "x", "--output=json"])
     assert not output.json_requested(["status", "--output", "text"]) and not output.json_requested(["status"])
+    assert not output.json_requested(["exec", "c", "--", "jq", "-o", "json"]), "words after -- are the command's"
     assert output.wants_json("JSON") and not output.wants_json("text")
     with pytest.raises(UserError, match="--output yaml: use text or json"):
         output.wants_json("yaml")
