@@ -438,6 +438,10 @@ def test_prepare_detected_each_nodes_fabric(jl: JobsCluster):
         exports = [line for line in env.splitlines() if not line.startswith("#")]
         assert exports == ["export NCCL_SOCKET_IFNAME=eth0"], (n.name, env)
         assert json.loads(node_json)["kind"] == "socket", n.name
+    # the task's envs win over what the probe wrote
+    res = jl.gpuctl("exec", NAME, "--env", "NCCL_SOCKET_IFNAME=lo", *shell('echo "ifname=$NCCL_SOCKET_IFNAME"')).check()
+    assert sorted(line for line in res.stdout.splitlines() if "ifname=" in line) == \
+        [f"({n.name}, rank={n.rank}) ifname=lo" for n in jl.nodes], res.describe()
 
 
 # -- 7. ssh-config and ssh -------------------------------------------------------------
