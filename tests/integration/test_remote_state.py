@@ -11,6 +11,7 @@ provisioned (tests/integration/test_aws_moto.py, in its one apply).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -108,8 +109,17 @@ def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: P
     env_b = runner_env(moto, tmp_path / "runner-b", tf_cli_config)
     before = netns_names()
     try:
-        out = ok(gpuctl("apply", str(task), env=env_a, cwd=tmp_path))
+        # runners A and C apply the same new cluster at once: one provisions, the other waits for its
+        # lock and then reuses what the first made (Terraform never runs twice on one state)
+        env_c = runner_env(moto, tmp_path / "runner-c", tf_cli_config)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            applied_a = pool.submit(gpuctl, "apply", str(task), env=env_a, cwd=tmp_path)
+            applied_c = pool.submit(gpuctl, "apply", str(task), "--provision-only", env=env_c, cwd=tmp_path)
+            out, out_c = ok(applied_a.result()), ok(applied_c.result())
         assert "rank 1 says hello" in out
+        assert [("Waiting up to 600s for " in o) for o in (out, out_c)].count(True) == 1, out + out_c
+        assert "terraform apply: no changes, reusing the existing nodes" in (out if "Waiting" in out else out_c)
+        assert len(netns_names() - before) == 2, netns_names() - before  # two nodes, not four
         stored = keys(moto, f"{PREFIX}/clusters/{name}/")
         assert f"{PREFIX}/clusters/{name}/terraform.tfstate" in stored  # Terraform's S3 backend
         assert f"{PREFIX}/clusters/{name}/record.json" in stored
