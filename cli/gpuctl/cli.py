@@ -601,8 +601,8 @@ def check(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
                                     help="Message sizes, comma-separated: bytes, or K, M, G (powers of 1024)."),
           expect_fabric: Optional[str] = typer.Option(
               None, "--expect-fabric", metavar="FABRIC",
-              help="efa, ib, roce or socket (default: what prepare detected, else what the cluster was provisioned "
-                   "with)."),
+              help="efa, ib, roce or socket (default: efa for an AWS cluster provisioned with EFA, else the "
+                   "best fabric prepare found on any node, expected of every node)."),
           min_busbw: Optional[float] = typer.Option(None, "--min-busbw", metavar="GBPS",
                                                     help="Fail when the bus bandwidth at the largest size is below "
                                                          "this many GB/s."),
