@@ -322,7 +322,12 @@ def test_exec_runs_no_setup_syncs_workdir_but_not_file_mounts(jl: JobsCluster):
         assert f"({n.name}, rank={n.rank}) exec-file rank {n.rank} version v2 mount mount v1" \
             in res.stdout.splitlines(), res.describe()
 
-    (jl.project / "proj" / "version.txt").write_text("v3\n")
+    # the same size in the same second as the copy of v2: rsync's whole-second quick check would skip it
+    version_file = jl.project / "proj" / "version.txt"
+    synced = version_file.stat()
+    version_file.write_text("v3\n")
+    second, ns = divmod(synced.st_mtime_ns, 10**9)
+    os.utime(version_file, ns=(synced.st_atime_ns, second * 10**9 + (ns + 1) % 10**9))
     res = jl.gpuctl("exec", NAME, *shell('echo "dashes rank $GPUCTL_NODE_RANK version $(cat version.txt)"')).check()
     assert "Running setup" not in res.stdout
     for n in jl.nodes:

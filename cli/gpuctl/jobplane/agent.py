@@ -1588,7 +1588,8 @@ class Relay(object):
 
     def _push(self, dest, to_rank, peer):
         local, remote = dest_paths(dest["path"])
-        argv = ["rsync", "--archive", "--exclude=/" + CLAIM_PREFIX + "*"]
+        # --modify-window=-1: mtimes to the nanosecond, as upload.py (same-size edits within a second)
+        argv = ["rsync", "--archive", "--modify-window=-1", "--exclude=/" + CLAIM_PREFIX + "*"]
         argv += list(dest.get("rsync_args") or [])
         rsh = " ".join(shell_quote(a) for a in ["ssh"] + list(peer["ssh"]))
         host = peer["host"]

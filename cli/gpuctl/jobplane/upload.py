@@ -18,6 +18,9 @@ from gpuctl.inventory import Node
 from gpuctl.jobplane.payload import WORKDIR_DEST, WORKDIR_RSYNC_ARGS
 
 CLAIM_EXCLUDE = "--exclude=/.gpuctl-claim-*"
+# rsync's quick check compares whole seconds: a same-size edit within the second of the
+# last copy would be skipped. -1 compares nanoseconds (receiver rsync >= 3.1.3).
+NANOSECOND_MTIMES = "--modify-window=-1"
 
 
 class UploadError(Exception):
@@ -48,7 +51,7 @@ def rsync_argv(head: Node, item: Item, control_dir: Path, extra: tuple[str, ...]
     host = f"[{head.ssh_host}]" if ":" in head.ssh_host else head.ssh_host
     src = str(item.src).rstrip("/") + ("/" if item.is_dir else "")
     dst = f"{host}:{remote}" + ("/" if item.is_dir else "")
-    return ["rsync", "--archive", "--compress", CLAIM_EXCLUDE, *extra, "--rsync-path", rsync_path,
+    return ["rsync", "--archive", "--compress", NANOSECOND_MTIMES, CLAIM_EXCLUDE, *extra, "--rsync-path", rsync_path,
             "-e", rsh, "--", src, dst]
 
 
