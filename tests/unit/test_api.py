@@ -295,19 +295,22 @@ def test_remote_names_a_missing_module_and_another_python(tmp_path: Path):
     assert code == 1 and "pickled by Python 3.2" in collector.error(0)["message"]
 
 
-def test_remote_runs_atexit_handlers_then_skips_c_teardown(tmp_path: Path):
+def test_remote_exits_as_python_would_but_skips_c_teardown(tmp_path: Path):
     def aborts_at_teardown():
         import atexit
         import ctypes
+        import threading
+        import time
 
         libc = ctypes.CDLL(None)
         libc.__cxa_atexit(libc.abort, None, None)  # a C++ teardown that aborts, as gloo's can
         atexit.register(print, "tracker flushed at exit")
+        threading.Thread(target=lambda: (time.sleep(0.3), print("checkpoint uploaded", flush=True))).start()
         return "trained"
 
     code, collector, shown = run_call(tmp_path, aborts_at_teardown, env=job_env(0))
     assert code == 0 and cloudpickle.loads(collector.result(0)) == "trained"
-    assert shown == ["tracker flushed at exit"]
+    assert shown == ["checkpoint uploaded", "tracker flushed at exit"]
 
 
 def test_remote_unpicklable_result(tmp_path: Path):

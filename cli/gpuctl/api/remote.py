@@ -16,6 +16,7 @@ import atexit
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -113,9 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     return run(os.path.expanduser(args[0]), out_fd)
 
 
+def _other_non_daemon_threads() -> list[threading.Thread]:
+    me = threading.current_thread()
+    return [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+
+
 def exit_now(code: int) -> None:
-    """End the process with `code` once its result is written: atexit handlers run (a
-    function's own, e.g. an experiment tracker's), C-level teardown does not.
+    """End the process with `code` once its result is written, as Python's own exit
+    would up to C-level teardown: the function's non-daemon threads are waited for (a
+    checkpoint upload), atexit handlers run (an experiment tracker's), then os._exit.
 
     torch's gloo threads can abort the process in that teardown ("terminate called
     without an active exception", exit 134) after the function returned and
@@ -123,6 +130,9 @@ def exit_now(code: int) -> None:
     result was already delivered; such an exit would still fail the job.
     """
     _flush()
+    while pending := _other_non_daemon_threads():
+        for thread in pending:
+            thread.join()
     atexit._run_exitfuncs()
     _flush()
     os._exit(code)
