@@ -117,8 +117,9 @@ def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: P
             applied_c = pool.submit(gpuctl, "apply", str(task), "--provision-only", env=env_c, cwd=tmp_path)
             out, out_c = ok(applied_a.result()), ok(applied_c.result())
         assert "rank 1 says hello" in out
-        assert [("Waiting up to 600s for " in o) for o in (out, out_c)].count(True) == 1, out + out_c
-        assert "terraform apply: no changes, reusing the existing nodes" in (out if "Waiting" in out else out_c)
+        waited = [o for o in (out, out_c) if "Waiting up to 600s for " in o]
+        assert len(waited) == 1, out + out_c
+        assert "terraform apply: no changes, reusing the existing nodes" in waited[0]
         assert len(netns_names() - before) == 2, netns_names() - before  # two nodes, not four
         stored = keys(moto, f"{PREFIX}/clusters/{name}/")
         assert f"{PREFIX}/clusters/{name}/terraform.tfstate" in stored  # Terraform's S3 backend
