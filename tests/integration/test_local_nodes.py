@@ -8,7 +8,10 @@ these tests can run beside other test runs on the same machine.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -242,6 +245,77 @@ def test_loopback_nodes(cleanup_clusters: list[str], monkeypatch: pytest.MonkeyP
     envs, sshd = node_envs(req.name), recorded_sshd(req.name)
     provision.destroy(req.name)
     assert_gone(req.name, envs, sshd, [detached])
+
+
+def run_node_script(command: str, env: dict[str, str], path_prefix: str = "") -> subprocess.CompletedProcess[str]:
+    script = local.LocalProvider().module_dir() / "scripts" / "node.sh"
+    full = {**os.environ, **env, "PATH": path_prefix + os.environ["PATH"]}
+    return subprocess.run(["bash", str(script), command], env=full, capture_output=True, text=True, timeout=60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_tools
+def test_node_bring_up_never_loses_the_state_dir_to_a_sibling(tmp_path: Path) -> None:
+    """Terraform brings a cluster's nodes up (and replaces them) in parallel, and
+    they share one state directory. CI once saw node 1 fail with "mkdir: cannot
+    create directory .../nodes/node1": node 0, clearing its own leftovers, removed
+    the state directory node 1 had just made. Here: `up` leaves the directory in
+    place (its mode would change if made anew), and a directory removed between
+    mkdir -p's two steps is made again."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
+    state = tmp_path / "nodes"
+    state.mkdir()
+    state.chmod(0o751)  # node.sh's umask would make it 0700
+
+    def node_env(index: int) -> dict[str, str]:
+        return {"LN_MODE": "loopback", "LN_INDEX": str(index), "LN_DIR": str(state / f"node{index}"),
+                "LN_NETNS": "", "LN_VETH": "", "LN_BRIDGE": "", "LN_ADDR": "127.0.0.1", "LN_PREFIX_LEN": "24",
+                "LN_PORT": str(free_port()), "LN_USER": pwd.getpwuid(os.getuid()).pw_name,
+                "LN_PUBKEY": (tmp_path / "key.pub").read_text(), "LN_NODE_PATH": os.environ["PATH"],
+                "LN_KEEP": "", "LN_TAG": f"gpuctl-test-{os.getpid()}-{index}", "LN_HOSTNAME": f"it-race-{index}",
+                "LN_HOSTS": "", "LN_WAIT": "30"}
+
+    # A sibling's teardown strikes between mkdir -p making the state dir and the
+    # node's own: mkdir fails once with the error CI saw.
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    fired = tmp_path / "fired"
+    (shim / "mkdir").write_text(f"""#!/bin/sh
+case "$*" in
+  *{state}/node1/home*)
+    if [ ! -e {fired} ]; then
+      : > {fired}
+      rmdir {state} 2>/dev/null
+      echo "mkdir: cannot create directory '{state}/node1': No such file or directory" >&2
+      exit 1
+    fi ;;
+esac
+exec /bin/mkdir "$@"
+""")
+    (shim / "mkdir").chmod(0o755)
+    envs = [node_env(0), node_env(1)]
+    try:
+        up0 = run_node_script("up", envs[0])
+        assert up0.returncode == 0, up0.stderr
+        assert stat.S_IMODE(state.stat().st_mode) == 0o751, "bring-up removed the shared state directory"
+        down0 = run_node_script("down", envs[0])
+        assert down0.returncode == 0, down0.stderr
+        assert not state.exists()  # the last node took it
+
+        up1 = run_node_script("up", envs[1], path_prefix=f"{shim}:")
+        assert up1.returncode == 0, up1.stderr
+        assert fired.exists() and "node 1 up: ssh -p" in up1.stdout
+        with socket.create_connection(("127.0.0.1", int(envs[1]["LN_PORT"])), timeout=10) as conn:
+            assert conn.recv(64).startswith(b"SSH-2.0-")
+    finally:
+        for env in envs:
+            run_node_script("down", env)
+    assert not state.exists() and tagged_pids(envs[1]["LN_TAG"]) == []
 
 
 @needs_tools

@@ -96,6 +96,9 @@ kill_node_processes() {
   die "processes $pids survived SIGKILL; end them by hand and run terraform destroy again"
 }
 
+# down [keep-state-dir]: the state directory (shared by the cluster's nodes)
+# goes with the last node, except when `up` clears its own leftovers: a sibling
+# being brought up at the same time may have just made it.
 down() {
   [[ $LN_DIR == /*/*/* ]] || die "refusing to work on state directory '$LN_DIR' (too close to /)"
   kill_node_processes
@@ -112,7 +115,9 @@ down() {
   mounted=$(awk -v d="$LN_DIR" '$5 == d || index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | head -n 1)
   [[ -z $mounted ]] || die "$mounted is mounted on this machine; unmount it (umount -R $mounted) and run destroy again"
   rm -rf -- "$LN_DIR"
-  rmdir -- "$(dirname -- "$LN_DIR")" 2>/dev/null || true # state_dir, once the last node is gone
+  if [[ ${1:-} != keep-state-dir ]]; then
+    rmdir -- "$(dirname -- "$LN_DIR")" 2>/dev/null || true # fails while other nodes remain
+  fi
   if [[ $LN_MODE == netns ]]; then
     rmdir -- "$RUN_DIR" 2>/dev/null || true
     rmdir -- /run/gpuctl 2>/dev/null || true
@@ -210,6 +215,17 @@ netns_up() {
   ip link set dev "$LN_VETH" master "$LN_BRIDGE" up
 }
 
+# A sibling's teardown (Terraform replaces nodes in parallel) removes the
+# state directory when it looks empty, which can fall between the two steps of
+# mkdir -p; once the node's own directory exists it keeps the parent.
+make_node_dir() {
+  local _
+  for _ in 1 2 3 4; do
+    if mkdir -p "$LN_DIR/home" "$LN_DIR/sshd" 2>/dev/null; then return 0; fi
+  done
+  mkdir -p "$LN_DIR/home" "$LN_DIR/sshd"
+}
+
 up() {
   local sshd home pid keep=() p rel
   [[ $LN_DIR == /*/*/* ]] || die "refusing to use state directory '$LN_DIR' (too close to /)"
@@ -227,11 +243,11 @@ up() {
 
   # Leftovers of an earlier failed attempt have this node's names (they hash
   # the cluster name and state_dir): remove them first.
-  down
+  down keep-state-dir
 
   trap 'rc=$?; if ((rc != 0)); then echo "local-nodes: node $LN_INDEX: bring-up failed, removing what was made" >&2; (down) >&2 || true; fi' EXIT
 
-  mkdir -p "$LN_DIR/home" "$LN_DIR/sshd"
+  make_node_dir
   chmod 700 "$LN_DIR" "$LN_DIR/sshd"
   printf 'LN_MODE=%s\nLN_INDEX=%s\nLN_DIR=%s\nLN_NETNS=%s\nLN_VETH=%s\nLN_TAG=%s\n' \
     "$LN_MODE" "$LN_INDEX" "$LN_DIR" "$LN_NETNS" "$LN_VETH" "$LN_TAG" >"$LN_DIR/node.env"
