@@ -188,6 +188,10 @@ def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[st
     provision.destroy(req.name)
     assert_gone(req.name, envs, sshd, [detached, escaped])
     assert not link_exists(bridge)
+    # Only the node's own directory under /run/gpuctl goes: other clusters'
+    # nodes may be making theirs in the parent at this moment.
+    assert not any(Path("/run/gpuctl", env["LN_NETNS"]).exists() for env in envs)
+    assert Path("/run/gpuctl").is_dir()
 
 
 @needs_tools

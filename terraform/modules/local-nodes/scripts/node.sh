@@ -119,8 +119,9 @@ down() {
     rmdir -- "$(dirname -- "$LN_DIR")" 2>/dev/null || true # fails while other nodes remain
   fi
   if [[ $LN_MODE == netns ]]; then
+    # /run/gpuctl itself stays (like /run/sshd): every node of every cluster
+    # makes its directory there, and removing it would race their mkdir -p.
     rmdir -- "$RUN_DIR" 2>/dev/null || true
-    rmdir -- /run/gpuctl 2>/dev/null || true
   fi
 }
 
