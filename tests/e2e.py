@@ -183,6 +183,21 @@ class NodeInfo:
     gpus: int
 
 
+def queue_row_once_ended(queue: Callable[[], Result], job: int | None = None, timeout: float = 60) -> list[str]:
+    """The job's `gpuctl queue` row (the newest job's without `job`), once its
+    status is final. Its ranks can be gone while the head still collects their
+    exits and writes the record: until then the job is rightly RUNNING."""
+    final = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [line.split() for line in queue().check().stdout.splitlines()[1:] if line.strip()]
+        row = next((r for r in rows if r[0] == str(job)), []) if job is not None else (rows[-1] if rows else [])
+        if len(row) > 2 and row[2] in final:
+            return row
+        assert time.monotonic() < deadline, f"job {job or 'newest'} not ended within {timeout:.0f}s: {rows}"
+        time.sleep(1.0)
+
+
 def running(pid: int, start: str | None = None) -> bool:
     """A live process (not a zombie), optionally the one that started at `start`."""
     try:

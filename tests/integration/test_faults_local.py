@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, pids_matching
+from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -138,9 +138,8 @@ def test_controller_killed_mid_job_leaves_the_head_in_charge(ft):
     while pids_matching(marker) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert not pids_matching(marker), "nobody failed fast without the controller"
-    rows = cluster.gpuctl("queue", NAME).check().stdout.splitlines()
-    last = rows[-1].split()
-    assert last[2] == "FAILED" and last[-1].split(",")[1] == "6", rows
+    last = queue_row_once_ended(lambda: cluster.gpuctl("queue", NAME))
+    assert last[2] == "FAILED" and last[-1].split(",")[1] == "6", last
     logs = cluster.gpuctl("logs", NAME, last[0]).stdout.splitlines()
     assert "(worker1, rank=1) rank 1 fails" in logs, logs
     assert "(head, rank=0) rank 0 starts" in logs, logs

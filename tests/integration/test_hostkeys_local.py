@@ -48,7 +48,15 @@ def rekey(cluster: Cluster, node: NodeInfo) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     pid = int((d / "sshd.pid").read_text().split()[0])
     os.kill(pid, signal.SIGHUP)  # sshd re-executes itself and reads its keys again
-    time.sleep(1.0)
+    new_key = key.with_suffix(".pub").read_text().split()[1]
+    deadline = time.monotonic() + 30
+    while True:  # until it listens again and offers the new key
+        scan = subprocess.run(["ssh-keyscan", "-T", "5", "-p", str(node.port), "-t", "ed25519", node.host],
+                              capture_output=True, text=True)
+        if new_key in scan.stdout.split():
+            break
+        assert time.monotonic() < deadline, f"sshd of {node.name} did not come back with its new key: {scan.stderr}"
+        time.sleep(0.2)
     for cm in control_dir_candidates(cluster.cdir):
         for master in pids_matching(f"{cm}/"):
             os.kill(master, signal.SIGTERM)

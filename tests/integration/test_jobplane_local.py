@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import Cluster, NodeInfo, Result, Watched, gpuctl_env, needs_local_nodes, pids_matching
+from e2e import Cluster, NodeInfo, Result, Watched, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -295,6 +295,5 @@ def test_detached_job_fails_fast_without_gpuctl(jp: JP):
     while pids_matching(marker) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert not pids_matching(marker), "the other ranks were not stopped"
-    row = jp.gpuctl("queue", NAME).check().stdout.splitlines()
-    mine = next(line for line in row if line.split()[0] == str(job))
-    assert " FAILED " in f" {mine} " and mine.split()[-1].split(",")[3] == "9", mine
+    mine = queue_row_once_ended(lambda: jp.gpuctl("queue", NAME), job)
+    assert mine[2] == "FAILED" and mine[-1].split(",")[3] == "9", mine

@@ -472,7 +472,9 @@ def test_ssh_config_hosts_and_gpuctl_ssh(jl: JobsCluster):
 
 def test_failing_rank_stops_the_others_fast(jl: JobsCluster):
     marker = f"{MOD}-failfast"
-    command = ('if [ "$GPUCTL_NODE_RANK" == "2" ]; then sleep 1; echo "rank 2 gives up"; exit 5; fi; '
+    # Rank 2 fails after the others' sleepers have had time to be seen on a
+    # loaded machine (stalls of ~2.5 s were measured there).
+    command = ('if [ "$GPUCTL_NODE_RANK" == "2" ]; then sleep 5; echo "rank 2 gives up"; exit 5; fi; '
                f"(exec -a {marker} sleep 300); echo survived")
     seen: list[set[str]] = []
     done = threading.Event()
@@ -615,15 +617,18 @@ class Pair:
 
 @pytest.fixture(scope="module")
 def pair(jl: JobsCluster) -> Pair:
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(3) as pool:
         log_f = pool.submit(jl.gpuctl, "exec", NAME, "-d", *shell(LOG_JOB))
         other_f = pool.submit(jl.gpuctl, "exec", NAME, "-d", *shell('echo "other rank $GPUCTL_NODE_RANK"; sleep 1'))
         time.sleep(0.2)
         meanwhile = jl.gpuctl("queue", NAME)
         log_res = log_f.result()
-        queue_after = jl.gpuctl("queue", NAME)
         log_job = job_id_of(log_res.check(), "detached")
-        follow = jl.gpuctl("logs", NAME, str(log_job), "--follow", timeout=120)
+        # Follow at once: the job prints for ~10 s, and a follow that starts
+        # late (a loaded machine) would get every line in one go.
+        follow_f = pool.submit(jl.gpuctl, "logs", NAME, str(log_job), "--follow", timeout=120)
+        queue_after = jl.gpuctl("queue", NAME)
+        follow = follow_f.result()
         other_res = other_f.result()
     # queue started while both exec commands still ran (exec -d now returns in about a second)
     both_running = meanwhile.started < min(log_res.ended, other_res.ended)
