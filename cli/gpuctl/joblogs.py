@@ -100,32 +100,54 @@ def watcher_pidfile(cluster: str, job_id: int) -> Path:
     return local_job_dir(cluster, job_id) / "watch.pid"
 
 
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot) if it runs and is no
+    zombie; "" where /proc is missing (macOS); None if it has ended."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return ""
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
 def mark_watching(cluster: str, job_id: int) -> Path:
-    """Record that this process watches the job (removed by `unmark_watching`)."""
+    """Record that this process watches the job (removed by `unmark_watching`).
+    The start time goes with the PID: a watcher killed without cleaning up
+    (SIGKILL, a reboot) must not live on in whatever process reuses its PID,
+    or the job would never be looked up on the head again."""
     path = watcher_pidfile(cluster, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(str(os.getpid()))
+    path.write_text(f"{os.getpid()} {_start_time(os.getpid()) or ''}".strip())
     return path
 
 
 def unmark_watching(cluster: str, job_id: int) -> None:
     path = watcher_pidfile(cluster, job_id)
     try:
-        if path.read_text().strip() == str(os.getpid()):
+        if path.read_text().split()[:1] == [str(os.getpid())]:
             path.unlink()
     except FileNotFoundError:
         pass
 
 
 def is_watched(cluster: str, job_id: int) -> bool:
+    """Whether the job's watcher still runs: the recorded process, alive and
+    started when recorded."""
     try:
-        pid = int(watcher_pidfile(cluster, job_id).read_text())
-    except (FileNotFoundError, ValueError):
+        words = watcher_pidfile(cluster, job_id).read_text().split()
+        pid = int(words[0])
+    except (FileNotFoundError, ValueError, IndexError):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    started = _start_time(pid)
+    return started is not None and (len(words) < 2 or started in ("", words[1]))
