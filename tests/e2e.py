@@ -183,19 +183,30 @@ class NodeInfo:
     gpus: int
 
 
+def wait_for(what: str, predicate: Callable[[], object], timeout: float, interval: float = 0.25):
+    """Poll until `predicate()` is truthy; its value, or a failure naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:.0f}s (last: {value!r})")
+        time.sleep(interval)
+
+
 def queue_row_once_ended(queue: Callable[[], Result], job: int | None = None, timeout: float = 60) -> list[str]:
     """The job's `gpuctl queue` row (the newest job's without `job`), once its
     status is final. Its ranks can be gone while the head still collects their
     exits and writes the record: until then the job is rightly RUNNING."""
-    final = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
-    deadline = time.monotonic() + timeout
-    while True:
+    final = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")  # gpuctl.state's, not imported here
+
+    def ended() -> list[str] | None:
         rows = [line.split() for line in queue().check().stdout.splitlines()[1:] if line.strip()]
         row = next((r for r in rows if r[0] == str(job)), []) if job is not None else (rows[-1] if rows else [])
-        if len(row) > 2 and row[2] in final:
-            return row
-        assert time.monotonic() < deadline, f"job {job or 'newest'} not ended within {timeout:.0f}s: {rows}"
-        time.sleep(1.0)
+        return row if len(row) > 2 and row[2] in final else None
+
+    return wait_for(f"job {job or 'newest'} to end", ended, timeout, interval=1.0)
 
 
 def running(pid: int, start: str | None = None) -> bool:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from e2e import Cluster, NodeInfo, control_dir_candidates, needs_local_nodes, pids_matching
+from e2e import Cluster, NodeInfo, control_dir_candidates, needs_local_nodes, pids_matching, wait_for
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -49,14 +48,9 @@ def rekey(cluster: Cluster, node: NodeInfo) -> None:
     pid = int((d / "sshd.pid").read_text().split()[0])
     os.kill(pid, signal.SIGHUP)  # sshd re-executes itself and reads its keys again
     new_key = key.with_suffix(".pub").read_text().split()[1]
-    deadline = time.monotonic() + 30
-    while True:  # until it listens again and offers the new key
-        scan = subprocess.run(["ssh-keyscan", "-T", "5", "-p", str(node.port), "-t", "ed25519", node.host],
-                              capture_output=True, text=True)
-        if new_key in scan.stdout.split():
-            break
-        assert time.monotonic() < deadline, f"sshd of {node.name} did not come back with its new key: {scan.stderr}"
-        time.sleep(0.2)
+    scan = ["ssh-keyscan", "-T", "5", "-p", str(node.port), "-t", "ed25519", node.host]
+    wait_for(f"sshd of {node.name} to listen again with its new key",
+             lambda: new_key in subprocess.run(scan, capture_output=True, text=True).stdout.split(), 30, interval=0.2)
     for cm in control_dir_candidates(cluster.cdir):
         for master in pids_matching(f"{cm}/"):
             os.kill(master, signal.SIGTERM)

@@ -26,12 +26,11 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from e2e import (Cluster, Footprint, NodeInfo, Result, Watched, gpuctl_env, needs_local_nodes,
-                 netns_names, pids_matching)
+                 netns_names, pids_matching, wait_for)
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -94,18 +93,6 @@ def shell(script: str) -> list[str]:
     given (no shell), and the script travels in the environment so the markers it names are not in
     any process's command line."""
     return ["--env", f"JL_SCRIPT={script}", "--", "bash", "-c", 'eval "$JL_SCRIPT"']
-
-
-def wait_for(what: str, predicate: Callable[[], object], timeout: float, interval: float = 0.25):
-    """Poll until `predicate()` is truthy; its value, or a failure naming `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout:.0f}s (last: {value!r})")
-        time.sleep(interval)
 
 
 def job_id_of(res: Result, word: str = "running") -> int:

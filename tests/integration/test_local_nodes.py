@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from e2e import pids_with_env, running
+from mototest import free_port
 
 from gpuctl import provision
 from gpuctl.cluster import ClusterRequest
@@ -255,12 +256,6 @@ def run_node_script(command: str, env: dict[str, str], path_prefix: str = "") ->
     script = local.LocalProvider().module_dir() / "scripts" / "node.sh"
     full = {**os.environ, **env, "PATH": path_prefix + os.environ["PATH"]}
     return subprocess.run(["bash", str(script), command], env=full, capture_output=True, text=True, timeout=60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @needs_tools
