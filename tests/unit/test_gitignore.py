@@ -154,15 +154,18 @@ def test_a_copy_again_deletes_what_is_gone_and_keeps_what_the_node_made_in_ignor
     _write(src, {".gitignore": "outputs/\n*.ckpt\n!final.ckpt\n", "train.py": "", "old.py": "", "final.ckpt": "",
                  "data/.keep": ""})
     args = payload.workdir_rsync_args(gitignore.workdir_filter(src, gitignore.nested_destinations(
-        ["~/gpuctl_workdir/data", "/root/gpuctl_workdir/models/", "~/gpuctl_workdir/conf.yaml"])))
+        ["~/gpuctl_workdir/data", "/root/gpuctl_workdir/models/", "~/gpuctl_workdir/conf.yaml",
+         "~/gpuctl_workdir/cfg/deep/a.txt"])))
     copied(args, src, dst)
     (src / "old.py").unlink()
     (src / "final.ckpt").unlink()
     _write(dst, {"outputs/run1/log": "", "step1.ckpt": "", "data/from-mount": "", "models/m.bin": "",
-                 "conf.yaml": "", "stray.txt": ""})
-    got = copied(args, src, dst)
+                 "conf.yaml": "", "stray.txt": "", "cfg/deep/a.txt": ""})
+    proc = subprocess.run(["rsync", "--archive", *args, f"{src}/", f"{dst}/"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    got = {str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file()}
     assert got == {".gitignore", "train.py", "outputs/run1/log", "step1.ckpt", "data/from-mount",
-                   "models/m.bin", "conf.yaml"}
+                   "models/m.bin", "conf.yaml", "cfg/deep/a.txt"}
     assert not (dst / "data/.keep").exists()  # a mount's destination is the mount's: nothing written there
 
 

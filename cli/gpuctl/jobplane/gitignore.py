@@ -335,6 +335,10 @@ def workdir_filter(root: Path, protect: Sequence[str] = ()) -> WorkdirFilter:
     """What the copy of workdir `root` leaves out (see the module's docstring); `protect`: destinations
     inside the workdir, relative to it (nested_destinations)."""
     first = ["- /" + escape(p) for p in protect]
+    for path in protect:  # their directories, when not in the workdir, are not deleted around them either
+        parts = path.split("/")[:-1]
+        first += [r for r in ("P /" + escape("/".join(parts[:i + 1])) + "/" for i in range(len(parts)))
+                  if r not in first]
     from_git = _git_tree(root)
     if from_git is not None:
         return WorkdirFilter(rules=tuple(first) + from_git.rules, ignored=from_git.ignored)
