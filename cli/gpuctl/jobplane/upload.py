@@ -84,4 +84,4 @@ def upload(head: Node, *, workdir: Path | None, file_mounts: Mapping[str, Path],
             err = proc.stderr.decode("utf-8", "replace")
             why = (err.strip().splitlines() or [f"rsync exit code {proc.returncode}"])[-1]
             raise UploadError(f"copying {item.src} to the head ({head.ssh_host}:{item.dest}) failed: {why}")
-    return [i for i, _ in items]
+    return [i for i, _, _ in items]
