@@ -38,7 +38,7 @@ from gpuctl.sshkeys import ensure_internal_key
 from gpuctl.state import Registry
 
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL on the other ranks after a failure
-PLACED_FILE = "placed.json"  # destinations of file_mounts and buckets so far (JobRunner.placed)
+PLACED_FILE = "placed.json"  # file_mount and bucket destinations inside the workdir so far (JobRunner.placed)
 
 
 @dataclass(frozen=True)
@@ -273,17 +273,17 @@ class JobRunner:
 
     # -- what the workdir copy leaves alone ------------------------------------
     def placed(self) -> list[str]:
-        """Destinations file_mounts and buckets were given on this cluster so far (clusters/<name>/placed)."""
+        """Destinations inside the workdir that file_mounts and buckets were given on this cluster so far."""
         try:
             return json.loads((self.cdir / PLACED_FILE).read_text())
         except (FileNotFoundError, ValueError):
             return []
 
     def record_placed(self, dests: Sequence[str]) -> None:
-        """Remember destinations before anything is copied there: `exec` copies the workdir without the
-        task's file_mounts, and must still not delete them where they lie inside the workdir."""
+        """Remember destinations inside the workdir before anything is copied there: `exec` copies the
+        workdir without the task's file_mounts, and must still not delete them."""
         known = self.placed()
-        more = [d for d in dests if d not in known]
+        more = [d for d in dests if d not in known and gitignore.nested_destinations([d])]
         if more:
             (self.cdir / PLACED_FILE).write_text(json.dumps(known + more) + "\n")
 

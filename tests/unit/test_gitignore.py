@@ -191,3 +191,33 @@ def test_workdir_filter_without_git_on_the_path(tmp_path: Path, monkeypatch: pyt
     _write(tmp_path / "src", {".gitignore": "*.key\n", "a.key": "", "b": ""})
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert gitignore.workdir_filter(tmp_path / "src") == WorkdirFilter(rules=("- /*.key", "- /**/*.key"))
+
+
+def test_exec_leaves_alone_what_an_earlier_apply_mounted_inside_the_workdir(tmp_path: Path) -> None:
+    """`exec` has no file_mounts of its own: the workdir copy still leaves out the destinations
+    inside the workdir that an earlier job of the cluster placed there (file_mounts and buckets)."""
+    from gpuctl.console import Reporter
+    from gpuctl.inventory import Inventory, Node
+    from gpuctl.jobplane.buckets import BucketMount
+    from gpuctl.launch import JobRunner, JobSpec
+    from gpuctl.state import Registry
+
+    def runner() -> JobRunner:
+        node = Node(name="head", rank=0, node_id="n0", address="10.0.0.2", ssh_host="10.0.0.2")
+        made = JobRunner(Inventory(cluster="c", cloud="local", nodes=(node,)), reporter=Reporter(plain=True),
+                         registry=Registry())
+        made.cdir.mkdir(parents=True, exist_ok=True)
+        return made
+
+    workdir = tmp_path / "wd"
+    workdir.mkdir()
+    apply = JobSpec(name=None, run="true", workdir=workdir,
+                    file_mounts={"~/gpuctl_workdir/data": workdir, "/etc/x": workdir, "~/.gpuctl/calls/a": workdir},
+                    bucket_mounts=(BucketMount(dest="/root/gpuctl_workdir/ckpt", bucket="b", mode="COPY"),))
+    first = runner()
+    first.record_placed([*apply.file_mounts, *(b.dest for b in apply.bucket_mounts)])
+    assert first.placed() == ["~/gpuctl_workdir/data", "/root/gpuctl_workdir/ckpt"]  # only what the copy meets
+    exec_spec = JobSpec(name=None, run="true", workdir=workdir)
+    rules = runner().workdir_rules(exec_spec)  # a later command: what the earlier one recorded
+    assert rules.rules[:2] == ("- /data", "- /ckpt")
+    assert runner().workdir_rules(JobSpec(name=None, run="true")) == WorkdirFilter()  # no workdir: no copy
