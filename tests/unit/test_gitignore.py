@@ -38,7 +38,9 @@ CASES: list[dict[str, str]] = [
     {"sub dir/.gitignore": "*.bin\n", "sub dir/x.bin": "", "sub dir/y.txt": "", "x.bin": "",
      "we*ird/.gitignore": "k\n", "we*ird/k": "", "weXird/k": ""},
     {".gitignore": "/*\n!/keep/\n!/top.txt\n", "keep/a": "", "top.txt": "", "gone.txt": "", "dir/x": ""},
-    {".gitignore": "!\n/\n\\\nname\\\n*.py[co]\n", "a.pyc": "", "a.py": "", "name": ""},
+    {".gitignore": "!\n/\n\\\nname\\\n*.py[co]\nnul\0x\n", "a.pyc": "", "a.py": "", "name": "", "nul": ""},
+    # no wildcard crosses a '/' in a path pattern
+    {".gitignore": "d/a[!x]b\ne/a?b\nf/a*b\n", "d/a/b": "", "d/ayb": "", "e/a/b": "", "f/a/b": "", "f/ab": ""},
 ]
 
 

@@ -83,6 +83,7 @@ def parse(text: str) -> list[Pattern]:
     for raw in text.split("\n"):
         if raw.endswith("\r"):
             raw = raw[:-1]
+        raw = raw.split("\0", 1)[0]  # git reads each line as a C string
         if not raw or raw.startswith("#"):
             continue
         line = _trim_trailing_spaces(raw)
