@@ -90,15 +90,16 @@ def test_outside_git_the_copy_keeps_what_git_keeps(tmp_path: Path, files: dict[s
     _compare(tmp_path, files)
 
 
-_NAMES = ["a", "b", "x.log", "keep.log", "d e", "#h", "!n", "c*", "q?"]
+_NAMES = ["a", "b", "ab", "x.log", "keep.log", "d e", "#h", "!n", "c*", "q?", "[x]", "\\s", "tr "]
 _PATTERNS = ["a", "/a", "a/", "*.log", "!keep.log", "!*.log", "**/b", "a/**", "a/**/b", "*/b", "b/*", "\\#h",
-             "\\!n", "d\\ e", "d e ", "c\\*", "q\\?", "[ab]", "!a/", "/*/x.log", "**", "!**/", "a/*/",
-             "!d e"]
+             "\\!n", "d\\ e", "d e ", "c\\*", "q\\?", "[ab]", "!a/", "/*/x.log", "**", "!**/", "a/*/", "!d e",
+             "a?", "a[!x]b", "*/*", "/a/*/b", "***", "a/***", "**/a/**", "a**", "[a-c]*", "\\[x]", "\\\\s",
+             "tr\\ ", "tr ", "!/a", "/**", "a/**/**/b", "*.log/", "!*/", "b/**/"]
 
 
 def test_outside_git_random_trees_and_patterns_match_git(tmp_path: Path) -> None:
-    rng = random.Random(20)
-    for case in range(40):
+    rng = random.Random(20)  # 700 such cases agreed with git when this was written; 30 stay in the suite
+    for case in range(30):
         files: dict[str, str] = {}
         for _ in range(rng.randint(3, 12)):
             depth = rng.randint(1, 4)
