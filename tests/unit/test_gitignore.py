@@ -133,10 +133,12 @@ def test_in_a_git_tree_git_decides_with_info_exclude_excludes_file_and_parents(t
     _write(repo, {".gitignore": "project/creds/\n*.parent\n", "project/.gitignore": "deep/**/creds.json\n*.log\n",
                   "project/deep/x/creds.json": "", "project/creds/key": "", "project/a.parent": "",
                   "project/a.global": "", "project/b.info": "", "project/forced.log": "", "project/other.log": "",
-                  "project/train.py": "", "project/sub/.gitignore": "!other.log\n", "project/sub/other.log": ""})
+                  "project/train.py": "", "project/sub/.gitignore": "!other.log\n", "project/sub/other.log": "",
+                  "project/build/tracked.txt": "", "project/build/junk": "", "project/.gitignore.extra": ""})
+    (repo / "project/.gitignore").write_text("deep/**/creds.json\n*.log\nbuild/\n*.extra\n")
     _git(env, "init", "-q", str(repo))
     (repo / ".git/info/exclude").write_text("*.info\n")
-    _git(env, "-C", str(repo), "add", "-f", "project/forced.log")
+    _git(env, "-C", str(repo), "add", "-f", "project/forced.log", "project/build/tracked.txt")
     # Variables that would point git elsewhere are not followed.
     monkeypatch.setenv("GIT_DIR", str(tmp_path / "nowhere"))
     workdir = repo / "project"
@@ -146,10 +148,15 @@ def test_in_a_git_tree_git_decides_with_info_exclude_excludes_file_and_parents(t
     got = copied(list(args), workdir, tmp_path / "dst", stdin)
     monkeypatch.delenv("GIT_DIR")
     want = git_kept(workdir, home, init=False)
-    assert got == want == {".gitignore", "forced.log", "train.py", "sub/.gitignore", "sub/other.log"}
-    # The next hop (the head to the workers) has only the rules: they alone give the same answer.
-    again = copied(payload.workdir_rsync_args(rules), workdir, tmp_path / "dst2")
+    assert got == want == {".gitignore", "forced.log", "train.py", "sub/.gitignore", "sub/other.log",
+                           "build/tracked.txt"}
+    # The next hop (the head's copy to the workers) has only the rules: the same files arrive.
+    again = copied(payload.workdir_rsync_args(rules), tmp_path / "dst", tmp_path / "dst2")
     assert again == want
+    # The rules alone, straight from the workdir, agree with git but for what git tracks inside an
+    # ignored directory: rsync then enters the directory (the controller's hop has git's own list).
+    alone = copied(payload.workdir_rsync_args(rules), workdir, tmp_path / "dst3")
+    assert alone == want | {"build/junk"}
 
 
 def test_a_copy_again_deletes_what_is_gone_and_keeps_what_the_node_made_in_ignored_places(tmp_path: Path) -> None:

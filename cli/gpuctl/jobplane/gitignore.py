@@ -327,7 +327,12 @@ def _git_tree(root: Path) -> WorkdirFilter | None:
                  if excludes_file is not None and excludes_file.returncode == 0 else "")
     default = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git" / "ignore"
     outer.append((parts, _read(Path(user_file).expanduser() if user_file else default)))
-    keep = ["+ /" + escape(p) for p in _lines0(tracked_ignored)]
+    keep: list[str] = []
+    for path in _lines0(tracked_ignored):  # with its directories: rsync does not enter an excluded one
+        parts = path.split("/")
+        for rule in ["+ /" + escape("/".join(parts[:i])) + "/" for i in range(1, len(parts))] + ["+ /" + escape(path)]:
+            if rule not in keep:
+                keep.append(rule)
     return WorkdirFilter(rules=tuple(keep + rules_for(files, outer)),
                          ignored=tuple("/" + escape(p) for p in _lines0(ignored)))
 
