@@ -134,7 +134,9 @@ def test_in_a_git_tree_git_decides_with_info_exclude_excludes_file_and_parents(t
                   "project/deep/x/creds.json": "", "project/creds/key": "", "project/a.parent": "",
                   "project/a.global": "", "project/b.info": "", "project/forced.log": "", "project/other.log": "",
                   "project/train.py": "", "project/sub/.gitignore": "!other.log\n", "project/sub/other.log": "",
-                  "project/build/tracked.txt": "", "project/build/junk": "", "project/.gitignore.extra": ""})
+                  "project/build/tracked.txt": "", "project/build/junk": "", "project/.gitignore.extra": "",
+                  "project/cache/.gitignore": "*\n", "project/cache/c": "",
+                  "project/self/.gitignore": "*.o\n.gitignore\n", "project/self/x.o": "", "project/self/y.c": ""})
     (repo / "project/.gitignore").write_text("deep/**/creds.json\n*.log\nbuild/\n*.extra\n")
     _git(env, "init", "-q", str(repo))
     (repo / ".git/info/exclude").write_text("*.info\n")
@@ -149,7 +151,9 @@ def test_in_a_git_tree_git_decides_with_info_exclude_excludes_file_and_parents(t
     monkeypatch.delenv("GIT_DIR")
     want = git_kept(workdir, home, init=False)
     assert got == want == {".gitignore", "forced.log", "train.py", "sub/.gitignore", "sub/other.log",
-                           "build/tracked.txt"}
+                           "build/tracked.txt", "self/y.c"}
+    # ignore files git ignores still count: what a job makes there on a node is kept
+    assert {"- /cache/*", "- /self/*.o"} <= set(rules.rules)
     # The next hop (the head's copy to the workers) has only the rules: the same files arrive.
     again = copied(payload.workdir_rsync_args(rules), tmp_path / "dst", tmp_path / "dst2")
     assert again == want

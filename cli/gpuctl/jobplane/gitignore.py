@@ -311,12 +311,19 @@ def _git_tree(root: Path) -> WorkdirFilter | None:
     prefix, info_exclude = out[1], out[2]
     ignored = _git(root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory")
     tracked_ignored = _git(root, "ls-files", "-z", "--cached", "--ignored", "--exclude-standard")
-    gitignores = _git(root, "ls-files", "-z", "--cached", "--others", "--", ":(glob)**/.gitignore")
+    # Not ignored ones (cheap: git does not enter ignored directories); ignored ones: below
+    gitignores = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+                      ":(glob)**/.gitignore")
     excludes_file = _git(root, "config", "--path", "core.excludesFile")
     if any(p is None or p.returncode != 0 for p in (ignored, tracked_ignored, gitignores)):
         return None
     assert ignored is not None and tracked_ignored is not None and gitignores is not None
-    files = [(posixpath.dirname(rel), _read(root / rel)) for rel in _lines0(gitignores)]
+    listed = _lines0(ignored)
+    # A .gitignore git ignores still applies: one that ignores itself (`*`), or a directory git lists
+    # whole because its own .gitignore ignores all it holds (as `.pytest_cache/`).
+    more = [p for p in listed if posixpath.basename(p) == ".gitignore"]
+    more += [p + ".gitignore" for p in listed if p.endswith("/") and (root / p / ".gitignore").is_file()]
+    files = [(posixpath.dirname(rel), _read(root / rel)) for rel in _lines0(gitignores) + more]
     parts = [p for p in prefix.strip("/").split("/") if p]
     repo = root.joinpath(*[".."] * len(parts)) if parts else root
     outer: list[tuple[Sequence[str], str]] = []
@@ -334,7 +341,7 @@ def _git_tree(root: Path) -> WorkdirFilter | None:
             if rule not in keep:
                 keep.append(rule)
     return WorkdirFilter(rules=tuple(keep + rules_for(files, outer)),
-                         ignored=tuple("/" + escape(p) for p in _lines0(ignored)))
+                         ignored=tuple("/" + escape(p) for p in listed))
 
 
 def workdir_filter(root: Path, protect: Sequence[str] = ()) -> WorkdirFilter:
