@@ -189,6 +189,7 @@ def test_a_copy_again_deletes_what_is_gone_and_keeps_what_the_node_made_in_ignor
     (["/root/gpuctl_workdir/x", "/home/u/gpuctl_workdir/y/z.txt"], ["x", "y/z.txt"]),
     (["~/gpuctl_workdir", "~/gpuctl_workdir/", "/data", "~/other/gpuctl_workdir", "~/gpuctl_workdir/../x"], []),
     (["~/gpuctl_workdir/we*ird [1]"], ["we*ird [1]"]),
+    (["~root/gpuctl_workdir/q", "~/x/gpuctl_workdir/y"], ["q"]),
 ])
 def test_nested_destinations(dests: list[str], want: list[str]) -> None:
     assert gitignore.nested_destinations(dests) == want
@@ -203,8 +204,11 @@ def test_rules_escape_names_that_look_like_patterns(tmp_path: Path) -> None:
 
 def test_workdir_filter_without_git_on_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _write(tmp_path / "src", {".gitignore": "*.key\n", "a.key": "", "b": ""})
+    (tmp_path / "src/.git/info").mkdir(parents=True)
+    (tmp_path / "src/.git/info/exclude").write_text("*.x\n")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert gitignore.workdir_filter(tmp_path / "src") == WorkdirFilter(rules=("- /*.key", "- /**/*.key"))
+    assert gitignore.workdir_filter(tmp_path / "src") == WorkdirFilter(
+        rules=("- /*.key", "- /**/*.key", "- /*.x", "- /**/*.x"))
 
 
 def test_exec_leaves_alone_what_an_earlier_apply_mounted_inside_the_workdir(tmp_path: Path) -> None:

@@ -356,13 +356,15 @@ def workdir_filter(root: Path, protect: Sequence[str] = ()) -> WorkdirFilter:
     if from_git is not None:
         return WorkdirFilter(rules=tuple(first) + from_git.rules, ignored=from_git.ignored)
     files = [(posixpath.dirname(rel), _read(root / rel)) for rel in _walk_gitignores(root)]
-    return WorkdirFilter(rules=tuple(first + rules_for(files)))
+    # a repository's own excludes even where git itself is missing
+    outer = [((), _read(root / ".git" / "info" / "exclude"))]
+    return WorkdirFilter(rules=tuple(first + rules_for(files, outer)))
 
 
 def nested_destinations(dests: Iterable[str], workdir: str = "~/" + WORKDIR_NAME) -> list[str]:
-    """The destinations (file_mounts, buckets) inside the workdir, relative to it. An absolute
-    destination counts when a `gpuctl_workdir` directory is among its parents (the node's home is
-    not known here; protecting a path that is elsewhere costs only that it is not copied)."""
+    """The destinations (file_mounts, buckets) inside the workdir, relative to it. An absolute (or
+    ~user/) destination counts when a `gpuctl_workdir` directory is among its parents (the node's home
+    is not known here; protecting a path that is elsewhere costs only that it is not copied)."""
     top = workdir.rstrip("/")
     out: list[str] = []
     for dest in dests:
@@ -370,7 +372,7 @@ def nested_destinations(dests: Iterable[str], workdir: str = "~/" + WORKDIR_NAME
         rel = None
         if path.startswith(top + "/"):
             rel = path[len(top) + 1:]
-        elif path.startswith("/"):
+        elif not path.startswith("~/"):  # absolute, or ~user/...: somebody's home, perhaps the login's
             parts = path.split("/")
             if WORKDIR_NAME in parts[:-1]:
                 rel = "/".join(parts[parts.index(WORKDIR_NAME) + 1:])
