@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpuctl import jobenv
-from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.inventory import Inventory, Node
+from gpuctl.jobplane.gitignore import WorkdirFilter
 
 PROTOCOL = 1
 DEFAULT_FANOUT = 32
