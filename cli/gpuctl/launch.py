@@ -29,14 +29,16 @@ from gpuctl.configplane import fabric, playbooks, prepare
 from gpuctl.console import Reporter
 from gpuctl.errors import JobCancelled, JobFailed, UserError
 from gpuctl.inventory import Inventory, Node
-from gpuctl.jobplane import buckets, client, payload, upload
+from gpuctl.jobplane import buckets, client, gitignore, payload, upload
 from gpuctl.jobplane.buckets import BucketMount
 from gpuctl.jobplane.events import Event, Outcome
+from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.paths import cluster_dir
 from gpuctl.sshkeys import ensure_internal_key
 from gpuctl.state import Registry
 
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL on the other ranks after a failure
+PLACED_FILE = "placed.json"  # file_mount and bucket destinations inside the workdir so far (JobRunner.placed)
 
 
 @dataclass(frozen=True)
@@ -199,19 +201,22 @@ class JobRunner:
                              else f"the job's cloud buckets need {' and '.join(more)}" if more
                              else "gpuctl or the cluster changed")
             mounts = dict(spec.file_mounts) if sync_file_mounts else {}
+            self.record_placed([*mounts, *(b.dest for b in spec.bucket_mounts)])
+            rules = self.workdir_rules(spec)
             items: list[upload.Item] = []
             if spec.workdir is not None or mounts:
                 what = " and ".join(w for w, has in (("workdir", spec.workdir), ("file_mounts", mounts)) if has)
                 with self.reporter.stage(f"Copying the {what} to the head"):
                     try:
                         items = upload.upload(inv.head, workdir=spec.workdir, file_mounts=mounts,
-                                              control_dir=self.control_dir)
+                                              control_dir=self.control_dir, workdir_rules=rules)
                     except upload.UploadError as exc:
                         self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
                         if ssh.host_key_changed(str(exc)):
                             raise UserError(ssh.host_key_error(inv.head)) from None
                         raise JobFailed(f"job {job.job_id}: {exc}") from None
-            body = self._payload(job.job_id, task, spec, job_nodes, fingerprint, items, run_setup, container)
+            body = self._payload(job.job_id, task, spec, job_nodes, fingerprint, items, run_setup, container,
+                                 rules)
             secrets_text = jobenv.secrets_script(spec.secrets)
             for line in buckets.describe(spec.bucket_mounts):
                 self.reporter.info(f"Bucket {line}")
@@ -249,12 +254,13 @@ class JobRunner:
             joblogs.unmark_watching(inv.cluster, job.job_id)
 
     def _payload(self, job_id: int, task: str, spec: JobSpec, job_nodes: Sequence[Node], fingerprint: str,
-                 items: Sequence[upload.Item], run_setup: bool, container: dict | None = None) -> dict:
+                 items: Sequence[upload.Item], run_setup: bool, container: dict | None = None,
+                 rules: WorkdirFilter = WorkdirFilter()) -> dict:
         inv = self.inv
         setup_env = jobenv.setup_env(inv, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs)
         run_env = jobenv.run_env(inv, job_nodes, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs)
         dests = [{"path": i.dest, "dir": i.is_dir,
-                  "rsync_args": list(payload.WORKDIR_RSYNC_ARGS) if i.dest == payload.WORKDIR_DEST else []}
+                  "rsync_args": payload.workdir_rsync_args(rules) if i.dest == payload.WORKDIR_DEST else []}
                  for i in items]
         return payload.build_payload(
             inv, job_id=job_id, fingerprint=fingerprint, job_nodes=len(job_nodes),
@@ -264,6 +270,30 @@ class JobRunner:
             sync=dests, grace=KILL_GRACE_S, container=container,
             buckets=buckets.payload_entries(spec.bucket_mounts),
             storage=buckets.storage_settings(spec.envs, cloud=inv.cloud, region=inv.region))
+
+    # -- what the workdir copy leaves alone ------------------------------------
+    def placed(self) -> list[str]:
+        """Destinations inside the workdir that file_mounts and buckets were given on this cluster so far."""
+        try:
+            return json.loads((self.cdir / PLACED_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return []
+
+    def record_placed(self, dests: Sequence[str]) -> None:
+        """Remember destinations inside the workdir before anything is copied there: `exec` copies the
+        workdir without the task's file_mounts, and must still not delete them."""
+        known = self.placed()
+        more = [d for d in dests if d not in known and gitignore.nested_destinations([d])]
+        if more:
+            (self.cdir / PLACED_FILE).write_text(json.dumps(known + more) + "\n")
+
+    def workdir_rules(self, spec: JobSpec) -> WorkdirFilter:
+        """What the workdir copy leaves out: what git ignores, and the destinations of this job's and
+        every earlier job's file_mounts and buckets that lie inside the workdir."""
+        if spec.workdir is None:
+            return WorkdirFilter()
+        dests = [*self.placed(), *spec.file_mounts, *(b.dest for b in spec.bucket_mounts)]
+        return gitignore.workdir_filter(Path(spec.workdir), gitignore.nested_destinations(dests))
 
     def container_plan(self, spec: JobSpec) -> dict | None:
         """image_id docker:IMAGE: the image, the container's name, the runtime asked for and the

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import threading
 import time
 import uuid
@@ -49,6 +50,8 @@ workdir: ./proj
 file_mounts:
   ~/mounted/a.txt: ./mount-src/a.txt
   {dir_mount}: ./mount-src/dir
+  ~/gpuctl_workdir/data: ./mount-src/dir
+  ~/gpuctl_workdir/conf/settings.txt: ./mount-src/a.txt
 envs:
   E2E_FROM_YAML: from-yaml
   E2E_OVERRIDDEN: yaml-value
@@ -78,6 +81,9 @@ run: |
   echo tick-2
 """.replace("{dump_setup}", DUMP_ENV.format(path="~/e2e/setup-env.json")).replace(
     "{dump_run}", DUMP_ENV.format(path="~/e2e/run-env.json"))
+
+GITIGNORE = "ignored.txt\n*.ckpt\n!keep.ckpt\ndeep/**/creds.json\nspaced.txt   \n\\#hash\n"
+IGNORED = ("ignored.txt", "sub/model.ckpt", "deep/a/b/creds.json", "spaced.txt", "#hash", "x.info")
 
 SETUP_ONLY_NAMES = ("SKYPILOT_SETUP_NODE_RANK", "SKYPILOT_SETUP_NODE_IPS")
 RUN_ONLY_SKYPILOT = ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_GPUS_PER_NODE")
@@ -116,9 +122,14 @@ def _write_project(root: Path, *, name: str, num_nodes: int, gpus: int, dir_moun
     proj = root / "proj"
     (proj / "nested" / "deep").mkdir(parents=True)
     (proj / "sub").mkdir()
-    (proj / ".gitignore").write_text("ignored.txt\n*.ckpt\n")
-    (proj / "ignored.txt").write_text("must not arrive\n")
-    (proj / "sub" / "model.ckpt").write_text("must not arrive either\n")
+    (proj / ".gitignore").write_text(GITIGNORE)
+    for rel in IGNORED:
+        (proj / rel).parent.mkdir(parents=True, exist_ok=True)
+        (proj / rel).write_text("must not arrive\n")
+    (proj / "sub" / "keep.ckpt").write_text("kept by a negation\n")
+    # a git work tree: git itself says what is ignored, .git/info/exclude included
+    subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    (proj / ".git" / "info" / "exclude").write_text("*.info\n")
     (proj / "nested" / "deep" / "file.txt").write_text("nested content\n")
     (proj / "version.txt").write_text("v1\n")
     (proj / "gone-later.txt").write_text("deleted before the re-apply\n")
@@ -324,9 +335,13 @@ def check_synced(job: EnvJob) -> None:
         read = lambda path: job.cluster.read(node, path)  # noqa: E731
         assert read("~/gpuctl_workdir/nested/deep/file.txt") == "nested content\n"
         assert read("~/gpuctl_workdir/version.txt") == "v1\n"
-        assert read("~/gpuctl_workdir/.gitignore") == "ignored.txt\n*.ckpt\n"
-        assert not job.cluster.exists_on(node, "~/gpuctl_workdir/ignored.txt"), node.name
-        assert not job.cluster.exists_on(node, "~/gpuctl_workdir/sub/model.ckpt"), node.name
+        assert read("~/gpuctl_workdir/.gitignore") == GITIGNORE
+        for name in IGNORED:
+            assert not job.cluster.exists_on(node, f"~/gpuctl_workdir/{name}"), (node.name, name)
+        assert not job.cluster.exists_on(node, "~/gpuctl_workdir/.git"), node.name
+        assert read("~/gpuctl_workdir/sub/keep.ckpt") == "kept by a negation\n"
+        assert read("~/gpuctl_workdir/data/top.txt") == "dir mount top\n"
+        assert read("~/gpuctl_workdir/conf/settings.txt") == "single file mount\n"
         assert read("~/mounted/a.txt") == "single file mount\n"
         assert read(f"{job.dir_mount}/top.txt") == "dir mount top\n"
         assert read(f"{job.dir_mount}/inner/deeper.txt") == "dir mount deeper\n"
@@ -410,6 +425,27 @@ def test_reapply_reuses_cluster_resyncs_and_reruns_setup(two: EnvJob):
     assert [len(ids) for ids in run_ids] == [r + 2 for r in runs], "--no-setup did not run the job"
     assert len({ids[-1] for ids in run_ids}) == 1 and run_ids[0][-1] != run_ids[0][-2]
     assert cluster.footprint().sshd == before.sshd
+
+
+def test_exec_keeps_mounts_inside_the_workdir_and_what_jobs_wrote_in_ignored_places(two: EnvJob):
+    """`exec` copies the workdir again without the file_mounts: it must not delete the ones the
+    apply put inside the workdir (a directory and a file in a directory of its own), nor what a job
+    wrote where .gitignore ignores; a file the job left that git would copy goes (the copy mirrors)."""
+    cluster, nodes = two.cluster, two.nodes
+    for node in nodes:
+        cluster.ssh(node, "cd ~/gpuctl_workdir && mkdir -p sub/out && echo mine > sub/out/step9.ckpt "
+                          "&& echo mine > x2.info && echo stray > stray.txt")
+    (two.project / "proj" / "exec-added.txt").write_text("added for exec\n")
+    cluster.gpuctl("exec", cluster.name, "--", "true").check()
+    for node in nodes:
+        read = lambda path: cluster.read(node, path)  # noqa: E731
+        assert read("~/gpuctl_workdir/exec-added.txt") == "added for exec\n"
+        assert read("~/gpuctl_workdir/data/top.txt") == "dir mount top\n"
+        assert read("~/gpuctl_workdir/data/inner/deeper.txt") == "dir mount deeper\n"
+        assert read("~/gpuctl_workdir/conf/settings.txt") == "single file mount\n"
+        assert read("~/gpuctl_workdir/sub/out/step9.ckpt") == "mine\n"
+        assert read("~/gpuctl_workdir/x2.info") == "mine\n"
+        assert not cluster.exists_on(node, "~/gpuctl_workdir/stray.txt"), node.name
 
 
 def test_output_streams_live(two: EnvJob):

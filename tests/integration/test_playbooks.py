@@ -24,6 +24,7 @@ import testhosts
 from gpuctl import ssh, stream
 from gpuctl.configplane import playbooks
 from gpuctl.inventory import Node, write_inventory
+from gpuctl.jobplane import gitignore, payload
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +140,9 @@ def test_stages_end_to_end(cluster: Cluster, capfd: pytest.CaptureFixture[str]) 
     mounts = cluster.base / "mounts"
     _write_tree(mounts, {"data.txt": "data", "dir/inner/f.txt": "f", "dir/g.txt": "g"})
     job = "e2e"
-    ev = extravars(cluster, job, gpuctl_workdir_src=str(src), gpuctl_file_mounts=[
+    rsync_args = payload.workdir_rsync_args(gitignore.workdir_filter(src))
+    ev = extravars(cluster, job, gpuctl_workdir_src=str(src), gpuctl_workdir_rsync_args=rsync_args,
+                   gpuctl_file_mounts=[
         {"src": str(mounts / "data.txt"), "dest": "~/mnt/deep/data.txt"},
         {"src": str(mounts / "dir"), "dest": "/root/abs/dir"},
     ])

@@ -6,6 +6,7 @@ contract, produced by the job layer (launch.py):
 
     gpuctl_job_id          str
     gpuctl_workdir_src     local absolute dir, or None
+    gpuctl_workdir_rsync_args  the workdir's rsync options, payload.workdir_rsync_args(gitignore.workdir_filter(src))
     gpuctl_file_mounts     [{src: local path, dest: "/abs" or "~/..."}]
     gpuctl_setup_env       {NAME: value} common to all nodes in setup (no secrets)
     gpuctl_run_env         {NAME: value} common to all nodes in run (no secrets)

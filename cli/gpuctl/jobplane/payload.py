@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from gpuctl import jobenv
 from gpuctl.inventory import Inventory, Node
+from gpuctl.jobplane.gitignore import WorkdirFilter
 
 PROTOCOL = 1
 DEFAULT_FANOUT = 32
@@ -29,10 +30,10 @@ COPY_FANOUT_ENV = "GPUCTL_COPY_FANOUT"
 WORKDIR_DEST = "~/gpuctl_workdir"
 INTERNAL_KEY_ON_NODE = "~/.ssh/gpuctl_cluster"
 NODE_CONTROL_DIR = "~/.gpuctl/cm"  # made by the prepare play
-# The workdir's rsync rules, on every hop: .gitignore honoured in every directory
-# (SkyPilot: dir-merge,- .gitignore), no .git, files gone locally deleted after
-# the transfer (so the node reads the new .gitignore files first).
-WORKDIR_RSYNC_ARGS = ("--delete-after", "--filter=:- .gitignore", "--exclude=.git")
+# The workdir's rsync options, on every hop: files gone locally deleted once the transfer
+# succeeded, no .git; then the rules of gitignore.WorkdirFilter (git's .gitignore semantics,
+# destinations of other mounts inside the workdir left alone).
+WORKDIR_RSYNC_BASE = ("--delete-after", "--exclude=.git")
 
 # image_id: docker:IMAGE -- setup and run in one container per node (agent.py, "containers").
 CONTAINER_RUNTIME_ENV = "GPUCTL_CONTAINER_RUNTIME"  # docker | podman | an absolute path to one; unset: either
@@ -169,12 +170,17 @@ def container_plan(image: str, cluster: str, mounts: Sequence[str], runtime: str
     return {"image": image, "name": f"gpuctl-{cluster}", "runtime": runtime, "mounts": list(dict.fromkeys(mounts))}
 
 
-def sync_destinations(has_workdir: bool, file_mounts: Mapping[str, str], mount_is_dir: Mapping[str, bool]
-                      ) -> list[dict[str, Any]]:
+def workdir_rsync_args(rules: WorkdirFilter) -> list[str]:
+    """The workdir's rsync options on every hop (the controller's adds git's own list: upload.py)."""
+    return [*WORKDIR_RSYNC_BASE, *rules.rsync_args()]
+
+
+def sync_destinations(has_workdir: bool, file_mounts: Mapping[str, str], mount_is_dir: Mapping[str, bool],
+                      rules: WorkdirFilter = WorkdirFilter()) -> list[dict[str, Any]]:
     """What the head copies on to the workers once it holds it: workdir first, then file_mounts."""
     out: list[dict[str, Any]] = []
     if has_workdir:
-        out.append({"path": WORKDIR_DEST, "dir": True, "rsync_args": list(WORKDIR_RSYNC_ARGS)})
+        out.append({"path": WORKDIR_DEST, "dir": True, "rsync_args": workdir_rsync_args(rules)})
     for dest in file_mounts:
         out.append({"path": dest, "dir": bool(mount_is_dir[dest]), "rsync_args": []})
     return out

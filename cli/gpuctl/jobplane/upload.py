@@ -2,11 +2,14 @@
 
 Bytes leave the controller once whatever the cluster size: the head's agent
 copies them on to the workers (agent.py, `sync`). The workdir keeps its
-rsync rules (payload.WORKDIR_RSYNC_ARGS) on this hop too.
+rsync rules (payload.workdir_rsync_args) on this hop too, and on this hop
+only also leaves out every path git itself reports ignored (gitignore.py),
+read by rsync from its stdin: what leaves this machine is git's answer.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -15,7 +18,8 @@ from typing import Mapping
 
 from gpuctl import ssh
 from gpuctl.inventory import Node
-from gpuctl.jobplane.payload import WORKDIR_DEST, WORKDIR_RSYNC_ARGS
+from gpuctl.jobplane.gitignore import WorkdirFilter
+from gpuctl.jobplane.payload import WORKDIR_DEST, workdir_rsync_args
 
 CLAIM_EXCLUDE = "--exclude=/.gpuctl-claim-*"
 # rsync's quick check compares whole seconds: a same-size edit within the second of the
@@ -55,18 +59,29 @@ def rsync_argv(head: Node, item: Item, control_dir: Path, extra: tuple[str, ...]
             "-e", rsh, "--", src, dst]
 
 
+def workdir_args(rules: WorkdirFilter) -> tuple[tuple[str, ...], bytes | None]:
+    """(rsync's options, its stdin) for the workdir: git's own list of ignored paths first, NUL-separated
+    on stdin (any file name, and no argv length limit), then the rules every hop applies."""
+    if not rules.ignored:
+        return tuple(workdir_rsync_args(rules)), None
+    listed = b"".join(os.fsencode(p) + b"\0" for p in rules.ignored)
+    return ("--from0", "--exclude-from=-", *workdir_rsync_args(rules)), listed
+
+
 def upload(head: Node, *, workdir: Path | None, file_mounts: Mapping[str, Path], control_dir: Path,
-           timeout: float = 3600) -> list[Item]:
+           timeout: float = 3600, workdir_rules: WorkdirFilter | None = None) -> list[Item]:
     """Copy the workdir and file_mounts to the head; the items copied, in payload order."""
-    items: list[tuple[Item, tuple[str, ...]]] = []
+    items: list[tuple[Item, tuple[str, ...], bytes | None]] = []
     if workdir is not None:
-        items.append((Item(Path(workdir), WORKDIR_DEST, True), WORKDIR_RSYNC_ARGS))
+        items.append((Item(Path(workdir), WORKDIR_DEST, True), *workdir_args(workdir_rules or WorkdirFilter())))
     for dest, src in file_mounts.items():
-        items.append((Item(Path(src).expanduser(), dest, Path(src).expanduser().is_dir()), ()))
-    for item, extra in items:
+        items.append((Item(Path(src).expanduser(), dest, Path(src).expanduser().is_dir()), (), None))
+    for item, extra, stdin in items:
         argv = rsync_argv(head, item, control_dir, extra)
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        feed = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout, **feed)
         if proc.returncode != 0:
-            why = (proc.stderr.strip().splitlines() or [f"rsync exit code {proc.returncode}"])[-1]
+            err = proc.stderr.decode("utf-8", "replace")
+            why = (err.strip().splitlines() or [f"rsync exit code {proc.returncode}"])[-1]
             raise UploadError(f"copying {item.src} to the head ({head.ssh_host}:{item.dest}) failed: {why}")
-    return [i for i, _ in items]
+    return [i for i, _, _ in items]
