@@ -365,14 +365,13 @@ def _private_tmp() -> Path:
 def _load_task(path: Path) -> Task:
     """The task YAML as `gpuctl apply` reads it; envs and secrets left null take their
     value from this process's environment when it has one (as `--env NAME` / `--secret NAME`)."""
-    import yaml
-
     from gpuctl.spec import load_task
+    from gpuctl.yamlfile import load_yaml
 
     overrides: dict[str, dict[str, str]] = {"envs": {}, "secrets": {}}
     try:
-        raw = yaml.safe_load(path.expanduser().read_text())
-    except (OSError, yaml.YAMLError):
+        raw = load_yaml(path.expanduser(), what="task YAML file")  # bounded: a YAML bomb is refused here too
+    except UserError:
         raw = None  # load_task says what is wrong with the file
     if isinstance(raw, dict):
         for section, values in overrides.items():
