@@ -154,6 +154,7 @@ class Cluster:
         """Provision the cluster (or reuse it); run the task's setup and copy its file_mounts."""
         from gpuctl import provision
         from gpuctl.cluster import check_cluster_name
+        from gpuctl.taskchecks import check_task
 
         if self._name is not None:
             check_cluster_name(self._name)
@@ -181,6 +182,7 @@ class Cluster:
         if task.container_image:
             raise UserError(f"{self.task_path}: image_id docker:...: the Python API does not run functions in a "
                             "container yet; use `gpuctl apply` for this task")
+        check_task(task, req)  # what `gpuctl apply` refuses before anything is made, refused here too
         self.created = self.registry.cluster(req.name) is None and not provision.cluster_exists(req.name)
         self.inventory = lifecycle.bring_up(req, reporter=self.reporter, registry=self.registry,
                                             workdir=task.workdir, container_image=None)
