@@ -938,8 +938,9 @@ def _compose(text: str, source: str) -> tuple[Any, dict[_Path, int], dict[_Path,
         return key
 
     def build(node: yaml.Node, path: _Path, written: bool) -> Any:
-        written = written and id(node) not in built
+        first = id(node) not in built
         built.add(id(node))
+        written = written and first
         if isinstance(node, yaml.ScalarNode):
             value = loader.construct_object(node, deep=True)
             if node.style is None and value is not None and not isinstance(value, str):
@@ -953,7 +954,8 @@ def _compose(text: str, source: str) -> tuple[Any, dict[_Path, int], dict[_Path,
                 items.append(build(item, path + (str(index),), written))
             return items
         first_seen: dict[str, int] = {}
-        for key_node, _ in node.value:
+        # Once: an alias to this mapping finds it flattened, its merged keys beside its own.
+        for key_node, _ in node.value if first else ():
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue  # `<<: *base` keys may be overridden; only repeats of written keys are errors
             name = str(key_of(key_node))

@@ -168,3 +168,13 @@ def test_cli_json_error_document(tmp_path: Path, command: str, case: str) -> Non
     doc = json.loads(proc.stdout)
     assert doc["ok"] is False and doc["exit_code"] == 2 and CASES[case][1] in doc["error"]
     assert not (state / "clusters").exists() or not any((state / "clusters").iterdir())
+
+
+def test_an_alias_to_a_mapping_with_merge_keys_is_no_duplicate(tmp_path: Path) -> None:
+    from gpuctl.spec import load_task
+
+    path = tmp_path / "task.yaml"
+    path.write_text("envs: &common {A: '1', B: '2'}\nsecrets: &s {<<: *common, A: '3'}\n"
+                    "config: {copy: *s}\nrun: echo hi\n")
+    task = load_task(path)
+    assert task.secrets == {"A": "3", "B": "2"} and task.config == {"copy": {"A": "3", "B": "2"}}
