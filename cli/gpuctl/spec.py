@@ -973,7 +973,7 @@ def _compose(text: str, source: str) -> tuple[Any, dict[_Path, int], dict[_Path,
         return mapping
 
     try:
-        with constructing(source):
+        with constructing(loader):
             root = compose_bounded(loader)
             if root is None:
                 return None, lines, texts

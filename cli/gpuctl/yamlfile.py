@@ -65,6 +65,11 @@ class BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self.source = source
         self._depth = 0
+        self.last_node: yaml.Node | None = None  # the innermost node being constructed: where a value failed
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        self.last_node = node
+        return super().construct_object(node, deep=deep)
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         self._depth += 1
@@ -136,17 +141,19 @@ def compose_bounded(loader: BoundedLoader) -> yaml.Node | None:
 
 
 @contextmanager
-def constructing(source: str) -> Iterator[None]:
-    """What YAML's constructors raise besides YAMLError, as one line: an integer of
-    thousands of digits, a date such as 2024-13-45, exhausted stack or memory."""
+def constructing(loader: BoundedLoader) -> Iterator[None]:
+    """What YAML's constructors raise besides YAMLError, as one line naming the file and the
+    value's line: an integer of thousands of digits, a date such as 2024-13-45, or (should
+    the bounds ever let one through) an exhausted stack or memory."""
     try:
         yield
     except (ValueError, OverflowError) as exc:
-        raise UserError(f"{source}: a value YAML cannot read ({_short(exc)}); quote it to make it a string") from None
+        where = _at(loader.source, loader.last_node.start_mark if loader.last_node is not None else None)
+        raise UserError(f"{where}: a value YAML cannot read ({_short(exc)}); quote it to make it a string") from None
     except RecursionError:
-        raise UserError(f"{source}: nested too deeply to read; flatten the file") from None
+        raise UserError(f"{loader.source}: nested too deeply to read; flatten the file") from None
     except MemoryError:
-        raise UserError(f"{source}: too large to read in memory; make the file smaller") from None
+        raise UserError(f"{loader.source}: too large to read in memory; make the file smaller") from None
 
 
 def _short(exc: BaseException) -> str:
@@ -161,7 +168,7 @@ def load_yaml(path: Path, *, what: str) -> Any:
     check_printable(text, str(path))
     loader = BoundedLoader(text, str(path))
     try:
-        with constructing(str(path)):
+        with constructing(loader):
             root = compose_bounded(loader)
             return None if root is None else loader.construct_document(root)
     except yaml.YAMLError as exc:
