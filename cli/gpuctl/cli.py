@@ -122,11 +122,17 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
              output_format: str = OutputOption) -> None:
     """Check a cluster.yaml as apply would, offline: nothing is provisioned or contacted."""
     from gpuctl.catalog import resolve_instance_type
+    from gpuctl.taskchecks import check_task, ssh_reach_problem
 
     as_json = wants_json(output_format)
     task = _load(file, env, secret, require_values=False, infra=infra)
     req = _request(task, file, cluster=None, infra=infra, num_nodes=None)
+    check_task(task, req)  # every refusal of apply that needs no node and no cloud call
     warnings = _warn(task, req)
+    reach = ssh_reach_problem(task, req)
+    if reach is not None:
+        typer.echo(f"warning: {reach}", err=True)
+        warnings.append(reach)
     parts = [f"{req.num_nodes} node(s) on {req.cloud}"]
     instance_type = None
     if req.cloud == "aws":
@@ -167,11 +173,13 @@ def apply(
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
     from gpuctl import provision
+    from gpuctl.taskchecks import check_task
 
     as_json = wants_json(output_format)
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     task = _load(file, env, secret, infra=infra)
     req = _request(task, file, cluster=cluster, infra=infra, num_nodes=num_nodes)
+    check_task(task, req)  # as validate does, before anything is written or provisioned
     _warn(task, req)
     if dry_run:
         summary = provision.plan(req)
@@ -643,9 +651,9 @@ def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear d
     lifecycle.adopt(name, registry)
     if registry.cluster(name) is None and not provision.cluster_exists(name):
         raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
-    lifecycle.tear_down(name, reporter=reporter, registry=registry)
-    if as_json:
-        output.emit("down", {"ok": True, "cluster": name, "destroyed": True})
+    destroyed = lifecycle.tear_down(name, reporter=reporter, registry=registry)
+    if as_json:  # destroyed: false when the record had nothing provisioned behind it
+        output.emit("down", {"ok": True, "cluster": name, "destroyed": destroyed})
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -90,21 +90,34 @@ def publish(name: str, registry: Registry) -> None:
 
 def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, workdir: Path | None = None,
              container_image: str | None = None) -> Inventory:
-    """Provision (or reuse: Terraform changes nothing) the cluster `req` describes; its inventory."""
+    """Provision (or reuse: Terraform changes nothing) the cluster `req` describes; its inventory.
+
+    The registry's INIT row is written only once the request passed every check and
+    the provider's preflight (provision's `on_start`): a refused request leaves the
+    registry as it was, with no cluster that never existed.
+    """
     from gpuctl import (
         provision,  # Terraform and the providers: only for commands that provision
     )
 
     shared = {"state": registry.remote.where(req.name)} if registry.remote is not None else {}
+    provision.check_request(req)  # before the lock: a bad request waits for nothing
+    started = False
+
+    def record_start(prepared: ClusterRequest) -> None:
+        nonlocal started
+        registry.upsert_cluster(req.name, cloud=req.cloud, region=prepared.region, zone=prepared.zone,
+                                num_nodes=req.num_nodes, status="INIT", request={**asdict(req), **shared})
+        started = True
+
     with _changing(req.name, "gpuctl apply", reporter, registry), \
             reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'"):
-        registry.upsert_cluster(req.name, cloud=req.cloud, region=req.region, zone=req.zone,
-                                num_nodes=req.num_nodes, status="INIT", request={**asdict(req), **shared})
         try:
-            inv = provision.provision(req, on_progress=reporter.info)
+            inv = provision.provision(req, on_progress=reporter.info, on_start=record_start)
         except BaseException:
-            publish(req.name, registry)  # a half-made cluster: the next runner can still take it down
-            registry.set_cluster_status(req.name, "INIT")
+            if started:
+                publish(req.name, registry)  # a half-made cluster: the next runner can still take it down
+                registry.set_cluster_status(req.name, "INIT")
             raise
         publish(req.name, registry)
         registry.upsert_cluster(req.name, cloud=req.cloud, region=inv.region, zone=inv.zone,
@@ -119,20 +132,35 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
     return inv
 
 
-def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> None:
-    """terraform destroy the cluster and forget it (its jobs too)."""
+def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> bool:
+    """terraform destroy the cluster and forget it (its jobs too); whether there was anything to destroy.
+
+    A record with no cluster directory behind it (an apply stopped before anything
+    was made, or a row an older gpuctl left INIT or STOPPING) has nothing to
+    destroy: it is forgotten, so no such row stays for good.
+    """
     from gpuctl import provision
 
     with _changing(name, "gpuctl down", reporter, registry), reporter.stage(f"Tearing down cluster '{name}'"):
+        if not provision.cluster_exists(name):
+            _forget(name, registry)
+            reporter.info(f"Cluster '{name}' had nothing provisioned; its record is removed.")
+            return False
         registry.set_cluster_status(name, "STOPPING")
         provision.destroy(name)
-        if registry.remote is not None:
-            from gpuctl.remotestate import sync
-
-            sync.delete_cluster(registry.remote.store, name)
-        registry.remove_jobs(name)
-        registry.remove_cluster(name)
+        _forget(name, registry)
     reporter.info(f"Cluster '{name}' is gone.")
+    return True
+
+
+def _forget(name: str, registry: Registry) -> None:
+    """Drop a cluster's record and jobs, here and in the state bucket."""
+    if registry.remote is not None:
+        from gpuctl.remotestate import sync
+
+        sync.delete_cluster(registry.remote.store, name)
+    registry.remove_jobs(name)
+    registry.remove_cluster(name)
 
 
 def write_ssh_config(inv: Inventory) -> Path:

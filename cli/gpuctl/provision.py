@@ -45,6 +45,10 @@ def _quiet(message: str) -> None:
     return None
 
 
+def _no_start(req: ClusterRequest) -> None:
+    return None
+
+
 # -- where things are ----------------------------------------------------------
 
 
@@ -115,17 +119,33 @@ def _check_same_cloud(cdir: Path, req: ClusterRequest) -> None:
 # -- provision -----------------------------------------------------------------
 
 
-def provision(req: ClusterRequest, *, on_progress: Progress = _quiet) -> Inventory:
+def check_request(req: ClusterRequest) -> None:
+    """Every refusal of `req` that needs no cloud call and changes nothing: the name, the
+    cloud of an existing cluster of that name, the provider's own checks (node count...),
+    and for infra ssh the inventory. `gpuctl validate` runs it; so does apply, first."""
+    check_cluster_name(req.name)
+    _check_same_cloud(cluster_dir(req.name), req)
+    if req.cloud == "ssh":
+        _checked_ssh_inventory(req)
+    else:
+        get_provider(req.cloud).check(req)
+
+
+def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
+              on_start: Callable[[ClusterRequest], None] = _no_start) -> Inventory:
     """Create or update the cluster so it matches `req`; return its inventory.
 
     Re-applying the same request changes nothing; a changed num_nodes adds or
-    removes nodes (ranks of the nodes that stay are kept).
+    removes nodes (ranks of the nodes that stay are kept). `on_start` is called
+    with the prepared request once every check and the provider's preflight
+    passed, just before the first change to the cluster: a refusal before it
+    left nothing to record.
     """
     check_cluster_name(req.name)
     cdir = cluster_dir(req.name)
     _check_same_cloud(cdir, req)
     if req.cloud == "ssh":
-        return _adopt_existing_hosts(req, cdir, on_progress)
+        return _adopt_existing_hosts(req, cdir, on_progress, on_start)
 
     provider = get_provider(req.cloud)
     remote = remotestate.current()
@@ -143,6 +163,7 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet) -> Invento
         if created:  # nothing was provisioned: leave no half-made cluster behind
             shutil.rmtree(cdir, ignore_errors=True)
         raise
+    on_start(req)
     _write_request(cdir, req)
     on_progress(f"terraform init ({root.workdir})")
     root.init()
@@ -195,8 +216,10 @@ def root_config(provider: Provider, req: ClusterRequest, cdir: Path, public_key:
                                     req.name, remote)
 
 
-def _adopt_existing_hosts(req: ClusterRequest, cdir: Path, on_progress: Progress) -> Inventory:
+def _adopt_existing_hosts(req: ClusterRequest, cdir: Path, on_progress: Progress,
+                          on_start: Callable[[ClusterRequest], None]) -> Inventory:
     inv = _checked_ssh_inventory(req)
+    on_start(req)
     cdir.mkdir(parents=True, exist_ok=True)
     _write_request(cdir, req)
     path = write_inventory(inv, cdir / INVENTORY_FILE)

@@ -63,7 +63,7 @@ from gpuctl.errors import UserError
 from gpuctl.jobplane.buckets import MODES as BUCKET_MODES
 from gpuctl.jobplane.buckets import BucketMount
 from gpuctl.infra import WHAT_IS_SUPPORTED, Infra, UnsupportedInfra, infra_from_legacy, parse_infra
-from gpuctl.yamlfile import check_printable, read_text
+from gpuctl.yamlfile import BoundedLoader, check_printable, compose_bounded, constructing, read_text
 
 __all__ = ["ENV_NAME_RE", "Resources", "Task", "load_task", "parse_env_assignments"]
 
@@ -914,13 +914,19 @@ _Path = tuple[str, ...]
 
 
 def _compose(text: str, source: str) -> tuple[Any, dict[_Path, int], dict[_Path, str]]:
-    """Parse `text`; return the data, the line of every key/item (by dotted path),
-    and the written text of every plain non-string scalar (for envs values)."""
+    """Parse `text`; return the data, the line of every key/item as written (by dotted
+    path), and the written text of every plain non-string scalar (for envs values).
+
+    The document is composed within yamlfile's bounds (depth, alias expansion), so
+    building it recurses at most MAX_DEPTH deep. What an alias or merge key brings
+    in gets no lines of its own (it is found at the line of the field that uses
+    it), so the line map grows with the file, not with the expansion.
+    """
     check_printable(text, source)
-    loader = yaml.SafeLoader(text)
+    loader = BoundedLoader(text, source)
     lines: dict[_Path, int] = {(): 1}
     texts: dict[_Path, str] = {}
-    active: set[int] = set()
+    built: set[int] = set()  # nodes already built once: a second visit is through an alias
 
     def line(node: yaml.Node) -> int:
         return node.start_mark.line + 1
@@ -931,47 +937,48 @@ def _compose(text: str, source: str) -> tuple[Any, dict[_Path, int], dict[_Path,
             raise UserError(f"{source}:{line(node)}: a key must be a plain name, not {_kind(key)}")
         return key
 
-    def build(node: yaml.Node, path: _Path) -> Any:
+    def build(node: yaml.Node, path: _Path, written: bool) -> Any:
+        first = id(node) not in built
+        built.add(id(node))
+        written = written and first
         if isinstance(node, yaml.ScalarNode):
             value = loader.construct_object(node, deep=True)
             if node.style is None and value is not None and not isinstance(value, str):
                 texts[path] = node.value
             return value
-        if id(node) in active:
-            raise UserError(f"{source}:{line(node)}: a YAML alias refers to itself")
-        active.add(id(node))
-        try:
-            if isinstance(node, yaml.SequenceNode):
-                items = []
-                for index, item in enumerate(node.value):
+        if isinstance(node, yaml.SequenceNode):
+            items = []
+            for index, item in enumerate(node.value):
+                if written and id(item) not in built:  # an alias item's mark is its anchor's line
                     lines[path + (str(index),)] = line(item)
-                    items.append(build(item, path + (str(index),)))
-                return items
-            first_seen: dict[str, int] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # `<<: *base` keys may be overridden; only repeats of written keys are errors
-                name = str(key_of(key_node))
-                if name in first_seen:
-                    raise UserError(f"{source}:{line(key_node)}: {'.'.join(path + (name,))}: duplicate key "
-                                    f"(first on line {first_seen[name]}); give each field once")
-                first_seen[name] = line(key_node)
-            loader.flatten_mapping(node)
-            mapping: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                key = key_of(key_node)
+                items.append(build(item, path + (str(index),), written))
+            return items
+        first_seen: dict[str, int] = {}
+        # Once: an alias to this mapping finds it flattened, its merged keys beside its own.
+        for key_node, _ in node.value if first else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` keys may be overridden; only repeats of written keys are errors
+            name = str(key_of(key_node))
+            if name in first_seen:
+                raise UserError(f"{source}:{line(key_node)}: {'.'.join(path + (name,))}: duplicate key "
+                                f"(first on line {first_seen[name]}); give each field once")
+            first_seen[name] = line(key_node)
+        loader.flatten_mapping(node)
+        mapping: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = key_of(key_node)
+            if written and str(key) in first_seen:  # merged-in keys are the anchor's, not written here
                 lines[path + (str(key),)] = line(key_node)
-                mapping[key] = build(value_node, path + (str(key),))
-            return mapping
-        finally:
-            active.discard(id(node))
+            mapping[key] = build(value_node, path + (str(key),), written)
+        return mapping
 
     try:
-        root = loader.get_single_node()
-        if root is None:
-            return None, lines, texts
-        lines[()] = line(root)
-        return build(root, ()), lines, texts
+        with constructing(loader):
+            root = compose_bounded(loader)
+            if root is None:
+                return None, lines, texts
+            lines[()] = line(root)
+            return build(root, (), True), lines, texts
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source

@@ -32,6 +32,8 @@ import pytest
 import yaml
 from mototest import CapacityShortage, MotoServer, fake_aws_env, isolated_aws_env
 
+from gpuctl.state import Registry
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -269,6 +271,7 @@ def test_preflight_errors_are_one_line_and_create_nothing(
     assert "Traceback" not in out.stdout + out.stderr
     assert_nothing_created(moto)
     assert not list((_isolated_state / "clusters").glob("*/terraform/terraform.tfstate"))
+    assert Registry(remote=None).clusters() == []  # refused in preflight: no INIT row for `status` to show
 
 
 def test_p5_with_ssh_cidrs_gets_a_bastion_whose_ami_moto_lacks(tmp_path: Path, moto: MotoServer,

@@ -3,6 +3,7 @@ or file, exit code 2, no traceback, and nothing provisioned."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -118,3 +119,85 @@ def test_shared_state_errors_are_one_line(tmp_path: Path, _isolated_state: Path)
         proc = gpuctl("apply", "cluster.yaml", cwd=tmp_path, env_extra=env)
     assert_user_error(proc, "state bucket 'no-such-state-bucket' does not exist", "GPUCTL_STATE_BUCKET")
     assert_nothing_provisioned(_isolated_state)
+
+
+# validate runs every refusal of apply that needs no node and no cloud call: the same line from both,
+# and apply's comes before anything is written (no registry row, no cluster directory).
+SAME_REFUSAL = {
+    "local-a-billion-nodes": ("num_nodes: 1000000000\n" + GOOD_RUN, "num_nodes 1000000000: infra local supports 1 to 253"),
+    "local-254-nodes": ("num_nodes: 254\nresources: {infra: local}\n" + GOOD_RUN, "num_nodes 254: infra local"),
+    "aws-name-too-long": ("name: " + "n" * 33 + "\nresources: {infra: aws/us-east-1, instance_type: g5.xlarge}\n"
+                          + GOOD_RUN, "AWS clusters take at most 32 characters"),
+    "aws-no-type-for-gpus": ("resources: {infra: aws/us-east-1, accelerators: 'A100:3'}\n" + GOOD_RUN, "A100:3"),
+    "bucket-mount-in-workdir": ("file_mounts:\n  ~/gpuctl_workdir/data:\n    source: s3://victim\n    mode: MOUNT\n"
+                                + GOOD_RUN, "gpuctl_workdir"),
+    "bucket-cached-mount-on-workdir": ("file_mounts:\n  ~/gpuctl_workdir:\n    source: s3://victim/p\n"
+                                       "    mode: MOUNT_CACHED\n" + GOOD_RUN, "gpuctl_workdir"),
+    "bucket-credentials-in-envs": ("envs:\n  AWS_SECRET_ACCESS_KEY: abc\nfile_mounts:\n  /data:\n    source: s3://data-bucket\n"
+                                   "    mode: COPY\n" + GOOD_RUN, "take AWS credentials from secrets"),
+    "ssh-inventory-too-small": ("num_nodes: 3\nresources: {infra: ssh/inv.yml}\n" + GOOD_RUN,
+                                "lists 2 host(s) but num_nodes is 3"),
+    "ssh-inventory-missing": ("resources: {infra: ssh/none.yml}\n" + GOOD_RUN, "none.yml"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SAME_REFUSAL))
+def test_validate_refuses_what_apply_refuses(case: str, tmp_path: Path, _isolated_state: Path):
+    text, fragment = SAME_REFUSAL[case]
+    (tmp_path / "cluster.yaml").write_text(text)
+    (tmp_path / "inv.yml").write_text("all:\n  hosts:\n    a: {ansible_host: 10.9.0.1}\n    b: {ansible_host: 10.9.0.2}\n")
+    validated = gpuctl("validate", "cluster.yaml", cwd=tmp_path)
+    applied = gpuctl("apply", "cluster.yaml", cwd=tmp_path)
+    assert_user_error(validated, fragment)
+    assert_user_error(applied, fragment)
+    assert validated.stderr == applied.stderr
+    assert_nothing_provisioned(_isolated_state)
+    assert gpuctl("status", cwd=tmp_path).stdout.strip() == "No clusters."
+
+
+def test_validate_refuses_a_container_runtime_apply_refuses(tmp_path: Path, _isolated_state: Path):
+    (tmp_path / "cluster.yaml").write_text("resources:\n  image_id: docker:ubuntu:22.04\n" + GOOD_RUN)
+    env = {"GPUCTL_CONTAINER_RUNTIME": "lxc"}
+    validated = gpuctl("validate", "cluster.yaml", cwd=tmp_path, env_extra=env)
+    applied = gpuctl("apply", "cluster.yaml", cwd=tmp_path, env_extra=env)
+    assert_user_error(validated, "GPUCTL_CONTAINER_RUNTIME=lxc")
+    assert validated.stderr == applied.stderr
+    assert_nothing_provisioned(_isolated_state)
+
+
+def test_validate_refuses_a_name_taken_on_another_cloud(tmp_path: Path, _isolated_state: Path):
+    (_isolated_state / "clusters" / "t").mkdir(parents=True)
+    (_isolated_state / "clusters" / "t" / "cluster.json").write_text('{"name": "t", "cloud": "aws"}\n')
+    (tmp_path / "cluster.yaml").write_text("name: t\n" + GOOD_RUN)
+    validated = gpuctl("validate", "cluster.yaml", cwd=tmp_path)
+    assert_user_error(validated, "cluster 't' already exists on aws")
+    assert validated.stderr == gpuctl("apply", "cluster.yaml", cwd=tmp_path).stderr
+
+
+@pytest.mark.parametrize("nodes", ["1000000000", "300"])
+def test_refused_apply_leaves_no_cluster_behind(nodes: str, tmp_path: Path, _isolated_state: Path):
+    """The refusal comes before the registry row: status shows nothing, and down knows no such cluster."""
+    (tmp_path / "cluster.yaml").write_text("name: big\n" + GOOD_RUN)
+    assert_user_error(gpuctl("apply", "cluster.yaml", "--num-nodes", nodes, "-o", "json", cwd=tmp_path),
+                      "infra local supports 1 to 253")
+    status = gpuctl("status", "-o", "json", cwd=tmp_path)
+    assert status.returncode == 0 and json.loads(status.stdout)["clusters"] == []
+    assert_user_error(gpuctl("down", "big", cwd=tmp_path), "cluster 'big' not found")
+    assert_nothing_provisioned(_isolated_state)
+
+
+@pytest.mark.parametrize("left", ["INIT", "STOPPING"])
+def test_down_forgets_a_record_with_nothing_provisioned(left: str, tmp_path: Path, _isolated_state: Path):
+    """A row an older gpuctl left behind (or an apply killed before it made anything) is removed, exit 0."""
+    from gpuctl.state import Registry
+
+    registry = Registry(remote=None)
+    registry.upsert_cluster("ghost", cloud="local", region=None, zone=None, num_nodes=1_000_000_000, status=left,
+                            request={"name": "ghost"})
+    proc = gpuctl("down", "ghost", "-o", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["ok"], doc["cluster"], doc["destroyed"]) == (True, "ghost", False)
+    assert "nothing provisioned" in proc.stderr
+    assert registry.cluster("ghost") is None
+    assert gpuctl("status", cwd=tmp_path).stdout.strip() == "No clusters."

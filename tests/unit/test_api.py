@@ -352,6 +352,16 @@ def test_cluster_refuses_bad_arguments():
         Cluster(name="nosuch").up()
 
 
+@pytest.mark.parametrize("nodes", [254, 10**9])
+def test_cluster_beyond_the_provider_leaves_no_record(nodes: int):
+    from gpuctl.paths import cluster_dir
+    from gpuctl.state import Registry
+
+    with pytest.raises(UserError, match="infra local supports 1 to 253"):
+        Cluster(name="big", infra="local", num_nodes=nodes).up()
+    assert Registry(remote=None).cluster("big") is None and not cluster_dir("big").exists()
+
+
 def test_operators_need_a_call_and_a_cluster():
     @gpuctl.function
     def f(x):

@@ -110,6 +110,60 @@ def test_second_holder_fails_naming_the_first_and_only_the_owner_releases(store:
     assert read_lock(store, "c1") is None and waits == []
 
 
+def _race_before_delete(store: S3Store, monkeypatch: pytest.MonkeyPatch, key: str, other: dict) -> list[int]:
+    """Make the next delete of `key` lose a race: just before S3 receives it, another runner
+    force-unlocks and takes the lock (`other`). The list counts the deletes S3 received."""
+    real_delete = store.client.delete_object
+    seen: list[int] = []
+
+    def racing_delete(**kwargs: object) -> object:
+        if kwargs.get("Key") == key and not seen:
+            real_delete(Bucket=BUCKET, Key=key)
+            assert store.put(key, json.dumps(other).encode(), only_if_absent=True)
+        seen.append(1)
+        return real_delete(**kwargs)
+
+    monkeypatch.setattr(store.client, "delete_object", racing_delete)
+    return seen
+
+
+@pytest.mark.parametrize("command", ["gpuctl apply", "gpuctl down"])
+def test_release_never_removes_a_lock_taken_after_a_force_unlock(store: S3Store, monkeypatch: pytest.MonkeyPatch,
+                                                                 command: str) -> None:
+    key = store.key("locks", "c1.json")
+    other = {"who": "ci@runner-9", "token": "theirs"}
+    with cluster_lock(store, "c1", command=command, on_wait=print):
+        seen = _race_before_delete(store, monkeypatch, key, other)
+    assert seen and read_lock(store, "c1") == other  # the release was sent, conditional on our ETag
+
+
+def test_force_unlock_names_the_lock_it_removes_when_it_changed_hands(store: S3Store,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    key = store.key("locks", "c1.json")
+    assert store.put(key, json.dumps({"who": "dead@runner-1", "token": "a"}).encode(), only_if_absent=True)
+    other = {"who": "live@runner-2", "token": "b"}
+    _race_before_delete(store, monkeypatch, key, other)
+    assert break_lock(store, "c1") == other and read_lock(store, "c1") is None
+
+
+def test_release_on_a_store_without_conditional_deletes_compares_first(store: S3Store,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3-compatible stores that answer If-Match on DeleteObject with NotImplemented still release."""
+    from botocore.exceptions import ClientError
+
+    real_delete = store.client.delete_object
+
+    def no_conditional_delete(**kwargs: object) -> object:
+        if "IfMatch" in kwargs:
+            raise ClientError({"Error": {"Code": "NotImplemented"}}, "DeleteObject")
+        return real_delete(**kwargs)
+
+    monkeypatch.setattr(store.client, "delete_object", no_conditional_delete)
+    with cluster_lock(store, "c1", command="gpuctl apply", on_wait=print):
+        pass
+    assert read_lock(store, "c1") is None
+
+
 # -- the cluster directory --------------------------------------------------------------
 
 

@@ -154,6 +154,7 @@ class Cluster:
         """Provision the cluster (or reuse it); run the task's setup and copy its file_mounts."""
         from gpuctl import provision
         from gpuctl.cluster import check_cluster_name
+        from gpuctl.taskchecks import check_task
 
         if self._name is not None:
             check_cluster_name(self._name)
@@ -181,6 +182,7 @@ class Cluster:
         if task.container_image:
             raise UserError(f"{self.task_path}: image_id docker:...: the Python API does not run functions in a "
                             "container yet; use `gpuctl apply` for this task")
+        check_task(task, req)  # what `gpuctl apply` refuses before anything is made, refused here too
         self.created = self.registry.cluster(req.name) is None and not provision.cluster_exists(req.name)
         self.inventory = lifecycle.bring_up(req, reporter=self.reporter, registry=self.registry,
                                             workdir=task.workdir, container_image=None)
@@ -365,14 +367,13 @@ def _private_tmp() -> Path:
 def _load_task(path: Path) -> Task:
     """The task YAML as `gpuctl apply` reads it; envs and secrets left null take their
     value from this process's environment when it has one (as `--env NAME` / `--secret NAME`)."""
-    import yaml
-
     from gpuctl.spec import load_task
+    from gpuctl.yamlfile import load_yaml
 
     overrides: dict[str, dict[str, str]] = {"envs": {}, "secrets": {}}
     try:
-        raw = yaml.safe_load(path.expanduser().read_text())
-    except (OSError, yaml.YAMLError):
+        raw = load_yaml(path.expanduser(), what="task YAML file")  # bounded: a YAML bomb is refused here too
+    except UserError:
         raw = None  # load_task says what is wrong with the file
     if isinstance(raw, dict):
         for section, values in overrides.items():

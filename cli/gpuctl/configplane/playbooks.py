@@ -50,6 +50,7 @@ import yaml
 
 from gpuctl import ssh
 from gpuctl.paths import ansible_dir
+from gpuctl.yamlfile import load_yaml
 
 PLAYBOOKS = ("prepare", "wait", "sync", "setup", "env", "run", "kill")
 MAX_FORKS = 256
@@ -121,7 +122,7 @@ def playbook_path(name: str) -> Path:
 
 def inventory_ranks(inventory: Path) -> dict[str, int | None]:
     """Host name -> gpuctl_rank from an Ansible YAML inventory (any group nesting)."""
-    data = yaml.safe_load(Path(inventory).read_text()) or {}
+    data = load_yaml(Path(inventory), what="Ansible inventory") or {}
     ranks: dict[str, int | None] = {}
 
     def walk(group: Mapping[str, Any]) -> None:

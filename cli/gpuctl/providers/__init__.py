@@ -41,6 +41,10 @@ class Provider(Protocol):
         """The packaged Terraform module this provider calls."""
         ...
 
+    def check(self, req: ClusterRequest) -> None:
+        """Refuse (UserError) what needs no cloud call to know: node count, name length, type..."""
+        ...
+
     def prepare(self, req: ClusterRequest) -> ClusterRequest:
         """Preflight before rendering (quota, zone choice...); may return an adjusted request."""
         ...
@@ -51,7 +55,7 @@ class Provider(Protocol):
 
 
 class BaseProvider:
-    """Defaults for providers: identity `prepare`, no-op `cleanup`, module dir by name."""
+    """Defaults for providers: no-op `check`, `prepare` that only checks, no-op `cleanup`, module dir by name."""
 
     name = ""
     module_name = ""  # directory under terraform/modules/
@@ -62,7 +66,13 @@ class BaseProvider:
             raise FileNotFoundError(f"gpuctl installation is missing terraform/modules/{self.module_name}")
         return path
 
+    def check(self, req: ClusterRequest) -> None:
+        """`gpuctl validate` and `apply` run it before anything is written; prepare runs it again
+        for the callers (the Python API, --dry-run) that come straight to provision."""
+        return None
+
     def prepare(self, req: ClusterRequest) -> ClusterRequest:
+        self.check(req)
         return req
 
     def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
+from gpuctl.catalog import resolve_instance_type
 from gpuctl.cluster import X_REMOTE_IDENTITY, ClusterRequest
 from gpuctl.config import CIDRS_ENV, AwsSettings, aws_settings, config_path, instance_profile
 from gpuctl.errors import ProvisionError, UserError
@@ -309,13 +310,18 @@ class AwsProvider(BaseProvider):
         """Given settings, else the config file and environment as they are now."""
         return self._settings if self._settings is not None else aws_settings()
 
-    def prepare(self, req: ClusterRequest) -> ClusterRequest:
-        """Preflight (credentials, region, type, zone, EFA); UserError on the first problem."""
+    def check(self, req: ClusterRequest) -> None:
+        """What is wrong before any AWS call: the name's length, remote_identity, the instance type."""
         if len(req.name) > MODULE_NAME_MAX:
             raise UserError(
                 f"cluster name '{req.name}': AWS clusters take at most {MODULE_NAME_MAX} characters; pass a shorter -c NAME"
             )
-        node_identity(req, self.settings)  # a bad remote_identity: one line before any AWS call
+        node_identity(req, self.settings)
+        resolve_instance_type(req.instance_type, req.accelerator, req.gpus_per_node, req.cpus, req.memory)
+
+    def prepare(self, req: ClusterRequest) -> ClusterRequest:
+        """Preflight (credentials, region, type, zone, EFA); UserError on the first problem."""
+        self.check(req)
         pinned = PINNED_BY_INFRA if req.zone else "0"
         zones = node_zones_in_state(state_file_of(req.name))
         if zones:

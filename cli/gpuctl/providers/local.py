@@ -39,6 +39,7 @@ from typing import Any, Iterator, Sequence
 
 from gpuctl.cluster import ClusterRequest
 from gpuctl.errors import ProvisionError, UserError
+from gpuctl.paths import cluster_dir as cluster_dir_of
 from gpuctl.providers import BaseProvider, render_root
 
 MODE_ENV = "GPUCTL_LOCAL_MODE"
@@ -347,17 +348,15 @@ class LocalProvider(BaseProvider):
     name = "local"
     module_name = "local-nodes"
 
-    def prepare(self, req: ClusterRequest) -> ClusterRequest:
+    def check(self, req: ClusterRequest) -> None:
         if not 1 <= req.num_nodes <= MAX_NODES:
             raise UserError(f"num_nodes {req.num_nodes}: infra local supports 1 to {MAX_NODES} nodes")
-        return req
+        _check_state_dir(nodes_dir(cluster_dir_of(req.name).resolve()))
 
     def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
         cluster_dir = Path(cluster_dir).resolve()
         state_dir = nodes_dir(cluster_dir)
-        if not _SAFE_PATH.fullmatch(str(state_dir)):
-            raise UserError(f"{state_dir}: local nodes need a state directory path made of letters, digits and "
-                            "._+@- only; set GPUCTL_STATE_DIR to such a directory")
+        _check_state_dir(state_dir)
         alloc = allocate(cluster_dir, num_nodes=req.num_nodes)
         inputs: dict[str, Any] = {
             "name": req.name,
@@ -389,6 +388,13 @@ class LocalProvider(BaseProvider):
         if bridge_env.exists():
             _run_script(scripts / "bridge.sh", "down", _read_env(bridge_env))
         release(cluster_dir)
+
+
+def _check_state_dir(state_dir: Path) -> None:
+    """The node scripts take the path unquoted in places: only a plain path is safe."""
+    if not _SAFE_PATH.fullmatch(str(state_dir)):
+        raise UserError(f"{state_dir}: local nodes need a state directory path made of letters, digits and "
+                        "._+@- only; set GPUCTL_STATE_DIR to such a directory")
 
 
 def _read_env(path: Path) -> dict[str, str]:

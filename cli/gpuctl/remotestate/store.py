@@ -54,21 +54,32 @@ class S3Store:
         return {"ServerSideEncryption": "AES256"}
 
     def get(self, key: str) -> bytes | None:
+        found = self.get_tagged(key)
+        return None if found is None else found[0]
+
+    def get_tagged(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag (what a conditional delete names), or None when absent."""
         try:
-            return self._call("read", key, lambda: self.client.get_object(Bucket=self.settings.bucket,
-                                                                          Key=key)["Body"].read())
+            reply = self._call("read", key, lambda: self.client.get_object(Bucket=self.settings.bucket, Key=key))
+            return reply["Body"].read(), str(reply.get("ETag", ""))
         except _Missing:
             return None
 
     def put(self, key: str, data: bytes, *, only_if_absent: bool = False) -> bool:
         """Write `key`; with only_if_absent, False when it already exists (nothing written)."""
-        extra = {"IfNoneMatch": "*"} if only_if_absent else {}
-        try:
-            self._call("write", key, lambda: self.client.put_object(
-                Bucket=self.settings.bucket, Key=key, Body=data, **self._encryption(), **extra))
-        except _Exists:
-            return False
+        if only_if_absent:
+            return self.put_new(key, data) is not None
+        self.put_etag(key, data)
         return True
+
+    def put_new(self, key: str, data: bytes) -> str | None:
+        """Write `key` only if it does not exist (If-None-Match); the new object's ETag, else None."""
+        try:
+            reply = self._call("write", key, lambda: self.client.put_object(
+                Bucket=self.settings.bucket, Key=key, Body=data, IfNoneMatch="*", **self._encryption()))
+        except _Exists:
+            return None
+        return str(reply.get("ETag", ""))
 
     def put_etag(self, key: str, data: bytes) -> str:
         """Write `key`; the ETag the store gave the new object."""
@@ -81,6 +92,21 @@ class S3Store:
             self._call("delete", key, lambda: self.client.delete_object(Bucket=self.settings.bucket, Key=key))
         except _Missing:
             pass
+
+    def delete_if(self, key: str, etag: str) -> bool:
+        """Delete `key` only while its ETag is `etag` (If-Match: S3's conditional delete), in one
+        request, so an object replaced meanwhile is never removed; False when it changed or is gone."""
+        try:
+            self._call("delete", key, lambda: self.client.delete_object(Bucket=self.settings.bucket, Key=key,
+                                                                        IfMatch=etag))
+        except (_Missing, _Exists):
+            return False
+        except _Unsupported:  # an S3-compatible store without conditional deletes: compare, then delete
+            current = self.get_tagged(key)
+            if current is None or current[1] != etag:
+                return False
+            self.delete(key)
+        return True
 
     def list(self, prefix: str) -> dict[str, str]:
         """key -> ETag of every object under `prefix` (a folder: ends with /)."""
@@ -107,6 +133,8 @@ class S3Store:
                 raise _Missing() from None
             if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
                 raise _Exists() from None
+            if code in ("NotImplemented", "501"):
+                raise _Unsupported() from None
             if code == "NoSuchBucket":
                 raise UserError(f"state bucket '{self.settings.bucket}' does not exist (state.bucket / "
                                 f"{ENV['bucket']}); create it, with versioning on, or fix the name") from None
@@ -126,6 +154,10 @@ class _Missing(Exception):
 
 
 class _Exists(Exception):
+    pass
+
+
+class _Unsupported(Exception):
     pass
 
 
@@ -150,15 +182,16 @@ def cluster_lock(store: S3Store, name: str, *, command: str, on_wait: Callable[[
                  timeout: float | None = None) -> Iterator[None]:
     """Hold `locks/<name>.json` in the state bucket for the block; wait up to `timeout` seconds for it.
 
-    Released only if it still holds our token (a `force-unlock` by someone else is not undone).
+    Released only if the lock object is still the one we wrote (its ETag), so a
+    `force-unlock` and another runner's lock taken since are not undone.
     """
     key = store.key("locks", f"{name}.json")
-    token = secrets.token_hex(8)
+    token = secrets.token_hex(8)  # makes each hold's object, so its ETag, unique
     body = json.dumps(_me(command, token)).encode()
     wait = store.settings.lock_timeout if timeout is None else timeout
     deadline = time.monotonic() + wait
     said = False
-    while not store.put(key, body, only_if_absent=True):
+    while (etag := store.put_new(key, body)) is None:
         holder = _read_lock(store, key)
         if holder is None:
             continue  # released between our write and our read: try again
@@ -173,20 +206,27 @@ def cluster_lock(store: S3Store, name: str, *, command: str, on_wait: Callable[[
     try:
         yield
     finally:
-        current = _read_lock(store, key)
-        if current is not None and current.get("token") == token:
-            store.delete(key)
+        # Conditional on the ETag of our own write: a force-unlock followed by another
+        # runner's lock (between a read and a delete, with a read-then-delete) stays.
+        store.delete_if(key, etag)
 
 
 def _read_lock(store: S3Store, key: str) -> dict[str, Any] | None:
-    data = store.get(key)
-    if data is None:
+    found = _read_tagged_lock(store, key)
+    return None if found is None else found[0]
+
+
+def _read_tagged_lock(store: S3Store, key: str) -> tuple[dict[str, Any], str] | None:
+    """The lock's holder and its object's ETag, or None when unlocked."""
+    found = store.get_tagged(key)
+    if found is None:
         return None
+    data, etag = found
     try:
         holder = json.loads(data)
     except ValueError:
-        return {"who": "an unreadable lock object"}
-    return holder if isinstance(holder, dict) else {"who": "an unreadable lock object"}
+        return {"who": "an unreadable lock object"}, etag
+    return (holder if isinstance(holder, dict) else {"who": "an unreadable lock object"}), etag
 
 
 def read_lock(store: S3Store, name: str) -> dict[str, Any] | None:
@@ -194,9 +234,16 @@ def read_lock(store: S3Store, name: str) -> dict[str, Any] | None:
 
 
 def break_lock(store: S3Store, name: str) -> dict[str, Any] | None:
-    """Remove the cluster's lock (force-unlock); the holder it had, or None."""
+    """Remove the cluster's lock (force-unlock); the holder it had, or None.
+
+    The delete names the ETag of the lock just read: if it changed hands in between,
+    the new lock is read and named instead of being removed under the old name.
+    """
     key = store.key("locks", f"{name}.json")
-    holder = _read_lock(store, key)
-    if holder is not None:
-        store.delete(key)
-    return holder
+    while True:
+        found = _read_tagged_lock(store, key)
+        if found is None:
+            return None
+        holder, etag = found
+        if store.delete_if(key, etag):
+            return holder
