@@ -214,13 +214,63 @@ def test_node_without_rclone_runs_nothing(node_home: Path, fake_bin: Path, monke
     assert not (node_home / "ran").exists() and not (node_home / "set").exists()
 
 
+@pytest.mark.parametrize("link,target,dest,mode,says", [
+    ("keys", ".ssh", "~/keys/authorized_keys", "COPY", "is in ~/.ssh"),
+    ("keys", ".ssh", "~/keys", "MOUNT", "is in ~/.ssh"),
+    ("tools", ".gpuctl/bin", "~/tools/gpuctl-node", "COPY", "is in ~/.gpuctl"),
+    ("wd", "gpuctl_workdir", "~/wd", "MOUNT", "would cover ~/gpuctl_workdir"),
+    ("wd", "gpuctl_workdir", "~/wd/out", "MOUNT_CACHED", "would cover ~/gpuctl_workdir"),
+    ("up", "..", "~/up", "MOUNT", "would cover ~,"),  # the home's parent holds the home
+    ("sys", "/etc", "~/sys", "COPY", "is /etc,"),
+])
+def test_the_node_refuses_reserved_places_behind_symlinks(node_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           link: str, target: str, dest: str, mode: str, says: str):
+    (node_home / ".ssh").mkdir()
+    (node_home / "gpuctl_workdir").mkdir()
+    (node_home / link).symlink_to(target)
+    monkeypatch.setenv("HOME", str(node_home))
+    why = agent.bucket_dest_problem(dest, mode)
+    assert why is not None and says in why and f"{dest} (here " in why, why
+
+
+def test_the_node_refuses_a_mount_at_a_workdir_that_is_a_symlink(node_home: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch):
+    elsewhere = tmp_path / "scratch" / "code"
+    elsewhere.mkdir(parents=True)
+    (node_home / "gpuctl_workdir").symlink_to(elsewhere)
+    monkeypatch.setenv("HOME", str(node_home))
+    for dest in (str(elsewhere), str(elsewhere.parent), str(elsewhere) + "/ckpt"):
+        assert "would cover ~/gpuctl_workdir" in (agent.bucket_dest_problem(dest, "MOUNT") or ""), dest
+    assert agent.bucket_dest_problem(str(elsewhere) + "/ckpt", "COPY") is None
+    assert agent.bucket_dest_problem("~/data", "MOUNT") is None
+    assert agent.bucket_dest_problem(str(tmp_path / "scratch" / "other"), "MOUNT_CACHED") is None
+
+
+def test_a_reserved_destination_stops_the_job_before_anything_is_fetched(node_home: Path, fake_bin: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    (node_home / "gpuctl_workdir").mkdir()
+    (node_home / "wd").symlink_to("gpuctl_workdir")
+    mounts = [BucketMount(dest="~/data", bucket="b", prefix="ds", mode="COPY"),
+              BucketMount(dest="~/wd", bucket="victim", mode="MOUNT")]
+    body = payload("23", "touch ~/ran", setup="touch ~/set", buckets=buckets.payload_entries(mounts),
+                   storage={"endpoint": "http://10.0.0.1:9000", "region": None})
+    events, outcome, log = run_with(node_home, fake_bin, body, SECRETS, monkeypatch)
+    assert outcome is not None and outcome.status == "FAILED", events
+    assert outcome.detail == (f"head: file_mounts.~/wd: a MOUNT at ~/wd (here {node_home}/gpuctl_workdir) would "
+                              "cover ~/gpuctl_workdir, which gpuctl rewrites on every job (the workdir copy would "
+                              "delete through the mount into the bucket); mount it elsewhere, such as /data or "
+                              "~/data"), outcome.detail
+    assert log == ""  # rclone never ran: nothing listed, copied or mounted
+    assert not (node_home / "ran").exists() and not (node_home / "set").exists() and not (node_home / "data").exists()
+
+
 # -- the controller's side ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("mount,envs,says", [
     (BucketMount("~/gpuctl_workdir/ckpt", "b"), {}, "would cover ~/gpuctl_workdir"),
-    (BucketMount("~/", "b", mode="MOUNT_CACHED"), {}, "cannot cover the whole home"),
-    (BucketMount("~/.gpuctl/x", "b"), {}, "would cover ~/.gpuctl"),
+    (BucketMount("~/", "b", mode="MOUNT_CACHED"), {}, "~/ is the home"),
+    (BucketMount("~/.gpuctl/x", "b"), {}, "is in ~/.gpuctl"),
     (BucketMount("/data", "b", mode="COPY"), {"AWS_SECRET_ACCESS_KEY": "x"}, "envs.AWS_SECRET_ACCESS_KEY: bucket"),
     (BucketMount("/data", "b"), {"AWS_ENDPOINT_URL": "minio:9000"}, "envs.AWS_ENDPOINT_URL 'minio:9000'"),
 ])

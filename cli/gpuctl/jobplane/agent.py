@@ -1090,6 +1090,70 @@ def bucket_tools_problem(buckets, which=shutil.which, exists=os.path.exists):
                                               "it" if len(missing) == 1 else "them"))
 
 
+# Where no bucket may land on this node, its symlinks resolved (nodepaths.py on the
+# controller checks every spelling with the same lists; a test keeps them equal):
+# anything in RESERVED_TREES, any of RESERVED_DIRS itself, and for a mount the
+# home, the workdir or a reserved tree in it or below it.
+WORKDIR = "~/gpuctl_workdir"
+RESERVED_TREES = (
+    "~/.ssh", "~/.gpuctl",
+    "/etc/ssh", "/etc/sudoers", "/etc/sudoers.d", "/etc/pam.d", "/etc/passwd", "/etc/shadow", "/etc/group",
+    "/etc/gshadow", "/etc/fuse.conf",
+    "/proc", "/sys", "/dev", "/run", "/var/run", "/boot",
+)
+RESERVED_DIRS = (
+    "/", "~", "/bin", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt", "/opt", "/root",
+    "/sbin", "/srv", "/tmp", "/usr", "/var", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib64", "/usr/local",
+    "/usr/local/bin", "/usr/share", "/var/lib", "/var/log", "/var/tmp",
+)
+
+
+def real_path(path):
+    """`path` (absolute or ~/...) with the home expanded and every symlink that exists resolved."""
+    return os.path.realpath(dest_paths(path)[0])
+
+
+def path_within(path, top):
+    """Whether real `path` is `top` or below it."""
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def bucket_dest_problem(dest, mode):
+    """Why a bucket may not be copied (COPY) or mounted at `dest` on this node, once the
+    home is expanded and symlinks resolved (a link to ~/.ssh, a workdir that is a link);
+    None when it may."""
+    path = real_path(dest)
+    shown = dest if path == os.path.normpath(dest_paths(dest)[0]) else "%s (here %s)" % (dest, path)
+    for top in RESERVED_TREES:
+        if path_within(path, real_path(top)):
+            return ("%s is in %s, which gpuctl or the system needs on every node; choose another destination, "
+                    "such as /data or ~/data" % (shown, top))
+    for top in RESERVED_DIRS:
+        if path == real_path(top):
+            return ("%s is %s, which the system or gpuctl needs as it is; give a directory of its own, such as "
+                    "/data or ~/data" % (shown, {"~": "the home", "/": "the filesystem root"}.get(top, top)))
+    if mode == "COPY":
+        return None
+    for top in ("~", WORKDIR) + RESERVED_TREES:
+        real = real_path(top)
+        if path_within(real, path) or (top == WORKDIR and path_within(path, real)):
+            return ("a %s at %s would cover %s, which gpuctl %s; mount it elsewhere, such as /data or ~/data"
+                    % (mode, shown, top, "rewrites on every job (the workdir copy would delete through the "
+                                         "mount into the bucket)" if top == WORKDIR else "or the system needs"))
+    return None
+
+
+def bucket_node_problem(buckets):
+    """Why this node cannot take the job's buckets (a tool missing, a destination gpuctl or
+    the system needs), or None: checked before anything is copied or mounted."""
+    problem = bucket_tools_problem(buckets)
+    if problem:
+        return problem
+    found = [bucket_dest_problem(b["dest"], b.get("mode")) for b in buckets or ()]
+    found = [("file_mounts.%s: %s" % (b["dest"], why)) for b, why in zip(buckets or (), found) if why]
+    return found[0] if found else None
+
+
 def rclone_error(text):
     """What failed, from rclone's log lines: the last error, without its timestamp, with a hint."""
     lines = [_LOG_STAMP_RE.sub("", line).strip() for line in (text or "").splitlines()]
@@ -1295,6 +1359,10 @@ class NodeBuckets(object):
 
     def start(self):
         """Free and claim the COPY destinations (before the nodes below hear of it), start the work."""
+        why = bucket_node_problem(self.buckets)  # again: the workdir copy ran since the check
+        if why:
+            self.errors.append(why)
+            return
         try:
             for i, b in enumerate(self.buckets):
                 if b.get("mode") != "COPY":
@@ -1482,7 +1550,7 @@ class Relay(object):
         first = stages.get("setup") or stages.get("run")
         if first and first.get("hostfile") is not None:
             self.write_hostfile(first)
-        problem = self.prepare_container() or bucket_tools_problem(self.payload.get("buckets"))
+        problem = self.prepare_container() or bucket_node_problem(self.payload.get("buckets"))
         if problem:  # nothing can run here: the job ends before anything runs anywhere
             self.emit(ev("H", self.rank, "problem", problem))
             return False
