@@ -45,6 +45,7 @@ pytestmark = [
 NAME = "bk2"
 MOD = f"bk{uuid.uuid4().hex[:8]}"
 SHARED = Path(f"/tmp/{MOD}-shared")  # every netns node sees this machine's /tmp
+OPEN = Path(f"/tmp/{MOD}-open")  # a MOUNT where every local user can walk
 DATA = "gpuctl-data"
 CKPT = f"ckpt-{MOD}"  # made by the job (name: without source:)
 SECRET_ID = f"AKID{MOD.upper()}"
@@ -139,6 +140,7 @@ def bk(tmp_path_factory: pytest.TempPathFactory):
         if moto is not None:
             moto.stop()
         shutil.rmtree(SHARED, ignore_errors=True)
+        shutil.rmtree(OPEN, ignore_errors=True)
 
 
 def one_error_line(res: Result) -> str:
@@ -180,6 +182,24 @@ def test_copy_lands_before_setup_and_run_writes_into_the_mount(bk: BK):
     task_id = re.search(r"^Job \d+ running \((\S+)\)", res.stdout, re.M).group(1)  # type: ignore[union-attr]
     want = {"rank0.txt": f"{task_id}\n".encode(), "rank1.txt": f"{task_id}\n".encode()}
     assert bk.wait_for_keys(CKPT, want) == want  # the bucket name: made was created, and run's files are in it
+
+
+def test_a_mount_is_the_job_users_alone(bk: BK):
+    """Another local user (`nobody`) can neither list, read, write nor delete through a MOUNT
+    in a directory everyone reaches; the job's user can (--allow-other alone let anyone in)."""
+    nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups"
+    checks = {"list": f"ls {OPEN}", "read": f"cat {OPEN}/sub/b.txt", "write": f"echo x > {OPEN}/planted.txt",
+              "delete": f"rm {OPEN}/a.txt", "mkdir": f"mkdir {OPEN}/sub/new"}
+    run = f"cat {OPEN}/a.txt; " + " ".join(f"{nobody} sh -c '{cmd}' >/dev/null 2>&1 && echo {name}=allowed "
+                                            f"|| echo {name}=refused;" for name, cmd in checks.items())
+    res = bk.apply(task(bk.endpoint, f"  {OPEN}:\n    source: s3://{DATA}/ds\n    mode: MOUNT\n", run=run),
+                   "--no-setup").check()
+    lines = res.stdout.splitlines()
+    for n in bk.cluster.nodes():
+        assert f"({n.name}, rank={n.rank}) alpha" in lines, res.describe()
+        for name in checks:
+            assert f"({n.name}, rank={n.rank}) {name}=refused" in lines, res.describe()
+    assert set(bk.keys(DATA)) == {"ds/a.txt", "ds/sub/b.txt", "one/file.txt"}
 
 
 def test_credentials_only_in_rclones_environment(bk: BK):

@@ -6,6 +6,8 @@ side (buckets.py: refusals, payload entries, storage settings; prepare's feature
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -76,6 +78,36 @@ def test_no_argv_carries_a_credential():
     assert mount[mount.index("--vfs-cache-mode") + 1] == "writes" and "--allow-other" not in mount
     assert cached[cached.index("--vfs-cache-mode") + 1] == "full" and "--allow-other" in cached
     assert mount[mount.index("--cache-dir") + 1] == "/h/.gpuctl/mounts/k.cache"
+
+
+def option(argv: list, name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_a_mount_is_the_job_users_alone():
+    """Every file the user's, 0600 in 0700 directories, and the kernel checks those modes whenever
+    FUSE would let other users in (--allow-other alone let `nobody` read, write and delete)."""
+    opened = agent.rclone_mount_argv(BUCKET, "/data", "/h/k", (), True, uid=1001, gid=1002)
+    closed = agent.rclone_mount_argv(BUCKET, "/data", "/h/k", (), False)
+    for argv in (opened, closed):
+        assert option(argv, "--umask") == "0077"
+        assert "--allow-other" not in argv or "--default-permissions" in argv
+    assert (option(opened, "--uid"), option(opened, "--gid")) == ("1001", "1002")
+    assert (option(closed, "--uid"), option(closed, "--gid")) == (str(os.getuid()), str(os.getgid()))
+    assert "--allow-other" not in closed
+
+
+def test_a_mount_opened_to_everyone_is_not_reused():
+    """A mount an older agent made (its identity without the access) differs from today's."""
+    env, _ = agent.rclone_env(STORAGE, SECRETS, {})
+    creds = hashlib.sha256("\0".join(env.get(n, "") for n in agent.BUCKET_CREDENTIALS).encode()).hexdigest()
+    before = {"bucket": "b", "prefix": "ds/train", "mode": "MOUNT", "endpoint": STORAGE["endpoint"],
+              "region": STORAGE["region"], "creds": creds}
+    older = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    assert agent.mount_ident(BUCKET, STORAGE, env) != older
+    before["access"] = agent.MOUNT_ACCESS
+    assert agent.mount_ident(BUCKET, STORAGE, env) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()
+                                                                     ).hexdigest()
 
 
 def test_tools_problem_names_what_is_missing():

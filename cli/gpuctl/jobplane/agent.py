@@ -1005,6 +1005,9 @@ BUCKET_CACHE = {"MOUNT": ("writes", "0s"), "MOUNT_CACHED": ("full", "5s")}
 RCLONE_NET = ["--contimeout", "15s", "--timeout", "60s", "--low-level-retries", "3"]
 BUCKET_CHECK_TIMEOUT = 120  # seconds for one listing or mkdir on the head
 MOUNT_READY_S = 60  # seconds a new mount may take to appear
+# Who may reach a mount (rclone_mount_argv); part of its identity, so that a mount an
+# older agent opened to every user is mounted again, not reused.
+MOUNT_ACCESS = "owner-0600"
 _SECRET_RE = re.compile(r"^export ([A-Za-z_][A-Za-z0-9_]*)='((?:[^']|'\"'\"')*)'$", re.M)
 _LOG_STAMP_RE = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\s+")
 
@@ -1058,18 +1061,27 @@ def rclone_copy_argv(bucket, path, kind, extra=()):
 
 
 def fuse_allow_other():
-    """Whether the mount may let other users in (root, or user_allow_other in /etc/fuse.conf):
-    a container's root reads the mount then too."""
+    """Whether FUSE lets this user open the mount to others (root, or user_allow_other in
+    /etc/fuse.conf); rclone_mount_argv then lets the kernel check the files' modes instead."""
     return os.geteuid() == 0 or bool(re.search(r"^\s*user_allow_other\b", read_text("/etc/fuse.conf") or "", re.M))
 
 
-def rclone_mount_argv(bucket, path, base, extra=(), allow_other=False):
-    """Mount a bucket (prefix) at `path` as a daemon; `base` is MOUNTS_DIR/KEY (its log and cache)."""
+def rclone_mount_argv(bucket, path, base, extra=(), allow_other=False, uid=None, gid=None):
+    """Mount a bucket (prefix) at `path` as a daemon; `base` is MOUNTS_DIR/KEY (its log and cache).
+
+    Only the job's user reaches the data: every file is theirs, 0600 (directories 0700), and
+    the kernel checks those modes (--default-permissions); without it, --allow-other would let
+    every local user read, write and delete through the mount whatever the listing shows.
+    Where FUSE allows it (`allow_other`), root passes too (a container's root, or the runtime's
+    daemon binding the path into one); elsewhere FUSE itself keeps everyone else out.
+    """
     cache, write_back = BUCKET_CACHE[bucket["mode"]]
+    owner = ["--uid", str(os.getuid() if uid is None else uid), "--gid", str(os.getgid() if gid is None else gid),
+             "--umask", "0077"]
     return (["rclone", "mount", rclone_remote(bucket["bucket"], bucket.get("prefix")), path, "--daemon",
              "--vfs-cache-mode", cache, "--vfs-write-back", write_back, "--cache-dir", base + ".cache",
-             "--log-file", base + ".log", "--log-level", "NOTICE"]
-            + (["--allow-other"] if allow_other else []) + RCLONE_NET + list(extra))
+             "--log-file", base + ".log", "--log-level", "NOTICE"] + owner
+            + (["--allow-other", "--default-permissions"] if allow_other else []) + RCLONE_NET + list(extra))
 
 
 def bucket_tools_problem(buckets, which=shutil.which, exists=os.path.exists):
@@ -1275,7 +1287,8 @@ def mount_ident(bucket, storage, env):
     """What makes two mounts the same; the credentials enter only as a hash."""
     creds = hashlib.sha256("\0".join(env.get(n, "") for n in BUCKET_CREDENTIALS).encode()).hexdigest()
     what = {"bucket": bucket["bucket"], "prefix": (bucket.get("prefix") or "").strip("/"), "mode": bucket["mode"],
-            "endpoint": (storage or {}).get("endpoint"), "region": (storage or {}).get("region"), "creds": creds}
+            "endpoint": (storage or {}).get("endpoint"), "region": (storage or {}).get("region"), "creds": creds,
+            "access": MOUNT_ACCESS}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
