@@ -13,7 +13,11 @@ before setup (agent.py, "buckets"), with rclone:
   node's disk, writes uploaded in the background).
 
 Mounts outlive the job: the next job finds the same mount and reuses it, a
-dead one is mounted again. Credentials never travel in the payload, an argv
+dead one is mounted again. So does each mount's `rclone mount` daemon, and with
+it the job's AWS_* secrets in its environment (readable by the node user and
+root only: /proc/PID/environ) until the mount is replaced, dies or `down` runs:
+it needs them to keep serving reads and to upload what MOUNT_CACHED still holds.
+A mount is the node user's alone (agent.py, rclone_mount_argv). Credentials never travel in the payload, an argv
 or a log: rclone takes AWS's own chain (`env_auth`), that is the node's
 instance profile, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
 AWS_SESSION_TOKEN given under the task's `secrets:`, which reach the node on
