@@ -261,7 +261,7 @@ def test_the_node_refuses_reserved_places_behind_symlinks(node_home: Path, monke
     (node_home / "gpuctl_workdir").mkdir()
     (node_home / link).symlink_to(target)
     monkeypatch.setenv("HOME", str(node_home))
-    why = agent.bucket_dest_problem(dest, mode)
+    why = agent.dest_problem(dest, mode)
     assert why is not None and says in why and f"{dest} (here " in why, why
 
 
@@ -272,10 +272,10 @@ def test_the_node_refuses_a_mount_at_a_workdir_that_is_a_symlink(node_home: Path
     (node_home / "gpuctl_workdir").symlink_to(elsewhere)
     monkeypatch.setenv("HOME", str(node_home))
     for dest in (str(elsewhere), str(elsewhere.parent), str(elsewhere) + "/ckpt"):
-        assert "would cover ~/gpuctl_workdir" in (agent.bucket_dest_problem(dest, "MOUNT") or ""), dest
-    assert agent.bucket_dest_problem(str(elsewhere) + "/ckpt", "COPY") is None
-    assert agent.bucket_dest_problem("~/data", "MOUNT") is None
-    assert agent.bucket_dest_problem(str(tmp_path / "scratch" / "other"), "MOUNT_CACHED") is None
+        assert "would cover ~/gpuctl_workdir" in (agent.dest_problem(dest, "MOUNT") or ""), dest
+    assert agent.dest_problem(str(elsewhere) + "/ckpt", "COPY") is None
+    assert agent.dest_problem("~/data", "MOUNT") is None
+    assert agent.dest_problem(str(tmp_path / "scratch" / "other"), "MOUNT_CACHED") is None
 
 
 def test_a_reserved_destination_stops_the_job_before_anything_is_fetched(node_home: Path, fake_bin: Path,
@@ -294,6 +294,34 @@ def test_a_reserved_destination_stops_the_job_before_anything_is_fetched(node_ho
                               "~/data"), outcome.detail
     assert log == ""  # rclone never ran: nothing listed, copied or mounted
     assert not (node_home / "ran").exists() and not (node_home / "set").exists() and not (node_home / "data").exists()
+
+
+@pytest.mark.parametrize("link,target,sync,field", [
+    ("keys", ".ssh", {"path": "~/keys/authorized_keys", "dir": False}, "file_mounts.~/keys/authorized_keys"),
+    ("gpuctl_workdir", ".gpuctl", {"path": "~/gpuctl_workdir", "dir": True}, "workdir"),
+])
+def test_a_copy_through_a_symlink_into_a_reserved_place_runs_nothing(node_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      link: str, target: str, sync: dict, field: str):
+    (node_home / ".ssh").mkdir()
+    (node_home / ".ssh" / "authorized_keys").write_text("ssh-ed25519 KEEP\n")
+    (node_home / link).symlink_to(target)
+    body = payload("24", "touch ~/ran", setup="touch ~/set", sync=[sync])
+    events, outcome, _ = submit(node_home, body)
+    assert outcome is not None and outcome.status == "FAILED", events
+    assert outcome.detail.startswith(f"head: {field}: {sync['path']} (here {node_home}/"), outcome.detail
+    assert "which gpuctl or the system needs on every node" in outcome.detail
+    assert (node_home / ".ssh" / "authorized_keys").read_text() == "ssh-ed25519 KEEP\n"
+    assert not (node_home / "ran").exists() and not (node_home / "set").exists()
+
+
+def test_gpuctls_own_call_files_still_reach_the_node(node_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """The Python API copies its call files to ~/.gpuctl/calls (api/cluster.py), which the spec
+    refuses to file_mounts; the node lets gpuctl's own copy through, and nothing else in ~/.gpuctl."""
+    monkeypatch.setenv("HOME", str(node_home))
+    assert agent.dest_problem("~/.gpuctl/calls/0123abcd.pkl", "COPY") is None
+    for dest, mode in (("~/.gpuctl/calls", "COPY"), ("~/.gpuctl/calls/../bin/gpuctl-node", "COPY"),
+                       ("~/.gpuctl/calls/x", "MOUNT")):
+        assert "is in ~/.gpuctl" in (agent.dest_problem(dest, mode) or ""), dest
 
 
 # -- the controller's side ---------------------------------------------------------------

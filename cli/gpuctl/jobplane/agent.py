@@ -1102,10 +1102,10 @@ def bucket_tools_problem(buckets, which=shutil.which, exists=os.path.exists):
                                               "it" if len(missing) == 1 else "them"))
 
 
-# Where no bucket may land on this node, its symlinks resolved (nodepaths.py on the
+# Where no copy or bucket may land on this node, its symlinks resolved (nodepaths.py on the
 # controller checks every spelling with the same lists; a test keeps them equal):
-# anything in RESERVED_TREES, any of RESERVED_DIRS itself, and for a mount the
-# home, the workdir or a reserved tree in it or below it.
+# anything in RESERVED_TREES, any of RESERVED_DIRS itself; and no mount may hold
+# the home, the workdir or a reserved tree, nor be in the workdir.
 WORKDIR = "~/gpuctl_workdir"
 RESERVED_TREES = (
     "~/.ssh", "~/.gpuctl",
@@ -1120,6 +1120,11 @@ RESERVED_DIRS = (
 )
 
 
+# Where gpuctl itself copies into a reserved tree (the Python API's call files; the spec
+# refuses these places to file_mounts, so only gpuctl's own JobSpecs name them).
+GPUCTL_COPIES = ("~/.gpuctl/calls",)
+
+
 def real_path(path):
     """`path` (absolute or ~/...) with the home expanded and every symlink that exists resolved."""
     return os.path.realpath(dest_paths(path)[0])
@@ -1130,11 +1135,13 @@ def path_within(path, top):
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def bucket_dest_problem(dest, mode):
-    """Why a bucket may not be copied (COPY) or mounted at `dest` on this node, once the
-    home is expanded and symlinks resolved (a link to ~/.ssh, a workdir that is a link);
-    None when it may."""
+def dest_problem(dest, mode):
+    """Why nothing may be copied (COPY: the workdir, a file_mount, a bucket) or mounted at
+    `dest` on this node, once the home is expanded and symlinks resolved (a link to ~/.ssh,
+    a workdir that is a link); None when it may."""
     path = real_path(dest)
+    if mode == "COPY" and any(path_within(path, real_path(top)) and path != real_path(top) for top in GPUCTL_COPIES):
+        return None
     shown = dest if path == os.path.normpath(dest_paths(dest)[0]) else "%s (here %s)" % (dest, path)
     for top in RESERVED_TREES:
         if path_within(path, real_path(top)):
@@ -1155,15 +1162,19 @@ def bucket_dest_problem(dest, mode):
     return None
 
 
-def bucket_node_problem(buckets):
-    """Why this node cannot take the job's buckets (a tool missing, a destination gpuctl or
-    the system needs), or None: checked before anything is copied or mounted."""
-    problem = bucket_tools_problem(buckets)
-    if problem:
-        return problem
-    found = [bucket_dest_problem(b["dest"], b.get("mode")) for b in buckets or ()]
-    found = [("file_mounts.%s: %s" % (b["dest"], why)) for b, why in zip(buckets or (), found) if why]
-    return found[0] if found else None
+def destinations_problem(payload):
+    """Why this node cannot take the job's copies or buckets where they go (a place gpuctl or
+    the system needs, once the real paths are known), as one line naming the field, or None:
+    checked in the hello, before anything is copied to, fetched to or mounted on this node."""
+    for dest in payload.get("sync") or ():
+        why = dest_problem(dest["path"], "COPY")
+        if why:
+            return "%s: %s" % ("workdir" if dest["path"] == WORKDIR else "file_mounts." + dest["path"], why)
+    for b in payload.get("buckets") or ():
+        why = dest_problem(b["dest"], b.get("mode"))
+        if why:
+            return "file_mounts.%s: %s" % (b["dest"], why)
+    return None
 
 
 def rclone_error(text):
@@ -1372,7 +1383,7 @@ class NodeBuckets(object):
 
     def start(self):
         """Free and claim the COPY destinations (before the nodes below hear of it), start the work."""
-        why = bucket_node_problem(self.buckets)  # again: the workdir copy ran since the check
+        why = destinations_problem({"buckets": self.buckets})  # again: the copies ran since the hello
         if why:
             self.errors.append(why)
             return
@@ -1563,7 +1574,8 @@ class Relay(object):
         first = stages.get("setup") or stages.get("run")
         if first and first.get("hostfile") is not None:
             self.write_hostfile(first)
-        problem = self.prepare_container() or bucket_node_problem(self.payload.get("buckets"))
+        problem = (self.prepare_container() or bucket_tools_problem(self.payload.get("buckets"))
+                   or destinations_problem(self.payload))
         if problem:  # nothing can run here: the job ends before anything runs anywhere
             self.emit(ev("H", self.rank, "problem", problem))
             return False

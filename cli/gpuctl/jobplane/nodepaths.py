@@ -19,9 +19,11 @@ and, for a MOUNT or MOUNT_CACHED, the workdir ~/gpuctl_workdir, below it or
 above it: gpuctl rewrites it on every job (rsync --delete-after), which would
 delete through the mount into the bucket.
 
-Symlinks can only be resolved on the node: the agent checks its real paths
-again before it mounts or copies a bucket (agent.py, `bucket_dest_problem`),
-with the same lists.
+Symlinks can only be resolved on the node: the agent checks the real paths of
+the workdir, the file_mounts and the buckets again in its hello, before anything
+is copied, fetched or mounted there (agent.py, `destinations_problem`), with the
+same lists. The head receives the controller's copy before that hello, so a
+symlink on the head itself is caught only after its copy.
 """
 
 from __future__ import annotations
