@@ -202,6 +202,35 @@ def test_a_mount_is_the_job_users_alone(bk: BK):
     assert set(bk.keys(DATA)) == {"ds/a.txt", "ds/sub/b.txt", "one/file.txt"}
 
 
+def test_no_copy_deletes_through_a_mount_left_in_the_workdir(bk: BK):
+    """A bucket mounted at the workdir (an older gpuctl accepted /root/gpuctl_workdir as a MOUNT)
+    stops the job before the workdir copy would delete through it, on the head (the controller's
+    copy) and on a worker (the head's); the bucket keeps every object."""
+    victim = f"victim-{MOD}"
+    bk.s3.create_bucket(Bucket=victim)  # type: ignore[attr-defined]
+    objects = {f"obj{i}.bin": f"object {i}\n".encode() for i in range(3)}
+    for key, body in objects.items():
+        bk.s3.put_object(Bucket=victim, Key=key, Body=body)  # type: ignore[attr-defined]
+    (bk.root / "wd").mkdir(exist_ok=True)
+    (bk.root / "wd" / "train.py").write_text("print('train')\n")
+    remote = (f"RCLONE_CONFIG_OLD_TYPE=s3 RCLONE_CONFIG_OLD_PROVIDER=Other RCLONE_CONFIG_OLD_ENDPOINT={bk.endpoint} "
+              "RCLONE_CONFIG_OLD_ACCESS_KEY_ID=test RCLONE_CONFIG_OLD_SECRET_ACCESS_KEY=test")
+    body = f"workdir: {bk.root / 'wd'}\n" + task(bk.endpoint, "  /tmp/unused: s3://gpuctl-data/ds\n", run="echo RAN")
+    for node, prefix in zip(bk.cluster.nodes(), ("", "worker1: ")):
+        bk.cluster.ssh(node, f"mkdir -p ~/gpuctl_workdir && {remote} rclone mount old:{victim} ~/gpuctl_workdir "
+                             "--daemon --allow-non-empty --vfs-cache-mode writes")
+        try:
+            res = bk.apply(body, "--no-setup")
+        finally:
+            bk.cluster.ssh(node, "fusermount -u ~/gpuctl_workdir")
+        line = one_error_line(res)
+        assert re.fullmatch(rf"error: job \d+: {prefix}workdir: /root/gpuctl_workdir is a mount point \(fuse.rclone "
+                            rf"old\S*:{victim}\), and the workdir copy would delete through it whatever your workdir "
+                            r"lacks; unmount it \(fusermount -u /root/gpuctl_workdir\) or mount it elsewhere", line), line
+        assert "RAN" not in res.stdout
+        assert bk.keys(victim) == objects
+
+
 def test_credentials_only_in_rclones_environment(bk: BK):
     assert not pids_matching(SECRET_ID) and not pids_matching(SECRET_KEY)  # no argv, mounts still up
     mounts = pids_matching(f"rclone\0mount\0gpuctls3:{CKPT}\0")

@@ -324,6 +324,23 @@ def test_gpuctls_own_call_files_still_reach_the_node(node_home: Path, monkeypatc
         assert "is in ~/.gpuctl" in (agent.dest_problem(dest, mode) or ""), dest
 
 
+def test_no_workdir_copy_through_a_mount(node_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """A mount at or in the workdir (one an older gpuctl accepted) stops the copy that would
+    delete through it; a mount beside the workdir does not."""
+    monkeypatch.setenv("HOME", str(node_home))
+    wd = str(node_home / "gpuctl_workdir")
+    body = {"sync": [{"path": "~/gpuctl_workdir", "dir": True}]}
+    for point in (wd, wd + "/data/ckpt"):
+        monkeypatch.setattr(agent, "mount_table", lambda: {"/proc": ("proc", "proc"),
+                                                           point: ("fuse.rclone", "gpuctls3:victim")})
+        why = agent.destinations_problem(body)
+        assert why == (f"workdir: {point} is a mount point (fuse.rclone gpuctls3:victim), and the workdir copy would "
+                       f"delete through it whatever your workdir lacks; unmount it (fusermount -u {point}) or mount "
+                       "it elsewhere"), why
+    monkeypatch.setattr(agent, "mount_table", lambda: {wd + "_old": ("fuse.rclone", "gpuctls3:b"), "/": ("ext4", "x")})
+    assert agent.destinations_problem(body) is None
+
+
 # -- the controller's side ---------------------------------------------------------------
 
 

@@ -1162,12 +1162,25 @@ def dest_problem(dest, mode):
     return None
 
 
+def workdir_mount_problem(table=None):
+    """Why the workdir copy may not run here: something is mounted at the workdir or in it (a
+    bucket an older gpuctl mounted there), and its --delete-after would delete through it."""
+    real = real_path(WORKDIR)
+    table = mount_table() if table is None else table
+    inside = sorted(p for p in table if path_within(p, real))
+    if not inside:
+        return None
+    fstype, source = table[inside[0]]
+    return ("%s is a mount point (%s %s), and the workdir copy would delete through it whatever your workdir "
+            "lacks; unmount it (fusermount -u %s) or mount it elsewhere" % (inside[0], fstype, source, inside[0]))
+
+
 def destinations_problem(payload):
     """Why this node cannot take the job's copies or buckets where they go (a place gpuctl or
     the system needs, once the real paths are known), as one line naming the field, or None:
     checked in the hello, before anything is copied to, fetched to or mounted on this node."""
     for dest in payload.get("sync") or ():
-        why = dest_problem(dest["path"], "COPY")
+        why = dest_problem(dest["path"], "COPY") or (dest["path"] == WORKDIR and workdir_mount_problem())
         if why:
             return "%s: %s" % ("workdir" if dest["path"] == WORKDIR else "file_mounts." + dest["path"], why)
     for b in payload.get("buckets") or ():
@@ -1175,6 +1188,16 @@ def destinations_problem(payload):
         if why:
             return "file_mounts.%s: %s" % (b["dest"], why)
     return None
+
+
+def cmd_check_dest(args):
+    """Before the controller's copy lands here (upload.py runs it ahead of rsync on the head):
+    exit 2 with one line when the workdir or a file_mount may not be copied to DEST."""
+    why = destinations_problem({"sync": [{"path": args.dest}]})
+    if why:
+        sys.stderr.write("gpuctl-node: %s\n" % why)
+        return 2
+    return 0
 
 
 def rclone_error(text):
@@ -2303,6 +2326,10 @@ def main(argv=None):
     p.add_argument("--file", action="append", default=[], help="a destination file")
     p.add_argument("--release", action="store_true", help="remove this node's markers again")
     p.set_defaults(func=cmd_claim)
+
+    p = sub.add_parser("check-dest", help="exit 2 with one line if nothing may be copied to DEST here")
+    p.add_argument("dest")
+    p.set_defaults(func=cmd_check_dest)
 
     p = sub.add_parser("submit", help="run a job from stdin on the cluster, streaming its events")
     p.set_defaults(func=cmd_submit)
