@@ -156,6 +156,29 @@ def test_nothing_mounted_and_foreign_mount_points(tmp_path: Path):
     assert agent.mount_state("/proc", "id", None) == "foreign"  # a mount point gpuctl did not make
 
 
+def test_a_mount_with_writes_not_uploaded_is_dirty(tmp_path: Path):
+    cache = tmp_path / "k.cache"
+    assert not agent.mount_dirty(str(cache))
+    meta = cache / "vfsMeta" / "gpuctls3" / "b" / "ckpt"
+    meta.mkdir(parents=True)
+    (meta / "done.pt").write_text('{\n\t"Size": 3,\n\t"Fingerprint": "3,abc",\n\t"Dirty": false\n}\n')
+    assert not agent.mount_dirty(str(cache))
+    (meta / "step9.pt").write_text('{\n\t"Size": 1000000,\n\t"Fingerprint": "",\n\t"Dirty": true\n}\n')
+    assert agent.mount_dirty(str(cache))
+
+
+def test_a_mount_another_job_holds_stays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The job that ends last unmounts: while another job holds the mount, its end leaves it."""
+    monkeypatch.setattr(agent, "MOUNTS_DIR", str(tmp_path))
+    base = str(tmp_path / agent.mount_key("/data"))
+    fd = agent.hold_mount(base)
+    try:
+        assert agent.unmount_bucket("/data") == "in use by another job, which unmounts it when it ends"
+    finally:
+        os.close(fd)
+    assert agent.unmount_bucket("/data") is None  # free, and nothing mounted there
+
+
 # -- one-node jobs with a stand-in rclone ----------------------------------------------
 
 

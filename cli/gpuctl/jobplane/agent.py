@@ -990,11 +990,14 @@ class LocalStage(object):
 #                (a file is uploaded as soon as it is closed) / full (reads
 #                cached on the node's disk too, uploads in the background);
 #          then B RANK CODE MESSAGE.
-# A mount outlives its job. MOUNTS_DIR/KEY.json (KEY hashes the path) records
-# what gpuctl mounted there; a later job reuses a mount that answers and is the
-# same (bucket, prefix, mode, endpoint, region, credentials), unmounts a dead
-# one (lazily) or a different one (refused while something uses it) and mounts
-# again, and never takes over a mount point it did not make. KEY.log is the
+# A mount on the node's own credentials outlives its job. MOUNTS_DIR/KEY.json
+# (KEY hashes the path) records what gpuctl mounted there; a later job reuses a
+# mount that answers and is the same (bucket, prefix, mode, endpoint, region,
+# credentials, access), unmounts a dead one (lazily) or a different one (refused
+# while something uses it) and mounts again, and never takes over a mount point
+# it did not make. A mount with the job's own credentials (secrets) is held by
+# the job (a shared flock on KEY.use) and unmounted at its cleanup, after its
+# uploads, by the last job holding it (unmount_bucket). KEY.log is the
 # mount's rclone log, KEY.cache its VFS cache (kept across remounts, so writes
 # not yet uploaded go up once the path is mounted again).
 BUCKET_REMOTE = "gpuctls3"
@@ -1008,6 +1011,7 @@ MOUNT_READY_S = 60  # seconds a new mount may take to appear
 # Who may reach a mount (rclone_mount_argv); part of its identity, so that a mount an
 # older agent opened to every user is mounted again, not reused.
 MOUNT_ACCESS = "owner-0600"
+UPLOAD_WAIT_S = 900  # how long a job's end waits for a mount's uploads before unmounting it
 _SECRET_RE = re.compile(r"^export ([A-Za-z_][A-Za-z0-9_]*)='((?:[^']|'\"'\"')*)'$", re.M)
 _LOG_STAMP_RE = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\s+")
 
@@ -1384,6 +1388,62 @@ def ensure_dir(path):
         raise OSError(errno.EACCES, "cannot create %s (not writable, and sudo -n refused)" % path)
 
 
+def mount_dirty(cache_dir):
+    """Whether rclone's VFS cache still holds a write not uploaded (a vfsMeta item "Dirty": true)."""
+    for root, _, files in os.walk(os.path.join(cache_dir, "vfsMeta")):
+        for name in files:
+            if re.search(r'"Dirty"\s*:\s*true', read_text(os.path.join(root, name)) or ""):
+                return True
+    return False
+
+
+def hold_mount(base, cancelled=lambda: False):
+    """A shared lock on a mount (MOUNTS_DIR/KEY.use) for as long as a job uses it: the fd, or
+    None when cancelled. It waits while a job that ended unmounts it (unmount_bucket)."""
+    fd = os.open(base + ".use", os.O_RDWR | os.O_CREAT, 0o600)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if cancelled():
+                os.close(fd)
+                return None
+            time.sleep(0.2)
+
+
+def unmount_bucket(path, wait_s=UPLOAD_WAIT_S):
+    """Unmount what gpuctl mounted at `path` with a job's own credentials once no job holds it:
+    after its uploads (up to `wait_s`), lazily if something outside the jobs still has it open.
+    Why it stayed, or None."""
+    base = os.path.join(MOUNTS_DIR, mount_key(path))
+    fd = os.open(base + ".use", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return "in use by another job, which unmounts it when it ends"
+        deadline = time.time() + wait_s
+        while mount_dirty(base + ".cache") and path in mount_table() and answers(path) and time.time() < deadline:
+            time.sleep(0.5)  # a dead mount uploads nothing more: it is unmounted at once
+        entry = mount_table().get(path)
+        if entry is None or not entry[0].startswith("fuse.rclone"):
+            return None
+        if unmount(path) and unmount(path, lazy=True):
+            return "could not unmount it"
+        remove(base + ".json")
+        return None
+    finally:
+        os.close(fd)
+
+
+def cmd_unmount_bucket(args):
+    why = unmount_bucket(args.path)
+    if why:
+        sys.stderr.write("gpuctl-node: %s: %s\n" % (args.path, why))
+    return 0
+
+
 class NodeBuckets(object):
     """This node's part of the fetch step: claims at once, the COPYs and MOUNTs in a thread, then B."""
 
@@ -1394,7 +1454,11 @@ class NodeBuckets(object):
         self.buckets = relay.payload.get("buckets") or []
         self.kinds = list(kinds) + ["dir"] * (len(self.buckets) - len(kinds))
         self.storage = relay.payload.get("storage") or {}
-        self.env, self.extra = rclone_env(self.storage, parse_secrets(relay.secrets))
+        secrets = parse_secrets(relay.secrets)
+        self.env, self.extra = rclone_env(self.storage, secrets)
+        # Mounts made or reused with the job's own credentials, unmounted when it ends: [(fd, path)]
+        self.own_credentials = any(name in secrets for name in BUCKET_CREDENTIALS)
+        self.held = []
         self.procs = []
         self.claims = []  # COPY destinations claimed here: (index, dest)
         self.owners = []
@@ -1455,6 +1519,17 @@ class NodeBuckets(object):
             if proc.poll() is None:
                 proc.kill()
 
+    def end(self):
+        """The job ended here: each mount it held with its own credentials is unmounted once no
+        other job holds it, after its uploads, by a detached `unmount-bucket` (the job's end does
+        not wait for the uploads), so the credentials leave with the job."""
+        for fd, path in self.held:
+            os.close(fd)
+            subprocess.Popen([sys.executable, os.path.abspath(__file__), "unmount-bucket", path],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             close_fds=True, cwd="/", start_new_session=True)
+        self.held = []
+
     def _work(self):
         owned = dict((i, owner == self.rank) for (i, _), owner in zip(self.claims, self.owners))
         for i, b in enumerate(self.buckets):
@@ -1510,6 +1585,12 @@ class NodeBuckets(object):
         path = mount_point(b["dest"])
         base = os.path.join(MOUNTS_DIR, mount_key(path))
         ident = mount_ident(b, self.storage, self.env)
+        os.makedirs(MOUNTS_DIR, 0o700, exist_ok=True)
+        if self.own_credentials:
+            fd = hold_mount(base, lambda: self.cancelled)
+            if fd is None:
+                return "cancelled", None
+            self.held.append((fd, path))
         why = self._release_mount(b, path, ident)
         if why:
             return why, None
@@ -1757,6 +1838,8 @@ class Relay(object):
     def cleanup(self):
         remove(os.path.join(self.jobdir, "secrets.sh"))
         self.release()
+        if self.node_buckets is not None:
+            self.node_buckets.end()  # mounts holding the job's credentials go too
 
     # -- the loop ------------------------------------------------------------
     def fds(self):
@@ -2327,6 +2410,9 @@ def main(argv=None):
     p.add_argument("--release", action="store_true", help="remove this node's markers again")
     p.set_defaults(func=cmd_claim)
 
+    p = sub.add_parser("unmount-bucket", help="unmount a job's bucket mount at PATH once unused and uploaded")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_unmount_bucket)
     p = sub.add_parser("check-dest", help="exit 2 with one line if nothing may be copied to DEST here")
     p.add_argument("dest")
     p.set_defaults(func=cmd_check_dest)

@@ -12,11 +12,11 @@ before setup (agent.py, "buckets"), with rclone:
 - MOUNT_CACHED: the same with `--vfs-cache-mode full` (reads cached on the
   node's disk, writes uploaded in the background).
 
-Mounts outlive the job: the next job finds the same mount and reuses it, a
-dead one is mounted again. So does each mount's `rclone mount` daemon, and with
-it the job's AWS_* secrets in its environment (readable by the node user and
-root only: /proc/PID/environ) until the mount is replaced, dies or `down` runs:
-it needs them to keep serving reads and to upload what MOUNT_CACHED still holds.
+A mount on the nodes' own credentials (instance profile) outlives the job: the
+next job finds the same mount and reuses it, a dead one is mounted again. A
+mount made with the job's own AWS_* secrets (they are in its `rclone mount`
+daemon's environment) goes when the job ends on the node, once its writes are
+uploaded and no other running job holds it, so the secrets leave with the job.
 A mount is the node user's alone (agent.py, rclone_mount_argv). Credentials never travel in the payload, an argv
 or a log: rclone takes AWS's own chain (`env_auth`), that is the node's
 instance profile, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
