@@ -10,6 +10,9 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from gpuctl.jobplane import buckets
 from gpuctl.jobplane.buckets import BucketMount
 from gpuctl.jobplane.payload import build_payload
 
+from e2e import wait_for
 from test_jobplane_agent import agent, node_home, payload, submit  # noqa: F401 (a fixture)
 
 SECRET_ID = "AKIDEXAMPLE-not-real"
@@ -177,6 +181,24 @@ def test_a_mount_another_job_holds_stays(tmp_path: Path, monkeypatch: pytest.Mon
     finally:
         os.close(fd)
     assert agent.unmount_bucket("/data") is None  # free, and nothing mounted there
+
+
+def test_the_mounts_daemon_ends_with_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Unmounting ends the mount's rclone even where a copy of the mount (a container's) would
+    keep it serving, with the job's credentials in its environment; other rclones stay."""
+    monkeypatch.setattr(agent, "MOUNTS_DIR", str(tmp_path))
+    base = str(tmp_path / agent.mount_key("/data"))
+    sleeper = "import time; time.sleep(60)"
+    ours, other = (subprocess.Popen(["bash", "-c", f'exec -a rclone "$0" -c "{sleeper}" mount --cache-dir {cache}',
+                                     sys.executable]) for cache in (base + ".cache", base + "-other.cache"))
+    try:
+        wait_for("the stand-ins to start", lambda: agent.mount_daemons(base) == [ours.pid], timeout=10)
+        assert agent.unmount_bucket("/data") is None
+        assert ours.wait(timeout=10) == -signal.SIGTERM and other.poll() is None
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()
 
 
 # -- one-node jobs with a stand-in rclone ----------------------------------------------

@@ -1412,6 +1412,25 @@ def hold_mount(base, cancelled=lambda: False):
             time.sleep(0.2)
 
 
+def mount_daemons(base):
+    """This user's `rclone mount` processes serving MOUNTS_DIR/KEY (`base`): their cache dir names it."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat("/proc/" + name).st_uid != os.getuid():
+                continue
+            with open("/proc/%s/cmdline" % name, "rb") as fh:
+                argv = fh.read().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0]) == "rclone" and "mount" in argv and any(
+                a == "--cache-dir" and b == base + ".cache" for a, b in zip(argv, argv[1:])):
+            found.append(int(name))
+    return found
+
+
 def unmount_bucket(path, wait_s=UPLOAD_WAIT_S):
     """Unmount what gpuctl mounted at `path` with a job's own credentials once no job holds it:
     after its uploads (up to `wait_s`), lazily if something outside the jobs still has it open.
@@ -1427,11 +1446,14 @@ def unmount_bucket(path, wait_s=UPLOAD_WAIT_S):
         while mount_dirty(base + ".cache") and path in mount_table() and answers(path) and time.time() < deadline:
             time.sleep(0.5)  # a dead mount uploads nothing more: it is unmounted at once
         entry = mount_table().get(path)
-        if entry is None or not entry[0].startswith("fuse.rclone"):
-            return None
-        if unmount(path) and unmount(path, lazy=True):
+        if entry is not None and entry[0].startswith("fuse.rclone") and unmount(path) and unmount(path, lazy=True):
             return "could not unmount it"
         remove(base + ".json")
+        for pid in mount_daemons(base):  # a container's copy of the mount keeps the daemon up: end it
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
         return None
     finally:
         os.close(fd)
