@@ -22,8 +22,8 @@ delete through the mount into the bucket.
 Symlinks can only be resolved on the node: the agent checks the real paths of
 the workdir, the file_mounts and the buckets again in its hello, before anything
 is copied, fetched or mounted there (agent.py, `destinations_problem`), with the
-same lists. The head receives the controller's copy before that hello, so a
-symlink on the head itself is caught only after its copy.
+same lists; on the head, before each of the controller's copies lands too
+(upload.py runs `gpuctl-node check-dest` ahead of rsync).
 """
 
 from __future__ import annotations
