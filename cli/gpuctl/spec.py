@@ -62,6 +62,7 @@ from gpuctl.envargs import _ENV_NAME_RULE, ENV_NAME_RE, parse_env_assignments
 from gpuctl.errors import UserError
 from gpuctl.jobplane.buckets import MODES as BUCKET_MODES
 from gpuctl.jobplane.buckets import BucketMount
+from gpuctl.jobplane.nodepaths import destination_problem
 from gpuctl.infra import WHAT_IS_SUPPORTED, Infra, UnsupportedInfra, infra_from_legacy, parse_infra
 from gpuctl.yamlfile import BoundedLoader, check_printable, compose_bounded, constructing, read_text
 
@@ -827,6 +828,9 @@ class Task(_Model):
             if not remote.startswith(("/", "~")):
                 raise _bad(f"File mount destination must be an absolute path (start with \"/\" or \"~\"), "
                            f"not '{remote}'", key)
+            problem = destination_problem(remote)
+            if problem:
+                raise _bad(problem, key)
             path = _local_path(source, info, Path.exists, f"File mount source '{source}' does not exist locally", key)
             out[remote] = str(path)
         return out
@@ -844,7 +848,11 @@ class Task(_Model):
             if not remote.startswith(("/", "~")):
                 raise _bad(f"File mount destination must be an absolute path (start with \"/\" or \"~\"), "
                            f"not '{remote}'", dest)
-            out[remote] = _bucket_mount(remote, src, variables, str(dest), (info.context or {}).get("unset", ()))
+            mount = _bucket_mount(remote, src, variables, str(dest), (info.context or {}).get("unset", ()))
+            problem = destination_problem(remote, mount.mode)
+            if problem:
+                raise _bad(problem, dest)
+            out[remote] = mount
         return out
 
     @field_validator("setup", "run", mode="before")

@@ -7,9 +7,12 @@ reach S3; nothing leaves this machine):
 - COPY (a prefix into each node's home, a prefix into a directory every node shares --
   fetched by one node --, one object to a file) lands before setup; a MOUNT of a bucket
   made from `name:` takes what run writes up to the bucket; MOUNT_CACHED reads;
+- a MOUNT is the job user's alone: `nobody` can neither list, read, write nor delete;
+- a mount left at the workdir stops the job before the workdir copy deletes through it;
 - credentials come from the task's secrets: they are in rclone's environment, in no
-  process's argv (`ps` during run), in no file gpuctl keeps here or on the nodes;
-- the next job reuses the mounts, and mounts a dead one again;
+  process's argv (`ps` during run), in no file gpuctl keeps here or on the nodes, and
+  they leave with the job: its mounts go once their writes are uploaded;
+- mounts on the nodes' own credentials: the next job reuses them, and mounts a dead one again;
 - a missing bucket, and a node that lost rclone, are one line each and nothing runs;
 - `down` leaves nothing behind while buckets are mounted.
 
@@ -33,7 +36,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from e2e import Cluster, Result, files_containing, needs_local_nodes, pids_matching
+from e2e import Cluster, Result, files_containing, needs_local_nodes, pids_matching, pids_with_env, wait_for
 from mototest import MotoServer
 
 pytestmark = [
@@ -45,17 +48,19 @@ pytestmark = [
 NAME = "bk2"
 MOD = f"bk{uuid.uuid4().hex[:8]}"
 SHARED = Path(f"/tmp/{MOD}-shared")  # every netns node sees this machine's /tmp
+OPEN = Path(f"/tmp/{MOD}-open")  # a MOUNT where every local user can walk
 DATA = "gpuctl-data"
 CKPT = f"ckpt-{MOD}"  # made by the job (name: without source:)
 SECRET_ID = f"AKID{MOD.upper()}"
 SECRET_KEY = f"{MOD}-secret-key"
 
 
-def task(endpoint: str, mounts: str, *, setup: str = "", run: str = "true") -> str:
+def task(endpoint: str, mounts: str, *, setup: str = "", run: str = "true", secrets: bool = True) -> str:
+    """The task; without `secrets` rclone takes the nodes' own credentials (~/.aws/credentials there)."""
     return (f"name: {NAME}\nnum_nodes: 2\nresources:\n  infra: local\n"
             f"envs:\n  AWS_ENDPOINT_URL_S3: {endpoint}\n  AWS_REGION: us-east-1\n"
-            f"secrets:\n  AWS_ACCESS_KEY_ID: {SECRET_ID}\n  AWS_SECRET_ACCESS_KEY: {SECRET_KEY}\n"
-            f"file_mounts:\n{mounts}"
+            + (f"secrets:\n  AWS_ACCESS_KEY_ID: {SECRET_ID}\n  AWS_SECRET_ACCESS_KEY: {SECRET_KEY}\n" if secrets else "")
+            + f"file_mounts:\n{mounts}"
             + (f"setup: |\n  {setup}\n" if setup else "") + f"run: |\n  {run}\n")
 
 
@@ -139,6 +144,7 @@ def bk(tmp_path_factory: pytest.TempPathFactory):
         if moto is not None:
             moto.stop()
         shutil.rmtree(SHARED, ignore_errors=True)
+        shutil.rmtree(OPEN, ignore_errors=True)
 
 
 def one_error_line(res: Result) -> str:
@@ -182,31 +188,111 @@ def test_copy_lands_before_setup_and_run_writes_into_the_mount(bk: BK):
     assert bk.wait_for_keys(CKPT, want) == want  # the bucket name: made was created, and run's files are in it
 
 
-def test_credentials_only_in_rclones_environment(bk: BK):
-    assert not pids_matching(SECRET_ID) and not pids_matching(SECRET_KEY)  # no argv, mounts still up
+def test_a_mount_is_the_job_users_alone(bk: BK):
+    """Another local user (`nobody`) can neither list, read, write nor delete through a MOUNT
+    in a directory everyone reaches; the job's user can (--allow-other alone let anyone in)."""
+    nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups"
+    checks = {"list": f"ls {OPEN}", "read": f"cat {OPEN}/sub/b.txt", "write": f"echo x > {OPEN}/planted.txt",
+              "delete": f"rm {OPEN}/a.txt", "mkdir": f"mkdir {OPEN}/sub/new"}
+    run = f"cat {OPEN}/a.txt; " + " ".join(f"{nobody} sh -c '{cmd}' >/dev/null 2>&1 && echo {name}=allowed "
+                                            f"|| echo {name}=refused;" for name, cmd in checks.items())
+    res = bk.apply(task(bk.endpoint, f"  {OPEN}:\n    source: s3://{DATA}/ds\n    mode: MOUNT\n", run=run),
+                   "--no-setup").check()
+    lines = res.stdout.splitlines()
+    for n in bk.cluster.nodes():
+        assert f"({n.name}, rank={n.rank}) alpha" in lines, res.describe()
+        for name in checks:
+            assert f"({n.name}, rank={n.rank}) {name}=refused" in lines, res.describe()
+    assert set(bk.keys(DATA)) == {"ds/a.txt", "ds/sub/b.txt", "one/file.txt"}
+
+
+def test_no_copy_deletes_through_a_mount_left_in_the_workdir(bk: BK):
+    """A bucket mounted at the workdir (an older gpuctl accepted /root/gpuctl_workdir as a MOUNT)
+    stops the job before the workdir copy would delete through it, on the head (the controller's
+    copy) and on a worker (the head's); the bucket keeps every object."""
+    victim = f"victim-{MOD}"
+    bk.s3.create_bucket(Bucket=victim)  # type: ignore[attr-defined]
+    objects = {f"obj{i}.bin": f"object {i}\n".encode() for i in range(3)}
+    for key, body in objects.items():
+        bk.s3.put_object(Bucket=victim, Key=key, Body=body)  # type: ignore[attr-defined]
+    (bk.root / "wd").mkdir(exist_ok=True)
+    (bk.root / "wd" / "train.py").write_text("print('train')\n")
+    remote = (f"RCLONE_CONFIG_OLD_TYPE=s3 RCLONE_CONFIG_OLD_PROVIDER=Other RCLONE_CONFIG_OLD_ENDPOINT={bk.endpoint} "
+              "RCLONE_CONFIG_OLD_ACCESS_KEY_ID=test RCLONE_CONFIG_OLD_SECRET_ACCESS_KEY=test")
+    body = f"workdir: {bk.root / 'wd'}\n" + task(bk.endpoint, "  /tmp/unused: s3://gpuctl-data/ds\n", run="echo RAN")
+    for node, prefix in zip(bk.cluster.nodes(), ("", "worker1: ")):
+        bk.cluster.ssh(node, f"mkdir -p ~/gpuctl_workdir && {remote} rclone mount old:{victim} ~/gpuctl_workdir "
+                             "--daemon --allow-non-empty --vfs-cache-mode writes")
+        try:
+            res = bk.apply(body, "--no-setup")
+        finally:
+            bk.cluster.ssh(node, "fusermount -u ~/gpuctl_workdir")
+        line = one_error_line(res)
+        assert re.fullmatch(rf"error: job \d+: {prefix}workdir: /root/gpuctl_workdir is a mount point \(fuse.rclone "
+                            rf"old\S*:{victim}\), and the workdir copy would delete through it whatever your workdir "
+                            r"lacks; unmount it \(fusermount -u /root/gpuctl_workdir\) or mount it elsewhere", line), line
+        assert "RAN" not in res.stdout
+        assert bk.keys(victim) == objects
+
+
+def test_credentials_only_in_rclones_environment_and_gone_with_the_job(bk: BK):
+    """While the job runs the task's credentials are in its mounts' rclone environment and in no
+    argv; once it ends, those mounts are unmounted (their writes uploaded first) and no process
+    or file gpuctl keeps holds the credentials."""
+    res = bk.apply(task(bk.endpoint, MOUNTS, run=f"echo up > ~/ckpt/last-$SKYPILOT_NODE_RANK.txt; sleep 300"),
+                   "--no-setup", "-d").check()
+    job = re.search(r"^Job (\d+) running", res.stdout, re.M).group(1)  # type: ignore[union-attr]
+    assert not pids_matching(SECRET_ID) and not pids_matching(SECRET_KEY)  # no argv
     mounts = pids_matching(f"rclone\0mount\0gpuctls3:{CKPT}\0")
     assert len(mounts) == 2, mounts  # one per node
     for pid in mounts:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert f"AWS_SECRET_ACCESS_KEY={SECRET_KEY}".encode() in environ
+    want = {"last-0.txt": b"up\n", "last-1.txt": b"up\n"}
+    assert {k: v for k, v in bk.wait_for_keys(CKPT, want).items() if k in want} == want
+    def mounted(n: object) -> list[str]:
+        home, table = bk.cluster.ssh(n, "echo ~; cat /proc/self/mountinfo").stdout.split("\n", 1)  # type: ignore
+        return re.findall(rf" {re.escape(home)}/(ckpt|cached) ", table)
+
+    assert all(sorted(mounted(n)) == ["cached", "ckpt"] for n in bk.cluster.nodes())
+    bk.cluster.gpuctl("cancel", NAME, job).check()
+    wait_for("the credentials to leave with the job",
+             lambda: not pids_with_env(f"AWS_SECRET_ACCESS_KEY={SECRET_KEY}"), timeout=60)
+    assert not any(mounted(n) for n in bk.cluster.nodes())
     # nothing gpuctl keeps (registry, logs, job files, the nodes' homes and mount logs) holds them
     for secret in (SECRET_ID, SECRET_KEY):
         assert files_containing(bk.cluster.state_dir, secret) == []
 
 
+def test_a_jobs_last_writes_reach_the_bucket_before_its_mount_goes(bk: BK):
+    """MOUNT_CACHED uploads in the background: the mount goes only once they are up."""
+    mounts = f"  ~/late:\n    name: {CKPT}\n    mode: MOUNT_CACHED\n"
+    run = "head -c 3000000 /dev/urandom > ~/late/final-$SKYPILOT_NODE_RANK.bin"
+    bk.apply(task(bk.endpoint, mounts, run=run), "--no-setup").check()
+    wait_for("the credentials to leave with the job",
+             lambda: not pids_with_env(f"AWS_SECRET_ACCESS_KEY={SECRET_KEY}"), timeout=60)
+    sizes = {k: len(v) for k, v in bk.keys(CKPT).items() if k.startswith("final-")}
+    assert sizes == {"final-0.bin": 3000000, "final-1.bin": 3000000}
+
+
 def test_next_job_reuses_mounts_and_mounts_a_dead_one_again(bk: BK):
+    """Mounts on the nodes' own credentials (no secret of a job) outlive the job and are reused."""
+    for n in bk.cluster.nodes():
+        bk.cluster.ssh(n, "mkdir -p ~/.aws && printf '[default]\\naws_access_key_id = node\\n"
+                          "aws_secret_access_key = node-identity\\n' > ~/.aws/credentials")
+    bk.apply(task(bk.endpoint, MOUNTS, run=RUN, secrets=False), "--no-setup").check()
     tag = bk.cluster.node_env(bk.cluster.nodes()[1])["LN_TAG"].encode()
     dead = [pid for pid in pids_matching(f"rclone\0mount\0gpuctls3:{CKPT}\0")
             if b"GPUCTL_NODE_TAG=" + tag in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
     assert len(dead) == 1
     os.kill(dead[0], signal.SIGKILL)  # worker1's ~/ckpt: "Transport endpoint is not connected"
-    res = bk.apply(task(bk.endpoint, MOUNTS, run=RUN), "--no-setup").check()
+    res = bk.apply(task(bk.endpoint, MOUNTS, run=RUN, secrets=False), "--no-setup").check()
     events = bk.bucket_events(res)
     assert events[0]["reused"] == ["~/ckpt", "~/cached"] and "mounted" not in events[0], events
     assert events[1]["mounted"] == ["~/ckpt"] and events[1]["reused"] == ["~/cached"], events
     task_id = re.search(r"^Job \d+ running \((\S+)\)", res.stdout, re.M).group(1)  # type: ignore[union-attr]
     want = {"rank0.txt": f"{task_id}\n".encode(), "rank1.txt": f"{task_id}\n".encode()}
-    assert bk.wait_for_keys(CKPT, want) == want
+    assert {k: v for k, v in bk.wait_for_keys(CKPT, want).items() if k in want} == want
 
 
 def test_missing_bucket_is_one_line_and_nothing_runs(bk: BK):

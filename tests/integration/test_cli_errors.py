@@ -45,6 +45,13 @@ CASES = {
     "missing-workdir": ("workdir: ./does-not-exist\n" + GOOD_RUN, ["cluster.yaml:1", "workdir"]),
     "missing-mount-source": ("file_mounts:\n  /data/x: ./nope.txt\n" + GOOD_RUN, ["cluster.yaml:2", "file_mounts"]),
     "relative-mount-dest": ("file_mounts:\n  data/x: ./cluster.yaml\n" + GOOD_RUN, ["cluster.yaml:2", "file_mounts"]),
+    "mount-over-login-keys": ("file_mounts:\n  ~//.ssh/./authorized_keys: ./cluster.yaml\n" + GOOD_RUN,
+                              ["cluster.yaml:2", "file_mounts.~//.ssh/./authorized_keys", "is in ~/.ssh"]),
+    "mount-at-agent": ("file_mounts:\n  /root/.gpuctl/bin/gpuctl-node: ./cluster.yaml\n" + GOOD_RUN,
+                       ["cluster.yaml:2", "file_mounts./root/.gpuctl/bin/gpuctl-node", "is in ~/.gpuctl"]),
+    "mount-at-etc": ("file_mounts:\n  /usr/../etc/: .\n" + GOOD_RUN, ["cluster.yaml:2", "(that is /etc)"]),
+    "bucket-mount-over-workdir": ("file_mounts:\n  /root/gpuctl_workdir/:\n    source: s3://victim\n    mode: MOUNT\n"
+                                  + GOOD_RUN, ["cluster.yaml:2", "would cover ~/gpuctl_workdir"]),
     "bad-env-key": ("envs:\n  1BAD: x\n" + GOOD_RUN, ["cluster.yaml:2", "envs"]),
     "run-not-string": ("run: [echo, hi]\n", ["cluster.yaml:1", "run"]),
     "setup-not-string": ("setup: {a: 1}\n" + GOOD_RUN, ["cluster.yaml:1", "setup"]),

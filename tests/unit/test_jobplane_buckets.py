@@ -6,8 +6,13 @@ side (buckets.py: refusals, payload entries, storage settings; prepare's feature
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +25,7 @@ from gpuctl.jobplane import buckets
 from gpuctl.jobplane.buckets import BucketMount
 from gpuctl.jobplane.payload import build_payload
 
+from e2e import wait_for
 from test_jobplane_agent import agent, node_home, payload, submit  # noqa: F401 (a fixture)
 
 SECRET_ID = "AKIDEXAMPLE-not-real"
@@ -78,6 +84,36 @@ def test_no_argv_carries_a_credential():
     assert mount[mount.index("--cache-dir") + 1] == "/h/.gpuctl/mounts/k.cache"
 
 
+def option(argv: list, name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_a_mount_is_the_job_users_alone():
+    """Every file the user's, 0600 in 0700 directories, and the kernel checks those modes whenever
+    FUSE would let other users in (--allow-other alone let `nobody` read, write and delete)."""
+    opened = agent.rclone_mount_argv(BUCKET, "/data", "/h/k", (), True, uid=1001, gid=1002)
+    closed = agent.rclone_mount_argv(BUCKET, "/data", "/h/k", (), False)
+    for argv in (opened, closed):
+        assert option(argv, "--umask") == "0077"
+        assert "--allow-other" not in argv or "--default-permissions" in argv
+    assert (option(opened, "--uid"), option(opened, "--gid")) == ("1001", "1002")
+    assert (option(closed, "--uid"), option(closed, "--gid")) == (str(os.getuid()), str(os.getgid()))
+    assert "--allow-other" not in closed
+
+
+def test_a_mount_opened_to_everyone_is_not_reused():
+    """A mount an older agent made (its identity without the access) differs from today's."""
+    env, _ = agent.rclone_env(STORAGE, SECRETS, {})
+    creds = hashlib.sha256("\0".join(env.get(n, "") for n in agent.BUCKET_CREDENTIALS).encode()).hexdigest()
+    before = {"bucket": "b", "prefix": "ds/train", "mode": "MOUNT", "endpoint": STORAGE["endpoint"],
+              "region": STORAGE["region"], "creds": creds}
+    older = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    assert agent.mount_ident(BUCKET, STORAGE, env) != older
+    before["access"] = agent.MOUNT_ACCESS
+    assert agent.mount_ident(BUCKET, STORAGE, env) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()
+                                                                     ).hexdigest()
+
+
 def test_tools_problem_names_what_is_missing():
     copy, mount = [dict(BUCKET, mode="COPY")], [BUCKET]
     have = {"rclone": "/usr/bin/rclone", "fusermount3": "/usr/bin/fusermount3"}
@@ -122,6 +158,47 @@ def test_mount_identity_follows_bucket_mode_endpoint_and_credentials():
 def test_nothing_mounted_and_foreign_mount_points(tmp_path: Path):
     assert agent.mount_state(str(tmp_path / "nothing"), "id", None) is None
     assert agent.mount_state("/proc", "id", None) == "foreign"  # a mount point gpuctl did not make
+
+
+def test_a_mount_with_writes_not_uploaded_is_dirty(tmp_path: Path):
+    cache = tmp_path / "k.cache"
+    assert not agent.mount_dirty(str(cache))
+    meta = cache / "vfsMeta" / "gpuctls3" / "b" / "ckpt"
+    meta.mkdir(parents=True)
+    (meta / "done.pt").write_text('{\n\t"Size": 3,\n\t"Fingerprint": "3,abc",\n\t"Dirty": false\n}\n')
+    assert not agent.mount_dirty(str(cache))
+    (meta / "step9.pt").write_text('{\n\t"Size": 1000000,\n\t"Fingerprint": "",\n\t"Dirty": true\n}\n')
+    assert agent.mount_dirty(str(cache))
+
+
+def test_a_mount_another_job_holds_stays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The job that ends last unmounts: while another job holds the mount, its end leaves it."""
+    monkeypatch.setattr(agent, "MOUNTS_DIR", str(tmp_path))
+    base = str(tmp_path / agent.mount_key("/data"))
+    fd = agent.hold_mount(base)
+    try:
+        assert agent.unmount_bucket("/data") == "in use by another job, which unmounts it when it ends"
+    finally:
+        os.close(fd)
+    assert agent.unmount_bucket("/data") is None  # free, and nothing mounted there
+
+
+def test_the_mounts_daemon_ends_with_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Unmounting ends the mount's rclone even where a copy of the mount (a container's) would
+    keep it serving, with the job's credentials in its environment; other rclones stay."""
+    monkeypatch.setattr(agent, "MOUNTS_DIR", str(tmp_path))
+    base = str(tmp_path / agent.mount_key("/data"))
+    sleeper = "import time; time.sleep(60)"
+    ours, other = (subprocess.Popen(["bash", "-c", f'exec -a rclone "$0" -c "{sleeper}" mount --cache-dir {cache}',
+                                     sys.executable]) for cache in (base + ".cache", base + "-other.cache"))
+    try:
+        wait_for("the stand-ins to start", lambda: agent.mount_daemons(base) == [ours.pid], timeout=10)
+        assert agent.unmount_bucket("/data") is None
+        assert ours.wait(timeout=10) == -signal.SIGTERM and other.poll() is None
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()
 
 
 # -- one-node jobs with a stand-in rclone ----------------------------------------------
@@ -214,13 +291,108 @@ def test_node_without_rclone_runs_nothing(node_home: Path, fake_bin: Path, monke
     assert not (node_home / "ran").exists() and not (node_home / "set").exists()
 
 
+@pytest.mark.parametrize("link,target,dest,mode,says", [
+    ("keys", ".ssh", "~/keys/authorized_keys", "COPY", "is in ~/.ssh"),
+    ("keys", ".ssh", "~/keys", "MOUNT", "is in ~/.ssh"),
+    ("tools", ".gpuctl/bin", "~/tools/gpuctl-node", "COPY", "is in ~/.gpuctl"),
+    ("wd", "gpuctl_workdir", "~/wd", "MOUNT", "would cover ~/gpuctl_workdir"),
+    ("wd", "gpuctl_workdir", "~/wd/out", "MOUNT_CACHED", "would cover ~/gpuctl_workdir"),
+    ("up", "..", "~/up", "MOUNT", "would cover ~,"),  # the home's parent holds the home
+    ("sys", "/etc", "~/sys", "COPY", "is /etc,"),
+])
+def test_the_node_refuses_reserved_places_behind_symlinks(node_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           link: str, target: str, dest: str, mode: str, says: str):
+    (node_home / ".ssh").mkdir()
+    (node_home / "gpuctl_workdir").mkdir()
+    (node_home / link).symlink_to(target)
+    monkeypatch.setenv("HOME", str(node_home))
+    why = agent.dest_problem(dest, mode)
+    assert why is not None and says in why and f"{dest} (here " in why, why
+
+
+def test_the_node_refuses_a_mount_at_a_workdir_that_is_a_symlink(node_home: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch):
+    elsewhere = tmp_path / "scratch" / "code"
+    elsewhere.mkdir(parents=True)
+    (node_home / "gpuctl_workdir").symlink_to(elsewhere)
+    monkeypatch.setenv("HOME", str(node_home))
+    for dest in (str(elsewhere), str(elsewhere.parent), str(elsewhere) + "/ckpt"):
+        assert "would cover ~/gpuctl_workdir" in (agent.dest_problem(dest, "MOUNT") or ""), dest
+    assert agent.dest_problem(str(elsewhere) + "/ckpt", "COPY") is None
+    assert agent.dest_problem("~/data", "MOUNT") is None
+    assert agent.dest_problem(str(tmp_path / "scratch" / "other"), "MOUNT_CACHED") is None
+
+
+def test_a_reserved_destination_stops_the_job_before_anything_is_fetched(node_home: Path, fake_bin: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    (node_home / "gpuctl_workdir").mkdir()
+    (node_home / "wd").symlink_to("gpuctl_workdir")
+    mounts = [BucketMount(dest="~/data", bucket="b", prefix="ds", mode="COPY"),
+              BucketMount(dest="~/wd", bucket="victim", mode="MOUNT")]
+    body = payload("23", "touch ~/ran", setup="touch ~/set", buckets=buckets.payload_entries(mounts),
+                   storage={"endpoint": "http://10.0.0.1:9000", "region": None})
+    events, outcome, log = run_with(node_home, fake_bin, body, SECRETS, monkeypatch)
+    assert outcome is not None and outcome.status == "FAILED", events
+    assert outcome.detail == (f"head: file_mounts.~/wd: a MOUNT at ~/wd (here {node_home}/gpuctl_workdir) would "
+                              "cover ~/gpuctl_workdir, which gpuctl rewrites on every job (the workdir copy would "
+                              "delete through the mount into the bucket); mount it elsewhere, such as /data or "
+                              "~/data"), outcome.detail
+    assert log == ""  # rclone never ran: nothing listed, copied or mounted
+    assert not (node_home / "ran").exists() and not (node_home / "set").exists() and not (node_home / "data").exists()
+
+
+@pytest.mark.parametrize("link,target,sync,field", [
+    ("keys", ".ssh", {"path": "~/keys/authorized_keys", "dir": False}, "file_mounts.~/keys/authorized_keys"),
+    ("gpuctl_workdir", ".gpuctl", {"path": "~/gpuctl_workdir", "dir": True}, "workdir"),
+])
+def test_a_copy_through_a_symlink_into_a_reserved_place_runs_nothing(node_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      link: str, target: str, sync: dict, field: str):
+    (node_home / ".ssh").mkdir()
+    (node_home / ".ssh" / "authorized_keys").write_text("ssh-ed25519 KEEP\n")
+    (node_home / link).symlink_to(target)
+    body = payload("24", "touch ~/ran", setup="touch ~/set", sync=[sync])
+    events, outcome, _ = submit(node_home, body)
+    assert outcome is not None and outcome.status == "FAILED", events
+    assert outcome.detail.startswith(f"head: {field}: {sync['path']} (here {node_home}/"), outcome.detail
+    assert "which gpuctl or the system needs on every node" in outcome.detail
+    assert (node_home / ".ssh" / "authorized_keys").read_text() == "ssh-ed25519 KEEP\n"
+    assert not (node_home / "ran").exists() and not (node_home / "set").exists()
+
+
+def test_gpuctls_own_call_files_still_reach_the_node(node_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """The Python API copies its call files to ~/.gpuctl/calls (api/cluster.py), which the spec
+    refuses to file_mounts; the node lets gpuctl's own copy through, and nothing else in ~/.gpuctl."""
+    monkeypatch.setenv("HOME", str(node_home))
+    assert agent.dest_problem("~/.gpuctl/calls/0123abcd.pkl", "COPY") is None
+    for dest, mode in (("~/.gpuctl/calls", "COPY"), ("~/.gpuctl/calls/../bin/gpuctl-node", "COPY"),
+                       ("~/.gpuctl/calls/x", "MOUNT")):
+        assert "is in ~/.gpuctl" in (agent.dest_problem(dest, mode) or ""), dest
+
+
+def test_no_workdir_copy_through_a_mount(node_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """A mount at or in the workdir (one an older gpuctl accepted) stops the copy that would
+    delete through it; a mount beside the workdir does not."""
+    monkeypatch.setenv("HOME", str(node_home))
+    wd = str(node_home / "gpuctl_workdir")
+    body = {"sync": [{"path": "~/gpuctl_workdir", "dir": True}]}
+    for point in (wd, wd + "/data/ckpt"):
+        monkeypatch.setattr(agent, "mount_table", lambda: {"/proc": ("proc", "proc"),
+                                                           point: ("fuse.rclone", "gpuctls3:victim")})
+        why = agent.destinations_problem(body)
+        assert why == (f"workdir: {point} is a mount point (fuse.rclone gpuctls3:victim), and the workdir copy would "
+                       f"delete through it whatever your workdir lacks; unmount it (fusermount -u {point}) or mount "
+                       "it elsewhere"), why
+    monkeypatch.setattr(agent, "mount_table", lambda: {wd + "_old": ("fuse.rclone", "gpuctls3:b"), "/": ("ext4", "x")})
+    assert agent.destinations_problem(body) is None
+
+
 # -- the controller's side ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("mount,envs,says", [
     (BucketMount("~/gpuctl_workdir/ckpt", "b"), {}, "would cover ~/gpuctl_workdir"),
-    (BucketMount("~/", "b", mode="MOUNT_CACHED"), {}, "cannot cover the whole home"),
-    (BucketMount("~/.gpuctl/x", "b"), {}, "would cover ~/.gpuctl"),
+    (BucketMount("~/", "b", mode="MOUNT_CACHED"), {}, "~/ is the home"),
+    (BucketMount("~/.gpuctl/x", "b"), {}, "is in ~/.gpuctl"),
     (BucketMount("/data", "b", mode="COPY"), {"AWS_SECRET_ACCESS_KEY": "x"}, "envs.AWS_SECRET_ACCESS_KEY: bucket"),
     (BucketMount("/data", "b"), {"AWS_ENDPOINT_URL": "minio:9000"}, "envs.AWS_ENDPOINT_URL 'minio:9000'"),
 ])

@@ -990,11 +990,14 @@ class LocalStage(object):
 #                (a file is uploaded as soon as it is closed) / full (reads
 #                cached on the node's disk too, uploads in the background);
 #          then B RANK CODE MESSAGE.
-# A mount outlives its job. MOUNTS_DIR/KEY.json (KEY hashes the path) records
-# what gpuctl mounted there; a later job reuses a mount that answers and is the
-# same (bucket, prefix, mode, endpoint, region, credentials), unmounts a dead
-# one (lazily) or a different one (refused while something uses it) and mounts
-# again, and never takes over a mount point it did not make. KEY.log is the
+# A mount on the node's own credentials outlives its job. MOUNTS_DIR/KEY.json
+# (KEY hashes the path) records what gpuctl mounted there; a later job reuses a
+# mount that answers and is the same (bucket, prefix, mode, endpoint, region,
+# credentials, access), unmounts a dead one (lazily) or a different one (refused
+# while something uses it) and mounts again, and never takes over a mount point
+# it did not make. A mount with the job's own credentials (secrets) is held by
+# the job (a shared flock on KEY.use) and unmounted at its cleanup, after its
+# uploads, by the last job holding it (unmount_bucket). KEY.log is the
 # mount's rclone log, KEY.cache its VFS cache (kept across remounts, so writes
 # not yet uploaded go up once the path is mounted again).
 BUCKET_REMOTE = "gpuctls3"
@@ -1005,6 +1008,10 @@ BUCKET_CACHE = {"MOUNT": ("writes", "0s"), "MOUNT_CACHED": ("full", "5s")}
 RCLONE_NET = ["--contimeout", "15s", "--timeout", "60s", "--low-level-retries", "3"]
 BUCKET_CHECK_TIMEOUT = 120  # seconds for one listing or mkdir on the head
 MOUNT_READY_S = 60  # seconds a new mount may take to appear
+# Who may reach a mount (rclone_mount_argv); part of its identity, so that a mount an
+# older agent opened to every user is mounted again, not reused.
+MOUNT_ACCESS = "owner-0600"
+UPLOAD_WAIT_S = 900  # how long a job's end waits for a mount's uploads before unmounting it
 _SECRET_RE = re.compile(r"^export ([A-Za-z_][A-Za-z0-9_]*)='((?:[^']|'\"'\"')*)'$", re.M)
 _LOG_STAMP_RE = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\s+")
 
@@ -1058,18 +1065,27 @@ def rclone_copy_argv(bucket, path, kind, extra=()):
 
 
 def fuse_allow_other():
-    """Whether the mount may let other users in (root, or user_allow_other in /etc/fuse.conf):
-    a container's root reads the mount then too."""
+    """Whether FUSE lets this user open the mount to others (root, or user_allow_other in
+    /etc/fuse.conf); rclone_mount_argv then lets the kernel check the files' modes instead."""
     return os.geteuid() == 0 or bool(re.search(r"^\s*user_allow_other\b", read_text("/etc/fuse.conf") or "", re.M))
 
 
-def rclone_mount_argv(bucket, path, base, extra=(), allow_other=False):
-    """Mount a bucket (prefix) at `path` as a daemon; `base` is MOUNTS_DIR/KEY (its log and cache)."""
+def rclone_mount_argv(bucket, path, base, extra=(), allow_other=False, uid=None, gid=None):
+    """Mount a bucket (prefix) at `path` as a daemon; `base` is MOUNTS_DIR/KEY (its log and cache).
+
+    Only the job's user reaches the data: every file is theirs, 0600 (directories 0700), and
+    the kernel checks those modes (--default-permissions); without it, --allow-other would let
+    every local user read, write and delete through the mount whatever the listing shows.
+    Where FUSE allows it (`allow_other`), root passes too (a container's root, or the runtime's
+    daemon binding the path into one); elsewhere FUSE itself keeps everyone else out.
+    """
     cache, write_back = BUCKET_CACHE[bucket["mode"]]
+    owner = ["--uid", str(os.getuid() if uid is None else uid), "--gid", str(os.getgid() if gid is None else gid),
+             "--umask", "0077"]
     return (["rclone", "mount", rclone_remote(bucket["bucket"], bucket.get("prefix")), path, "--daemon",
              "--vfs-cache-mode", cache, "--vfs-write-back", write_back, "--cache-dir", base + ".cache",
-             "--log-file", base + ".log", "--log-level", "NOTICE"]
-            + (["--allow-other"] if allow_other else []) + RCLONE_NET + list(extra))
+             "--log-file", base + ".log", "--log-level", "NOTICE"] + owner
+            + (["--allow-other", "--default-permissions"] if allow_other else []) + RCLONE_NET + list(extra))
 
 
 def bucket_tools_problem(buckets, which=shutil.which, exists=os.path.exists):
@@ -1088,6 +1104,104 @@ def bucket_tools_problem(buckets, which=shutil.which, exists=os.path.exists):
             "when it prepares AWS nodes, elsewhere install them on the node (local nodes: on this machine): "
             "apt-get install rclone fuse3" % (" and ".join(missing), "is" if len(missing) == 1 else "are",
                                               "it" if len(missing) == 1 else "them"))
+
+
+# Where no copy or bucket may land on this node, its symlinks resolved (nodepaths.py on the
+# controller checks every spelling with the same lists; a test keeps them equal):
+# anything in RESERVED_TREES, any of RESERVED_DIRS itself; and no mount may hold
+# the home, the workdir or a reserved tree, nor be in the workdir.
+WORKDIR = "~/gpuctl_workdir"
+RESERVED_TREES = (
+    "~/.ssh", "~/.gpuctl",
+    "/etc/ssh", "/etc/sudoers", "/etc/sudoers.d", "/etc/pam.d", "/etc/passwd", "/etc/shadow", "/etc/group",
+    "/etc/gshadow", "/etc/fuse.conf",
+    "/proc", "/sys", "/dev", "/run", "/var/run", "/boot",
+)
+RESERVED_DIRS = (
+    "/", "~", "/bin", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt", "/opt", "/root",
+    "/sbin", "/srv", "/tmp", "/usr", "/var", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib64", "/usr/local",
+    "/usr/local/bin", "/usr/share", "/var/lib", "/var/log", "/var/tmp",
+)
+
+
+# Where gpuctl itself copies into a reserved tree (the Python API's call files; the spec
+# refuses these places to file_mounts, so only gpuctl's own JobSpecs name them).
+GPUCTL_COPIES = ("~/.gpuctl/calls",)
+
+
+def real_path(path):
+    """`path` (absolute or ~/...) with the home expanded and every symlink that exists resolved."""
+    return os.path.realpath(dest_paths(path)[0])
+
+
+def path_within(path, top):
+    """Whether real `path` is `top` or below it."""
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def dest_problem(dest, mode):
+    """Why nothing may be copied (COPY: the workdir, a file_mount, a bucket) or mounted at
+    `dest` on this node, once the home is expanded and symlinks resolved (a link to ~/.ssh,
+    a workdir that is a link); None when it may."""
+    path = real_path(dest)
+    if mode == "COPY" and any(path_within(path, real_path(top)) and path != real_path(top) for top in GPUCTL_COPIES):
+        return None
+    shown = dest if path == os.path.normpath(dest_paths(dest)[0]) else "%s (here %s)" % (dest, path)
+    for top in RESERVED_TREES:
+        if path_within(path, real_path(top)):
+            return ("%s is in %s, which gpuctl or the system needs on every node; choose another destination, "
+                    "such as /data or ~/data" % (shown, top))
+    for top in RESERVED_DIRS:
+        if path == real_path(top):
+            return ("%s is %s, which the system or gpuctl needs as it is; give a directory of its own, such as "
+                    "/data or ~/data" % (shown, {"~": "the home", "/": "the filesystem root"}.get(top, top)))
+    if mode == "COPY":
+        return None
+    for top in ("~", WORKDIR) + RESERVED_TREES:
+        real = real_path(top)
+        if path_within(real, path) or (top == WORKDIR and path_within(path, real)):
+            return ("a %s at %s would cover %s, which gpuctl %s; mount it elsewhere, such as /data or ~/data"
+                    % (mode, shown, top, "rewrites on every job (the workdir copy would delete through the "
+                                         "mount into the bucket)" if top == WORKDIR else "or the system needs"))
+    return None
+
+
+def workdir_mount_problem(table=None):
+    """Why the workdir copy may not run here: something is mounted at the workdir or in it (a
+    bucket an older gpuctl mounted there), and its --delete-after would delete through it."""
+    real = real_path(WORKDIR)
+    table = mount_table() if table is None else table
+    inside = sorted(p for p in table if path_within(p, real))
+    if not inside:
+        return None
+    fstype, source = table[inside[0]]
+    return ("%s is a mount point (%s %s), and the workdir copy would delete through it whatever your workdir "
+            "lacks; unmount it (fusermount -u %s) or mount it elsewhere" % (inside[0], fstype, source, inside[0]))
+
+
+def destinations_problem(payload):
+    """Why this node cannot take the job's copies or buckets where they go (a place gpuctl or
+    the system needs, once the real paths are known), as one line naming the field, or None:
+    checked in the hello, before anything is copied to, fetched to or mounted on this node."""
+    for dest in payload.get("sync") or ():
+        why = dest_problem(dest["path"], "COPY") or (dest["path"] == WORKDIR and workdir_mount_problem())
+        if why:
+            return "%s: %s" % ("workdir" if dest["path"] == WORKDIR else "file_mounts." + dest["path"], why)
+    for b in payload.get("buckets") or ():
+        why = dest_problem(b["dest"], b.get("mode"))
+        if why:
+            return "file_mounts.%s: %s" % (b["dest"], why)
+    return None
+
+
+def cmd_check_dest(args):
+    """Before the controller's copy lands here (upload.py runs it ahead of rsync on the head):
+    exit 2 with one line when the workdir or a file_mount may not be copied to DEST."""
+    why = destinations_problem({"sync": [{"path": args.dest}]})
+    if why:
+        sys.stderr.write("gpuctl-node: %s\n" % why)
+        return 2
+    return 0
 
 
 def rclone_error(text):
@@ -1211,7 +1325,8 @@ def mount_ident(bucket, storage, env):
     """What makes two mounts the same; the credentials enter only as a hash."""
     creds = hashlib.sha256("\0".join(env.get(n, "") for n in BUCKET_CREDENTIALS).encode()).hexdigest()
     what = {"bucket": bucket["bucket"], "prefix": (bucket.get("prefix") or "").strip("/"), "mode": bucket["mode"],
-            "endpoint": (storage or {}).get("endpoint"), "region": (storage or {}).get("region"), "creds": creds}
+            "endpoint": (storage or {}).get("endpoint"), "region": (storage or {}).get("region"), "creds": creds,
+            "access": MOUNT_ACCESS}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -1273,6 +1388,84 @@ def ensure_dir(path):
         raise OSError(errno.EACCES, "cannot create %s (not writable, and sudo -n refused)" % path)
 
 
+def mount_dirty(cache_dir):
+    """Whether rclone's VFS cache still holds a write not uploaded (a vfsMeta item "Dirty": true)."""
+    for root, _, files in os.walk(os.path.join(cache_dir, "vfsMeta")):
+        for name in files:
+            if re.search(r'"Dirty"\s*:\s*true', read_text(os.path.join(root, name)) or ""):
+                return True
+    return False
+
+
+def hold_mount(base, cancelled=lambda: False):
+    """A shared lock on a mount (MOUNTS_DIR/KEY.use) for as long as a job uses it: the fd, or
+    None when cancelled. It waits while a job that ended unmounts it (unmount_bucket)."""
+    fd = os.open(base + ".use", os.O_RDWR | os.O_CREAT, 0o600)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if cancelled():
+                os.close(fd)
+                return None
+            time.sleep(0.2)
+
+
+def mount_daemons(base):
+    """This user's `rclone mount` processes serving MOUNTS_DIR/KEY (`base`): their cache dir names it."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat("/proc/" + name).st_uid != os.getuid():
+                continue
+            with open("/proc/%s/cmdline" % name, "rb") as fh:
+                argv = fh.read().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0]) == "rclone" and "mount" in argv and any(
+                a == "--cache-dir" and b == base + ".cache" for a, b in zip(argv, argv[1:])):
+            found.append(int(name))
+    return found
+
+
+def unmount_bucket(path, wait_s=UPLOAD_WAIT_S):
+    """Unmount what gpuctl mounted at `path` with a job's own credentials once no job holds it:
+    after its uploads (up to `wait_s`), lazily if something outside the jobs still has it open.
+    Why it stayed, or None."""
+    base = os.path.join(MOUNTS_DIR, mount_key(path))
+    fd = os.open(base + ".use", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return "in use by another job, which unmounts it when it ends"
+        deadline = time.time() + wait_s
+        while mount_dirty(base + ".cache") and path in mount_table() and answers(path) and time.time() < deadline:
+            time.sleep(0.5)  # a dead mount uploads nothing more: it is unmounted at once
+        entry = mount_table().get(path)
+        if entry is not None and entry[0].startswith("fuse.rclone") and unmount(path) and unmount(path, lazy=True):
+            return "could not unmount it"
+        remove(base + ".json")
+        for pid in mount_daemons(base):  # a container's copy of the mount keeps the daemon up: end it
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        return None
+    finally:
+        os.close(fd)
+
+
+def cmd_unmount_bucket(args):
+    why = unmount_bucket(args.path)
+    if why:
+        sys.stderr.write("gpuctl-node: %s: %s\n" % (args.path, why))
+    return 0
+
+
 class NodeBuckets(object):
     """This node's part of the fetch step: claims at once, the COPYs and MOUNTs in a thread, then B."""
 
@@ -1283,7 +1476,11 @@ class NodeBuckets(object):
         self.buckets = relay.payload.get("buckets") or []
         self.kinds = list(kinds) + ["dir"] * (len(self.buckets) - len(kinds))
         self.storage = relay.payload.get("storage") or {}
-        self.env, self.extra = rclone_env(self.storage, parse_secrets(relay.secrets))
+        secrets = parse_secrets(relay.secrets)
+        self.env, self.extra = rclone_env(self.storage, secrets)
+        # Mounts made or reused with the job's own credentials, unmounted when it ends: [(fd, path)]
+        self.own_credentials = any(name in secrets for name in BUCKET_CREDENTIALS)
+        self.held = []
         self.procs = []
         self.claims = []  # COPY destinations claimed here: (index, dest)
         self.owners = []
@@ -1295,6 +1492,10 @@ class NodeBuckets(object):
 
     def start(self):
         """Free and claim the COPY destinations (before the nodes below hear of it), start the work."""
+        why = destinations_problem({"buckets": self.buckets})  # again: the copies ran since the hello
+        if why:
+            self.errors.append(why)
+            return
         try:
             for i, b in enumerate(self.buckets):
                 if b.get("mode") != "COPY":
@@ -1339,6 +1540,17 @@ class NodeBuckets(object):
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
+
+    def end(self):
+        """The job ended here: each mount it held with its own credentials is unmounted once no
+        other job holds it, after its uploads, by a detached `unmount-bucket` (the job's end does
+        not wait for the uploads), so the credentials leave with the job."""
+        for fd, path in self.held:
+            os.close(fd)
+            subprocess.Popen([sys.executable, os.path.abspath(__file__), "unmount-bucket", path],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             close_fds=True, cwd="/", start_new_session=True)
+        self.held = []
 
     def _work(self):
         owned = dict((i, owner == self.rank) for (i, _), owner in zip(self.claims, self.owners))
@@ -1395,6 +1607,12 @@ class NodeBuckets(object):
         path = mount_point(b["dest"])
         base = os.path.join(MOUNTS_DIR, mount_key(path))
         ident = mount_ident(b, self.storage, self.env)
+        os.makedirs(MOUNTS_DIR, 0o700, exist_ok=True)
+        if self.own_credentials:
+            fd = hold_mount(base, lambda: self.cancelled)
+            if fd is None:
+                return "cancelled", None
+            self.held.append((fd, path))
         why = self._release_mount(b, path, ident)
         if why:
             return why, None
@@ -1482,7 +1700,8 @@ class Relay(object):
         first = stages.get("setup") or stages.get("run")
         if first and first.get("hostfile") is not None:
             self.write_hostfile(first)
-        problem = self.prepare_container() or bucket_tools_problem(self.payload.get("buckets"))
+        problem = (self.prepare_container() or bucket_tools_problem(self.payload.get("buckets"))
+                   or destinations_problem(self.payload))
         if problem:  # nothing can run here: the job ends before anything runs anywhere
             self.emit(ev("H", self.rank, "problem", problem))
             return False
@@ -1641,6 +1860,8 @@ class Relay(object):
     def cleanup(self):
         remove(os.path.join(self.jobdir, "secrets.sh"))
         self.release()
+        if self.node_buckets is not None:
+            self.node_buckets.end()  # mounts holding the job's credentials go too
 
     # -- the loop ------------------------------------------------------------
     def fds(self):
@@ -2210,6 +2431,13 @@ def main(argv=None):
     p.add_argument("--file", action="append", default=[], help="a destination file")
     p.add_argument("--release", action="store_true", help="remove this node's markers again")
     p.set_defaults(func=cmd_claim)
+
+    p = sub.add_parser("unmount-bucket", help="unmount a job's bucket mount at PATH once unused and uploaded")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_unmount_bucket)
+    p = sub.add_parser("check-dest", help="exit 2 with one line if nothing may be copied to DEST here")
+    p.add_argument("dest")
+    p.set_defaults(func=cmd_check_dest)
 
     p = sub.add_parser("submit", help="run a job from stdin on the cluster, streaming its events")
     p.set_defaults(func=cmd_submit)

@@ -12,8 +12,12 @@ before setup (agent.py, "buckets"), with rclone:
 - MOUNT_CACHED: the same with `--vfs-cache-mode full` (reads cached on the
   node's disk, writes uploaded in the background).
 
-Mounts outlive the job: the next job finds the same mount and reuses it, a
-dead one is mounted again. Credentials never travel in the payload, an argv
+A mount on the nodes' own credentials (instance profile) outlives the job: the
+next job finds the same mount and reuses it, a dead one is mounted again. A
+mount made with the job's own AWS_* secrets (they are in its `rclone mount`
+daemon's environment) goes when the job ends on the node, once its writes are
+uploaded and no other running job holds it, so the secrets leave with the job.
+A mount is the node user's alone (agent.py, rclone_mount_argv). Credentials never travel in the payload, an argv
 or a log: rclone takes AWS's own chain (`env_auth`), that is the node's
 instance profile, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
 AWS_SESSION_TOKEN given under the task's `secrets:`, which reach the node on
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpuctl.errors import UserError
+from gpuctl.jobplane import nodepaths
 
 MODES = ("COPY", "MOUNT", "MOUNT_CACHED")
 ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # the AWS SDKs' own names, first wins
@@ -36,9 +41,6 @@ CREDENTIAL_NAMES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_T
 # What a node needs (the prepare step installs or checks it): rclone always, FUSE to mount.
 TOOL_RCLONE = "rclone"
 TOOL_FUSE = "fuse"
-# Node directories a mount must not cover: the workdir (its next copy would delete through
-# the mount into the bucket), the agent's own directory, and the home itself.
-_NOT_UNDER = ("~/gpuctl_workdir", "~/.gpuctl")
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,11 @@ def tools_needed(mounts: Sequence[BucketMount]) -> tuple[str, ...]:
     return (TOOL_RCLONE,) + ((TOOL_FUSE,) if any(m.mode != "COPY" for m in mounts) else ())
 
 
-def _under(dest: str, top: str) -> bool:
-    path = dest.rstrip("/") or "/"
-    return path == top or path.startswith(top + "/")
-
-
 def check(mounts: Sequence[BucketMount], envs: Mapping[str, str]) -> None:
-    """Refuse, before anything runs, what the nodes could not do safely; UserError naming the field."""
+    """Refuse, before anything runs, what the nodes could not do safely; UserError naming the field.
+
+    The destinations' rules are nodepaths.destination_problem's (the spec's validation applies them
+    too, so `validate` refuses what this refuses)."""
     if not mounts:
         return
     for m in mounts:
@@ -76,16 +76,9 @@ def check(mounts: Sequence[BucketMount], envs: Mapping[str, str]) -> None:
             raise UserError(f"{where}: mode {m.mode} is not a storage mode; use {', '.join(MODES)}")
         if m.store != "s3":
             raise UserError(f"{where}: store {m.store} is not supported by gpuctl; use s3")
-        path = m.dest.rstrip("/") or "/"
-        if path in ("/", "~"):
-            raise UserError(f"{where}: a bucket cannot cover the whole {'home' if path == '~' else 'filesystem'}; "
-                            "give a directory such as /data or ~/data")
-        if m.mode != "COPY":
-            for top in _NOT_UNDER:
-                if _under(path, top) or _under(top, path):
-                    raise UserError(f"{where}: a {m.mode} here would cover {top}, which gpuctl rewrites on every "
-                                    "job (the workdir copy would delete through the mount into the bucket); "
-                                    "mount it elsewhere, such as /data or ~/data")
+        problem = nodepaths.destination_problem(m.dest, m.mode)
+        if problem:
+            raise UserError(f"{where}: {problem}")
     in_envs = [name for name in CREDENTIAL_NAMES if name in envs]
     if in_envs:
         raise UserError(f"envs.{in_envs[0]}: bucket mounts take AWS credentials from secrets: (sent to the nodes "

@@ -25,6 +25,7 @@ CLAIM_EXCLUDE = "--exclude=/.gpuctl-claim-*"
 # rsync's quick check compares whole seconds: a same-size edit within the second of the
 # last copy would be skipped. -1 compares nanoseconds (receiver rsync >= 3.1.3).
 NANOSECOND_MTIMES = "--modify-window=-1"
+REFUSED = "gpuctl-node: "  # the head's check-dest refused the destination (agent.py)
 
 
 class UploadError(Exception):
@@ -50,8 +51,11 @@ def rsync_argv(head: Node, item: Item, control_dir: Path, extra: tuple[str, ...]
     rsh = shlex.join(["ssh", *ssh.ssh_options(head, control_dir)])
     remote = remote_path(item.dest)
     parent = str(Path(remote).parent) if not item.is_dir else remote
-    # The destination's directory may not exist on the head yet: make it first.
-    rsync_path = f"mkdir -p -- {shlex.quote(parent)} && rsync"
+    # The head's agent first checks the real path (a symlink into ~/.ssh, a mount in the workdir:
+    # agent.py, check-dest); one that is missing is installed again at submit, so it is skipped.
+    # The destination's directory may not exist on the head yet: make it then.
+    check = f"{{ test ! -x {ssh.AGENT} || {ssh.AGENT} check-dest -- {shlex.quote(item.dest)}; }}"
+    rsync_path = f"{check} && mkdir -p -- {shlex.quote(parent)} && rsync"
     host = f"[{head.ssh_host}]" if ":" in head.ssh_host else head.ssh_host
     src = str(item.src).rstrip("/") + ("/" if item.is_dir else "")
     dst = f"{host}:{remote}" + ("/" if item.is_dir else "")
@@ -82,6 +86,9 @@ def upload(head: Node, *, workdir: Path | None, file_mounts: Mapping[str, Path],
         proc = subprocess.run(argv, capture_output=True, timeout=timeout, **feed)
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace")
+            refused = [line for line in err.splitlines() if line.startswith(REFUSED)]
+            if refused:  # the head's agent said why, in one line naming the field
+                raise UploadError(refused[-1][len(REFUSED):])
             why = (err.strip().splitlines() or [f"rsync exit code {proc.returncode}"])[-1]
             raise UploadError(f"copying {item.src} to the head ({head.ssh_host}:{item.dest}) failed: {why}")
     return [i for i, _, _ in items]

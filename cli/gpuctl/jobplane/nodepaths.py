@@ -1,0 +1,119 @@
+"""Where a file_mount may land on a node: one spelling per path, and the places gpuctl or the system needs.
+
+A destination reaches the nodes as the task wrote it, and the same place has
+many spellings: `~/x`, `$HOME/x`, `/root/x` (the node user's home), `~/a/../x`,
+`~//x/`. Every check here first turns a destination into its canonical form
+(`normalize`), then asks of each place it may denote (`views`: an absolute path
+under a home such as /root or /home/NAME is checked as `~/...` too, since the
+controller does not know which user the nodes log in as) whether it is reserved.
+
+Reserved (`destination_problem`), for every destination, copied or mounted:
+- a place gpuctl needs, and anything in it: ~/.ssh (the cluster's login keys:
+  a file there locks gpuctl out of its own nodes), ~/.gpuctl (the agent, the
+  jobs' files and secrets), sshd's and the accounts' configuration in /etc;
+- a place the system needs, and anything in it: /proc, /sys, /dev, /run,
+  /var/run, /boot;
+- a directory the system or the user needs whole, itself (a copy into a new
+  directory below it is fine): /, the home, /etc, /usr, /tmp, /home, ...;
+and, for a MOUNT or MOUNT_CACHED, the workdir ~/gpuctl_workdir, below it or
+above it: gpuctl rewrites it on every job (rsync --delete-after), which would
+delete through the mount into the bucket.
+
+Symlinks can only be resolved on the node: the agent checks the real paths of
+the workdir, the file_mounts and the buckets again in its hello, before anything
+is copied, fetched or mounted there (agent.py, `destinations_problem`), with the
+same lists; on the head, before each of the controller's copies lands too
+(upload.py runs `gpuctl-node check-dest` ahead of rsync).
+"""
+
+from __future__ import annotations
+
+import re
+
+HOME = "~"
+WORKDIR = "~/gpuctl_workdir"  # payload.WORKDIR_DEST (a test keeps the two equal)
+MOUNT_MODES = ("MOUNT", "MOUNT_CACHED")
+# Never a destination, nor anything in them (agent.py: RESERVED_TREES, kept equal by a test).
+RESERVED_TREES = (
+    "~/.ssh", "~/.gpuctl",
+    "/etc/ssh", "/etc/sudoers", "/etc/sudoers.d", "/etc/pam.d", "/etc/passwd", "/etc/shadow", "/etc/group",
+    "/etc/gshadow", "/etc/fuse.conf",
+    "/proc", "/sys", "/dev", "/run", "/var/run", "/boot",
+)
+# Never a destination themselves; a new directory below them is fine (agent.py: RESERVED_DIRS).
+RESERVED_DIRS = (
+    "/", "~", "/bin", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt", "/opt", "/root",
+    "/sbin", "/srv", "/tmp", "/usr", "/var", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib64", "/usr/local",
+    "/usr/local/bin", "/usr/share", "/var/lib", "/var/log", "/var/tmp",
+)
+# A home on the nodes: /root, or /home/NAME (the controller does not know the login user's).
+_HOME_RE = re.compile(r"^(/root|/home/[^/]+)(/.*)?$")
+_HOME_VAR_RE = re.compile(r"^\$(HOME|\{HOME\})(?=/|$)")
+
+
+class BadPath(ValueError):
+    """A destination that has no single meaning on a node."""
+
+
+def normalize(dest: str) -> str:
+    """The canonical spelling of a node destination: `~`, `~/a/b` or `/a/b`.
+
+    `$HOME`/`${HOME}` become `~`; repeated slashes, `.` segments, trailing
+    slashes and `..` segments go (`..` as the kernel reads it at `/`). BadPath
+    for `~NAME` (another user's home) and for `..` that climbs out of `~`,
+    whose meaning depends on where the home is.
+    """
+    text = _HOME_VAR_RE.sub("~", dest.strip())
+    if text.startswith("~") and not (text == "~" or text.startswith("~/")):
+        raise BadPath("~NAME (another user's home) is not supported; write ~/... (the node user's home) "
+                      "or an absolute path")
+    in_home = text.startswith("~")
+    if not in_home and not text.startswith("/"):
+        raise BadPath('must be an absolute path (start with "/" or "~")')
+    parts: list[str] = []
+    for part in text[1:].split("/"):
+        if part in ("", "."):
+            continue
+        if part != "..":
+            parts.append(part)
+        elif parts:
+            parts.pop()
+        elif in_home:
+            raise BadPath("'..' climbs out of the home; write the absolute path instead")
+    return ("~" if in_home else "") + ("/" + "/".join(parts) if parts else ("" if in_home else "/"))
+
+
+def views(path: str) -> list[str]:
+    """The canonical paths a canonical destination may denote: itself, and its `~` form where
+    it is under a home the nodes may log in to (/root/x is ~/x for root)."""
+    found = _HOME_RE.match(path)
+    return [path, "~" + (found.group(2) or "")] if found else [path]
+
+
+def within(path: str, top: str) -> bool:
+    """Whether canonical `path` is `top` or below it."""
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def destination_problem(dest: str, mode: str | None = None) -> str | None:
+    """Why a file_mount may not land at `dest` (copied: mode None or COPY; mounted: MOUNT,
+    MOUNT_CACHED), as the end of a line naming the field; None when it may."""
+    try:
+        path = normalize(dest)
+    except BadPath as exc:
+        return str(exc)
+    spelled = "" if path == (dest.rstrip("/") or "/") else f" (that is {path})"
+    for view in views(path):
+        for top in RESERVED_TREES:
+            if within(view, top):
+                return (f"{dest}{spelled} is in {top}, which gpuctl or the system needs on every node; "
+                        "choose another destination, such as /data or ~/data")
+        if view in RESERVED_DIRS:
+            what = {"~": "the home", "/": "the filesystem root"}.get(view, view)
+            return (f"{dest}{spelled} is {what}, which the system or gpuctl needs as it is; "
+                    "give a directory of its own, such as /data or ~/data")
+        if mode in MOUNT_MODES and (within(view, WORKDIR) or within(WORKDIR, view)):
+            return (f"a {mode} at {dest}{spelled} would cover {WORKDIR}, which gpuctl rewrites on every job "
+                    "(the workdir copy would delete through the mount into the bucket); mount it elsewhere, "
+                    "such as /data or ~/data")
+    return None
