@@ -359,6 +359,20 @@ def test_a_copy_through_a_symlink_into_a_reserved_place_runs_nothing(node_home: 
     assert not (node_home / "ran").exists() and not (node_home / "set").exists()
 
 
+def test_a_copy_onto_the_workdir_behind_a_symlink_runs_nothing(node_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """A file_mount whose real path is the workdir (through a link the controller cannot see) would be
+    deleted by the workdir copy, or delete it: the node refuses it before anything is copied."""
+    (node_home / "gpuctl_workdir").mkdir()
+    (node_home / "code").symlink_to("gpuctl_workdir")
+    monkeypatch.setenv("HOME", str(node_home))
+    assert agent.workdir_copy_problem("~/code") is not None and agent.workdir_copy_problem("~/code/data") is None
+    body = payload("25", "touch ~/ran", setup="touch ~/set", sync=[{"path": "~/code", "dir": True}])
+    events, outcome, _ = submit(node_home, body)
+    assert outcome is not None and outcome.status == "FAILED", events
+    assert outcome.detail.startswith(f"head: file_mounts.~/code: ~/code is ~/gpuctl_workdir here"), outcome.detail
+    assert not (node_home / "ran").exists() and not (node_home / "set").exists()
+
+
 def test_gpuctls_own_call_files_still_reach_the_node(node_home: Path, monkeypatch: pytest.MonkeyPatch):
     """The Python API copies its call files to ~/.gpuctl/calls (api/cluster.py), which the spec
     refuses to file_mounts; the node lets gpuctl's own copy through, and nothing else in ~/.gpuctl."""

@@ -79,6 +79,15 @@ def test_ordinary_destinations_pass(dest: str):
         assert nodepaths.destination_problem(dest, mode) is None, (dest, mode)
 
 
+@pytest.mark.parametrize("dest", ["~/gpuctl_workdir", "$HOME/gpuctl_workdir/", "/root/gpuctl_workdir",
+                                  "/home/ubuntu/gpuctl_workdir", "~/data/../gpuctl_workdir/."])
+@pytest.mark.parametrize("mode", [None, "COPY"])
+def test_a_copy_never_lands_on_the_workdir_itself(dest: str, mode: str | None):
+    """The workdir copy (rsync --delete-after) and a file_mount there would delete each other's files."""
+    problem = nodepaths.destination_problem(dest, mode)
+    assert problem is not None and "where gpuctl copies the workdir on every job" in problem, problem
+
+
 def test_copies_may_go_into_the_workdir():
     assert nodepaths.destination_problem("/root/gpuctl_workdir/data", "COPY") is None
     assert nodepaths.destination_problem("~/gpuctl_workdir/data") is None

@@ -1179,16 +1179,26 @@ def workdir_mount_problem(table=None):
             "lacks; unmount it (fusermount -u %s) or mount it elsewhere" % (inside[0], fstype, source, inside[0]))
 
 
+def workdir_copy_problem(dest):
+    """Why a file_mount or bucket may not be copied to `dest`: it is the workdir itself (here,
+    symlinks resolved), whose copy and the file_mount's would delete each other's files."""
+    if real_path(dest) != real_path(WORKDIR):
+        return None
+    return ("%s is %s here, where gpuctl copies the workdir on every job: the two copies would delete each "
+            "other's files; copy it into a directory below it, or elsewhere" % (dest, WORKDIR))
+
+
 def destinations_problem(payload):
     """Why this node cannot take the job's copies or buckets where they go (a place gpuctl or
     the system needs, once the real paths are known), as one line naming the field, or None:
     checked in the hello, before anything is copied to, fetched to or mounted on this node."""
     for dest in payload.get("sync") or ():
-        why = dest_problem(dest["path"], "COPY") or (dest["path"] == WORKDIR and workdir_mount_problem())
+        why = dest_problem(dest["path"], "COPY") or (dest["path"] == WORKDIR and workdir_mount_problem()) or (
+            dest["path"] != WORKDIR and workdir_copy_problem(dest["path"]))
         if why:
             return "%s: %s" % ("workdir" if dest["path"] == WORKDIR else "file_mounts." + dest["path"], why)
     for b in payload.get("buckets") or ():
-        why = dest_problem(b["dest"], b.get("mode"))
+        why = dest_problem(b["dest"], b.get("mode")) or (b.get("mode") == "COPY" and workdir_copy_problem(b["dest"]))
         if why:
             return "file_mounts.%s: %s" % (b["dest"], why)
     return None

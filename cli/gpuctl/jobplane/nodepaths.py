@@ -15,9 +15,11 @@ Reserved (`destination_problem`), for every destination, copied or mounted:
   /var/run, /boot;
 - a directory the system or the user needs whole, itself (a copy into a new
   directory below it is fine): /, the home, /etc, /usr, /tmp, /home, ...;
-and, for a MOUNT or MOUNT_CACHED, the workdir ~/gpuctl_workdir, below it or
-above it: gpuctl rewrites it on every job (rsync --delete-after), which would
-delete through the mount into the bucket.
+the workdir ~/gpuctl_workdir itself for a copy (the workdir copy and the
+file_mount would delete each other's files; a directory below it is fine, and
+the workdir copy leaves it alone), and for a MOUNT or MOUNT_CACHED the workdir,
+below it or above it: gpuctl rewrites it on every job (rsync --delete-after),
+which would delete through the mount into the bucket.
 
 Symlinks can only be resolved on the node: the agent checks the real paths of
 the workdir, the file_mounts and the buckets again in its hello, before anything
@@ -112,6 +114,10 @@ def destination_problem(dest: str, mode: str | None = None) -> str | None:
             what = {"~": "the home", "/": "the filesystem root"}.get(view, view)
             return (f"{dest}{spelled} is {what}, which the system or gpuctl needs as it is; "
                     "give a directory of its own, such as /data or ~/data")
+        if mode not in MOUNT_MODES and view == WORKDIR:
+            return (f"{dest}{spelled} is {WORKDIR}, where gpuctl copies the workdir on every job: the two copies "
+                    "would delete each other's files; copy it into a directory below it, such as "
+                    f"{WORKDIR}/data, or elsewhere")
         if mode in MOUNT_MODES and (within(view, WORKDIR) or within(WORKDIR, view)):
             return (f"a {mode} at {dest}{spelled} would cover {WORKDIR}, which gpuctl rewrites on every job "
                     "(the workdir copy would delete through the mount into the bucket); mount it elsewhere, "
