@@ -411,7 +411,7 @@ class _JobView:
         if event.kind == "O" and event.rank in by_rank:
             text = runner.output_text(event)
             if text is not None:
-                self.logs.write(event.stage or "run", event.rank, text)
+                self.logs.write(event.stage or "run", event.rank, text, event.eol)
                 if self.echo and (self.ranks is None or event.rank in self.ranks):
                     runner.print_line(by_rank[event.rank], text)
         elif event.kind == "P" and not self.quiet:
