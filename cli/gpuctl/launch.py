@@ -34,7 +34,7 @@ from gpuctl.jobplane.buckets import BucketMount
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.paths import cluster_dir
 from gpuctl.sshkeys import ensure_internal_key
-from gpuctl.state import Registry
+from gpuctl.state import TERMINAL_JOB_STATES, Registry
 
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL on the other ranks after a failure
 
@@ -241,6 +241,11 @@ class JobRunner:
                 self.spawn_watcher(job.job_id)
                 return JobOutcome(job.job_id, "RUNNING", {})
             return self.conclude(job.job_id, job_nodes, outcome)
+        except JobFailed as exc:
+            current = self.registry.job(inv.cluster, job.job_id)
+            if current is not None and current.status not in TERMINAL_JOB_STATES:  # not PENDING until it is stale
+                self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
+            raise
         except KeyboardInterrupt:
             self._interrupted(job.job_id, job_nodes, session)
             raise JobCancelled(f"job {job.job_id} cancelled (Ctrl-C); its processes were stopped on every node") \

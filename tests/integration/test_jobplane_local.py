@@ -344,3 +344,26 @@ def test_long_binary_and_event_looking_lines_arrive_byte_for_byte(jp: JP):
                              env=gpuctl_env(jp.cluster.state_dir), capture_output=True, timeout=120)
     assert rebuilt.returncode == 0 and by_rank(rebuilt.stdout) == printed, rebuilt.stderr.decode(errors="replace")
     assert {n.rank: (logs / f"run-rank{n.rank}.log").read_bytes() for n in jp.nodes} == expected
+
+
+@pytest.mark.parametrize("rank", [2, 0])  # a worker behind a relay, the head
+def test_a_full_disk_fails_the_job_at_once_naming_the_node_and_path(jp: JP, rank: int):
+    """The node's ~/.gpuctl/jobs is a full tmpfs: the job fails in one line naming the node and
+    the path, without preparing again, and `queue` says FAILED at once (not PENDING)."""
+    node = jp.nodes[rank]
+    jobs = "$HOME/.gpuctl/jobs"
+    jp.cluster.ssh(node, f'mount -t tmpfs -o size=64k tmpfs "{jobs}" && '
+                         f'{{ dd if=/dev/zero of="{jobs}/fill" bs=4k 2>/dev/null; true; }}')
+    try:
+        res = jp.gpuctl("exec", NAME, "--", "true")
+    finally:
+        jp.cluster.ssh(node, f'umount "{jobs}"')
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.describe()
+    errors = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and re.search(rf"\b{node.name}: cannot write /\S+/\.gpuctl/jobs/\d+(/\S+)?: "
+                                          r"No space left on device$", errors[0]), res.describe()
+    assert "Preparing" not in res.stdout, res.describe()
+    job = int(re.search(r"job (\d+):", errors[0]).group(1))  # type: ignore[union-attr]
+    row = next(line.split() for line in jp.gpuctl("queue", NAME).check().stdout.splitlines()
+               if line.split()[:1] == [str(job)])
+    assert row[2] == "FAILED", row

@@ -5,6 +5,7 @@ directory at once, and the small pure helpers."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
@@ -335,3 +336,51 @@ def test_a_resumed_stream_loses_and_repeats_no_byte(node_home: Path, monkeypatch
     assert next(cuts, None) is None  # both drops happened
     assert resumed is not None and resumed.status == "SUCCEEDED"
     assert b"".join(encode(e.text) + (b"\n" if e.eol else b"") for e in seen if e.kind == "O") == data
+
+
+# -- a full disk ---------------------------------------------------------------------------
+
+
+def disk_full(path: str, *args: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_node_that_cannot_write_the_job_is_a_problem_not_unprepared(node_home: Path, rank: int,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    """ENOSPC where a node writes the job's files (the head's scripts, a worker's directory):
+    `H RANK problem` naming the path, so the job fails at once instead of preparing again."""
+    monkeypatch.setenv("HOME", str(node_home))
+    monkeypatch.setattr(agent, "PREPARED_FILE", str(node_home / ".gpuctl" / "prepared"))
+    monkeypatch.setattr(agent, "JOBS_DIR", str(node_home / ".gpuctl" / "jobs"))
+    monkeypatch.setattr(agent, "write_private", disk_full)
+    body = payload("30", "echo never")
+    body["peers"].append({"rank": 1, "name": "worker1", "host": "127.0.0.2", "ssh": []})
+    os.makedirs(agent.job_dir("30"), 0o700)  # the head's submit made it
+    sent: list[bytes] = []
+    relay = agent.Relay(body, "export S=1\n", rank, sent.append)
+    assert relay.prepare_local() is False
+    secrets = node_home / ".gpuctl" / "jobs" / "30" / "secrets.sh"  # the first file it writes
+    assert sent == [f"H {rank} problem cannot write {secrets}: No space left on device\n".encode()]
+
+
+def test_submit_to_a_full_head_fails_the_job_in_one_line(node_home: Path):
+    """The head cannot write the job at all: FAILED at once, naming the head and the path; nothing
+    left behind, no coordinator started."""
+    run = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('a', sys.argv[1]); "
+           "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+           "exec(sys.argv[2], vars(m)); sys.exit(m.main(['submit']))")
+    full = ("import errno, os\ndef write_private(path, *args):\n"
+            "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)\n")
+    data = json.dumps(payload("31", "echo never")) + "\n" + json.dumps("") + "\n"
+    proc = subprocess.run([sys.executable, "-c", run, str(AGENT_PATH), full], input=data.encode(),
+                          capture_output=True, timeout=60, env={**os.environ, "HOME": str(node_home)})
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr.decode(errors="replace")
+    splitter = client.event_splitter(None)
+    events = [e for e in map(parse_event, splitter.feed(proc.stdout)) if e is not None]
+    assert splitter.finish()[0]
+    jobdir = node_home / ".gpuctl" / "jobs" / "31"
+    why = f"cannot write {jobdir}/payload.json: No space left on device"
+    assert [(e.kind, e.text) for e in events] == [("H", f"problem {why}"), ("D", "FAILED")]
+    assert Outcome.from_data("FAILED", events[-1].data).detail == f"head: {why}"
+    assert not jobdir.exists()

@@ -1446,6 +1446,20 @@ class NodeBuckets(object):
         return None, "mounted"
 
 
+def cannot_write(exc, path):
+    """One line for job files a node could not write: the path and why (No space left on device...)."""
+    return "cannot write %s: %s" % (getattr(exc, "filename", None) or path, exc.strerror or exc)
+
+
+def answer_without_job(out, hello, outcome):
+    """`submit`'s whole answer when the head takes no job: its H, the outcome, the stream's end."""
+    out.write(("%s 0\n" % OFFSET_HEADER).encode())
+    out.write(hello)
+    out.write(ev("D", outcome["status"], json.dumps(outcome)))
+    out.write(("%s 3\n" % SENTINEL).encode())
+    return 0
+
+
 def describe_by_node(peers, messages):
     """One clause per distinct message, naming its nodes: `head, worker1: TEXT`."""
     names = {}
@@ -1482,6 +1496,13 @@ class Relay(object):
     # -- setup ---------------------------------------------------------------
     def prepare_local(self):
         """Check the node's prepared state and write the job's files; emits H."""
+        try:
+            return self._prepare_local()
+        except OSError as exc:  # a full disk, a read-only home: prepare would not help, the job cannot run
+            self.emit(ev("H", self.rank, "problem", cannot_write(exc, self.jobdir)))
+            return False
+
+    def _prepare_local(self):
         problem = prepared_problem(self.payload.get("fingerprint"))
         if problem:
             self.emit(ev("H", self.rank, "unprepared", problem))
@@ -2140,17 +2161,20 @@ def cmd_submit(args):
     payload, secrets = read_payload(sys.stdin.buffer)
     problem = prepared_problem(payload.get("fingerprint"))
     if problem:
-        out.write(("%s 0\n" % OFFSET_HEADER).encode())
-        out.write(ev("H", 0, "unprepared", problem))
-        out.write(ev("D", "UNPREPARED", json.dumps({"status": "UNPREPARED", "ranks": [0], "detail": problem})))
-        out.write(("%s 3\n" % SENTINEL).encode())
-        return 0
+        return answer_without_job(out, ev("H", 0, "unprepared", problem),
+                                  {"status": "UNPREPARED", "ranks": [0], "detail": problem})
     jobdir = job_dir(payload["job"])
     if os.path.isdir(jobdir):
         shutil.rmtree(jobdir, ignore_errors=True)
-    os.makedirs(jobdir, 0o700)
-    write_private(os.path.join(jobdir, "payload.json"), json.dumps(payload))
-    os.close(os.open(os.path.join(jobdir, "events.log"), os.O_WRONLY | os.O_CREAT, 0o600))
+    try:
+        os.makedirs(jobdir, 0o700)
+        write_private(os.path.join(jobdir, "payload.json"), json.dumps(payload))
+        os.close(os.open(os.path.join(jobdir, "events.log"), os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError as exc:  # a full disk: the job fails here and now (it is no unprepared node)
+        shutil.rmtree(jobdir, ignore_errors=True)
+        problem = cannot_write(exc, jobdir)
+        return answer_without_job(out, ev("H", 0, "problem", problem), {
+            "status": "FAILED", "ranks": [0], "detail": describe_by_node(payload["peers"], {0: problem})})
     with open(os.path.join(jobdir, "coordinator.log"), "ab") as log:
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "coordinate", payload["job"]],
                                 stdin=subprocess.PIPE, stdout=log, stderr=log, close_fds=True,
