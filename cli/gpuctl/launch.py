@@ -183,6 +183,8 @@ class JobRunner:
         inv = self.inv
         job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
         container = self.container_plan(spec)  # a bad GPUCTL_CONTAINER_RUNTIME stops here, before any job exists
+        if container is not None:
+            (self.cdir / payload.CONTAINERS_MARK).touch()  # `down` removes the nodes' containers
         buckets.check(spec.bucket_mounts, spec.envs)  # so does a bucket the nodes could not mount safely
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
         joblogs.mark_watching(inv.cluster, job.job_id)
