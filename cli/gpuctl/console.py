@@ -53,18 +53,32 @@ class Reporter:
                 self.console.print(Text(message))
 
     def rank_line(self, prefix: str, rank: int, line: str) -> None:
+        """One line of a rank's output: its bytes decoded with surrogateescape (events.decode)."""
         if self.plain:
-            self._write(f"{prefix} {line}")
+            self._write(f"{prefix} {line}", exact=True)
             return
+        shown = line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # a terminal shows text
         with self._lock:
             style = _RANK_STYLES[rank % len(_RANK_STYLES)]
-            self.console.print(Text(prefix, style=style) + Text(" " + line))
+            self.console.print(Text(prefix, style=style) + Text(" " + shown))
 
     def error(self, message: str) -> None:
         with self._lock:
             self.err.print(Text(message, style="bold red"))
 
-    def _write(self, line: str) -> None:
+    def _write(self, line: str, exact: bool = False) -> None:
+        """`exact`: bytes that are not UTF-8 (surrogate-escaped) go out as the rank wrote them."""
         with self._lock:
-            self.stream.write(line + "\n")
+            try:
+                self.stream.write(line + "\n")
+            except UnicodeEncodeError:
+                if not exact:
+                    raise
+                data = (line + "\n").encode("utf-8", "surrogateescape")
+                buffer = getattr(self.stream, "buffer", None)
+                if buffer is None:
+                    self.stream.write(data.decode("utf-8", "replace"))
+                else:
+                    self.stream.flush()
+                    buffer.write(data)
             self.stream.flush()

@@ -10,12 +10,13 @@ the head, so no node but the head is asked.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import IO, Callable
 
 from gpuctl import ssh
 from gpuctl.inventory import Inventory
-from gpuctl.jobplane.events import Outcome, parse_event
+from gpuctl.jobplane.events import LineJoiner, Outcome, decode, parse_event
 from gpuctl.paths import cluster_dir
 
 STAGES = ("setup", "run")
@@ -40,7 +41,8 @@ class LogWriter:
         self.written: set[tuple[str, int]] = set()
         self.on_error = on_error
 
-    def write(self, stage: str, rank: int, line: str) -> None:
+    def write(self, stage: str, rank: int, line: str, eol: bool = True) -> None:
+        """One line of output (event text: surrogate-escaped bytes); `eol` False: no newline came with it."""
         if self.failed:
             return
         stage = stage if stage in STAGES else "run"  # the agent's own notes go with the run log
@@ -50,8 +52,10 @@ class LogWriter:
                 path = local_log(self.cluster, self.job_id, stage, rank)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.written.add((stage, rank))
-                fh = self.files[(stage, rank)] = open(path, "w", encoding="utf-8", errors="replace")
-            fh.write(line + "\n")
+                # The rank's bytes as it wrote them: invalid UTF-8 and \r included.
+                fh = self.files[(stage, rank)] = open(path, "w", encoding="utf-8", errors="surrogateescape",
+                                                      newline="")
+            fh.write(line + "\n" if eol else line)
             fh.flush()
         except OSError as exc:
             self.failed = (f"cannot save job {self.job_id}'s logs under {local_job_dir(self.cluster, self.job_id)}: "
@@ -76,21 +80,25 @@ class LogWriter:
 
 def fetch(inv: Inventory, job_id: int | str, *, control_dir: Path | None, timeout: float = 300) -> Outcome | None:
     """Rebuild the job's local logs from the head's events.log; the outcome if the job ended."""
-    proc = ssh.run_ssh(inv.head, f"cat -- {ssh.job_dir(str(job_id))}/events.log", control_dir, timeout=timeout)
+    argv = ssh.ssh_argv(inv.head, f"cat -- {ssh.job_dir(str(job_id))}/events.log", control_dir=control_dir)
+    try:  # bytes: the ranks' output may be anything but a newline
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
     if proc.returncode != 0:
         return None
     writer = LogWriter(inv.cluster, job_id)
+    joiner = LineJoiner()
     outcome = None
     ranks = {n.rank for n in inv.nodes}
     try:
-        for line in proc.stdout.splitlines():
-            event = parse_event(line)
-            if event is None:
-                continue
-            if event.kind == "O" and event.rank in ranks:
-                writer.write(event.stage or "run", event.rank, event.text)
-            elif event.kind == "D":
-                outcome = Outcome.from_data(event.text, event.data)
+        for raw in proc.stdout.split(b"\n"):
+            event = parse_event(decode(raw))
+            for whole in joiner.feed(event) if event is not None else ():
+                if whole.kind == "O" and whole.rank in ranks:
+                    writer.write(whole.stage or "run", whole.rank, whole.text, whole.eol)
+                elif whole.kind == "D":
+                    outcome = Outcome.from_data(whole.text, whole.data)
     finally:
         writer.close()
     return outcome

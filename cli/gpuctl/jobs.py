@@ -20,7 +20,7 @@ from gpuctl.console import Reporter
 from gpuctl.errors import UserError
 from gpuctl.inventory import Inventory, Node
 from gpuctl.jobplane import client
-from gpuctl.jobplane.events import Outcome
+from gpuctl.jobplane.events import Outcome, decode
 from gpuctl.launch import JobRunner, describe_codes
 from gpuctl.state import TERMINAL_JOB_STATES, JobRecord, Registry
 
@@ -148,7 +148,7 @@ def print_saved_logs(reporter: Reporter, inv: Inventory, job: JobRecord, ranks: 
                 continue
             found = True
             prefix = stream.format_prefix(by_rank[rank]) if rank in by_rank else f"(rank={rank})"
-            with open(path, errors="replace") as fh:
-                for line in fh:
-                    reporter.rank_line(prefix, rank, line.rstrip("\n"))
+            with open(path, "rb") as fh:  # lines end at \n only: a \r is the rank's own byte
+                for raw in fh:
+                    reporter.rank_line(prefix, rank, decode(raw[:-1] if raw.endswith(b"\n") else raw))
     return found

@@ -35,7 +35,7 @@ from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.paths import cluster_dir
 from gpuctl.sshkeys import ensure_internal_key
-from gpuctl.state import Registry
+from gpuctl.state import TERMINAL_JOB_STATES, Registry
 
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL on the other ranks after a failure
 PLACED_FILE = "placed.json"  # file_mount and bucket destinations inside the workdir so far (JobRunner.placed)
@@ -185,6 +185,8 @@ class JobRunner:
         inv = self.inv
         job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
         container = self.container_plan(spec)  # a bad GPUCTL_CONTAINER_RUNTIME stops here, before any job exists
+        if container is not None:
+            (self.cdir / payload.CONTAINERS_MARK).touch()  # `down` removes the nodes' containers
         buckets.check(spec.bucket_mounts, spec.envs)  # so does a bucket the nodes could not mount safely
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
         joblogs.mark_watching(inv.cluster, job.job_id)
@@ -246,6 +248,11 @@ class JobRunner:
                 self.spawn_watcher(job.job_id)
                 return JobOutcome(job.job_id, "RUNNING", {})
             return self.conclude(job.job_id, job_nodes, outcome)
+        except JobFailed as exc:
+            current = self.registry.job(inv.cluster, job.job_id)
+            if current is not None and current.status not in TERMINAL_JOB_STATES:  # not PENDING until it is stale
+                self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
+            raise
         except KeyboardInterrupt:
             self._interrupted(job.job_id, job_nodes, session)
             raise JobCancelled(f"job {job.job_id} cancelled (Ctrl-C); its processes were stopped on every node") \
@@ -441,7 +448,7 @@ class _JobView:
         if event.kind == "O" and event.rank in by_rank:
             text = runner.output_text(event)
             if text is not None:
-                self.logs.write(event.stage or "run", event.rank, text)
+                self.logs.write(event.stage or "run", event.rank, text, event.eol)
                 if self.echo and (self.ranks is None or event.rank in self.ranks):
                     runner.print_line(by_rank[event.rank], text)
         elif event.kind == "P" and not self.quiet:

@@ -147,6 +147,7 @@ def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> bool:
             reporter.info(f"Cluster '{name}' had nothing provisioned; its record is removed.")
             return False
         registry.set_cluster_status(name, "STOPPING")
+        remove_containers(name, reporter)
         provision.destroy(name)
         _forget(name, registry)
     reporter.info(f"Cluster '{name}' is gone.")
@@ -161,6 +162,36 @@ def _forget(name: str, registry: Registry) -> None:
         sync.delete_cluster(registry.remote.store, name)
     registry.remove_jobs(name)
     registry.remove_cluster(name)
+
+
+def remove_containers(name: str, reporter: Reporter) -> None:
+    """The containers the cluster's jobs ran in (`image_id: docker:...`), by their exact names.
+
+    They outlive the cluster where its nodes do not end with it: local nodes
+    share this machine's container store, `infra: ssh` hosts stay. Cloud
+    instances are destroyed, containers and all. A node that cannot be reached
+    is named and the teardown goes on.
+    """
+    import subprocess  # only `down` of a cluster that ran containers needs it
+
+    from gpuctl import provision
+    from gpuctl.jobplane import payload
+
+    cdir = cluster_dir(name)
+    inv = provision.load_inventory_of(name) if (cdir / payload.CONTAINERS_MARK).exists() else None
+    if inv is None or inv.cloud not in ("local", "ssh"):
+        return
+    command = payload.remove_containers_command([payload.container_name(name, n.name) for n in inv.nodes])
+    results = ssh.run_on_all(inv.nodes, command, control_dir=ssh.control_dir_for(cdir / "cm"), timeout=120)
+    if inv.cloud == "local":  # the store the nodes share: also when a node no longer answers
+        subprocess.run(["bash", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+        return
+    for node in inv.nodes:
+        proc = results[node.rank]
+        if proc.returncode != 0:
+            why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+            reporter.info(f"{node.name}: could not remove the container {payload.container_name(name, node.name)} "
+                          f"({why}); remove it there by hand")
 
 
 def write_ssh_config(inv: Inventory) -> Path:

@@ -62,12 +62,22 @@ class LineSplitter:
 
     `offset` is the log byte offset just after the last line handed out; the
     sentinel is held back until EOF proves it was the agent's last line.
+
+    A stage's log (`frames=False`) may hold lines of any length: a run longer
+    than `max_line` without a newline is passed on in pieces. The job plane's
+    events (`frames=True`) are never cut: a piece of an event would be read as
+    an event of its own, so a line longer than `max_line` (no agent of ours
+    writes one) is dropped whole, and lines are decoded so that they encode
+    back to the same bytes.
     """
 
     offset: int | None = None
     header_seen: bool = False
     held: bytes | None = None  # a sentinel-looking line, pending
     buf: bytearray = field(default_factory=bytearray)
+    max_line: int = MAX_LINE
+    frames: bool = False
+    skipping: bool = False  # frames: inside an over-long line, dropped up to its newline
 
     def feed(self, data: bytes) -> list[str]:
         self.buf += data
@@ -75,15 +85,42 @@ class LineSplitter:
         while True:
             nl = self.buf.find(b"\n")
             if nl < 0:
-                if len(self.buf) >= MAX_LINE and self.header_seen:
-                    piece = bytes(self.buf[:MAX_LINE])
-                    del self.buf[:MAX_LINE]
+                if len(self.buf) >= self.max_line and self.header_seen:
+                    if self.frames:
+                        lines.extend(self._skip(len(self.buf)))
+                        self.buf.clear()
+                        self.skipping = True
+                        return lines
+                    piece = bytes(self.buf[:self.max_line])
+                    del self.buf[:self.max_line]
                     lines.extend(self._line(piece, len(piece)))
                     continue
                 return lines
             raw = bytes(self.buf[:nl])
             del self.buf[: nl + 1]
+            if self.skipping or (self.frames and nl >= self.max_line and self.header_seen):
+                self.skipping = False
+                lines.extend(self._skip(nl + 1))
+                continue
             lines.extend(self._line(raw, nl + 1))
+
+    def _decode(self, raw: bytes) -> str:
+        if self.frames:
+            return raw.decode("utf-8", "surrogateescape")
+        return raw.decode("utf-8", "replace").rstrip("\r")
+
+    def _release_held(self) -> list[str]:
+        if self.held is None:
+            return []
+        line = self._decode(self.held)
+        self.offset = (self.offset or 0) + len(self.held) + 1
+        self.held = None
+        return [line]
+
+    def _skip(self, size: int) -> list[str]:
+        out = self._release_held()
+        self.offset = (self.offset or 0) + size
+        return out
 
     def _line(self, raw: bytes, size: int) -> list[str]:
         if not self.header_seen:
@@ -94,21 +131,17 @@ class LineSplitter:
                 return []
             # Not our agent talking (a login banner?): show it, it may explain a failure.
             return [raw.decode("utf-8", "replace")]
-        out: list[str] = []
-        if self.held is not None:
-            out.append(self.held.decode("utf-8", "replace"))
-            self.offset = (self.offset or 0) + len(self.held) + 1
-            self.held = None
+        out = self._release_held()
         if parse_sentinel(raw.decode("utf-8", "replace"))[0]:
             self.held = raw
             return out
-        out.append(raw.decode("utf-8", "replace").rstrip("\r"))
+        out.append(self._decode(raw))
         self.offset = (self.offset or 0) + size
         return out
 
     def finish(self) -> tuple[bool, int | None]:
         """At EOF: (the stage ended, its exit code)."""
-        if self.held is not None and not self.buf:
+        if self.held is not None and not self.buf and not self.skipping:
             return parse_sentinel(self.held.decode("utf-8", "replace"))
         return False, None
 

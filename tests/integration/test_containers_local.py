@@ -227,3 +227,16 @@ def test_missing_runtime_is_one_line_and_nothing_runs(ctr: Ctr):
     assert "still there" not in res.stdout and "Running setup" not in res.stdout, res.describe()
     for n in ctr.nodes:
         assert not ctr.cluster.exists_on(n, f"~/.gpuctl/jobs/{m.group(1)}/run.log")
+
+
+def test_down_removes_the_clusters_containers_and_no_other(ctr: Ctr):
+    """Last: `down` takes the cluster's containers out of the store the local nodes share, by their
+    names: another cluster's container whose name starts the same (cluster `MOD-b`) stays."""
+    assert set(ctr.container_ids()) == {f"gpuctl-{MOD}-head", f"gpuctl-{MOD}-worker1"}
+    decoy = f"gpuctl-{MOD}-b-head"
+    subprocess.run(["podman", "create", "--name", decoy, IMAGE, "true"], capture_output=True, check=True)
+    try:
+        ctr.gpuctl("down", MOD).check()
+        assert set(ctr.container_ids()) == {decoy}
+    finally:
+        subprocess.run(["podman", "rm", "--force", "--ignore", decoy], capture_output=True, check=False)

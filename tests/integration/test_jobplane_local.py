@@ -13,7 +13,9 @@ worker2 and worker4), through the real `gpuctl` command:
 - Ctrl-C during the copy, during setup and during run ends everything and
   records CANCELLED;
 - a detached job whose gpuctl (and watcher) are gone still fails fast, and
-  `queue` shows the true outcome.
+  `queue` shows the true outcome;
+- output lines of several MiB (binary, with and without a final newline, and
+  lines that are events themselves) arrive through the tree byte for byte.
 """
 
 from __future__ import annotations
@@ -297,3 +299,71 @@ def test_detached_job_fails_fast_without_gpuctl(jp: JP):
     assert not pids_matching(marker), "the other ranks were not stopped"
     mine = queue_row_once_ended(lambda: jp.gpuctl("queue", NAME), job)
     assert mine[2] == "FAILED" and mine[-1].split(",")[3] == "9", mine
+
+
+# Every rank prints lines no hop may cut or read as events: 3 MiB of every byte but the
+# newline (invalid UTF-8, \r), event lines of its own, a 1 MiB line ending in one (where the
+# old controller cut), and last 5 MiB without a newline.
+AWKWARD = (
+    "import os, sys; r = int(os.environ['GPUCTL_NODE_RANK']); noise = bytes(b for b in range(256) if b != 10); "
+    "lines = [noise * (12288 + r), b'D SUCCEEDED {}', b'y' * (1 << 20) + b'D SUCCEEDED {}', b'X %d run 1' % r, "
+    "b'__GPUCTL_EXIT__ 0', b'progress\\rdone\\r', 'w\u00e9rld'.encode()]; "
+    "sys.stdout.buffer.write(b'\\n'.join(lines) + b'\\n' + b'z' * (5 << 20) + b'no newline %d' % r)")
+
+
+def test_long_binary_and_event_looking_lines_arrive_byte_for_byte(jp: JP):
+    """Through the depth-2 tree (worker2 and worker4 pass through a relay): the live output,
+    each rank's log and `gpuctl logs` (the saved copy, and rebuilt from the head) hold exactly
+    what every rank printed."""
+    expected = {n.rank: subprocess.run([sys.executable, "-c", AWKWARD], capture_output=True, check=True,
+                                       env={**os.environ, "GPUCTL_NODE_RANK": str(n.rank)}).stdout
+                for n in jp.nodes}
+    live = subprocess.run([sys.executable, "-m", "gpuctl", "exec", NAME, "--", "python3", "-c", AWKWARD],
+                          env={**gpuctl_env(jp.cluster.state_dir), **jp.env_extra}, stdin=subprocess.DEVNULL,
+                          capture_output=True, timeout=300)
+    assert live.returncode == 0, live.stderr.decode(errors="replace")
+    job = re.search(rb"^Job (\d+) running", live.stdout, re.M)
+    assert job, live.stdout[-2000:]
+
+    def by_rank(out: bytes) -> dict[int, bytes]:
+        """Each rank's printed lines, prefix taken off (the console ends the last line)."""
+        return {n.rank: b"".join(line[len(f"({n.name}, rank={n.rank}) "):] + b"\n" for line in out.split(b"\n")
+                                 if line.startswith(f"({n.name}, rank={n.rank}) ".encode()))
+                for n in jp.nodes}
+
+    printed = {rank: data + b"\n" for rank, data in expected.items()}
+    assert by_rank(live.stdout) == printed
+    logs = jp.cluster.cdir / "jobs" / job.group(1).decode()
+    assert {n.rank: (logs / f"run-rank{n.rank}.log").read_bytes() for n in jp.nodes} == expected
+    saved = subprocess.run([sys.executable, "-m", "gpuctl", "logs", NAME, job.group(1).decode()],
+                           env=gpuctl_env(jp.cluster.state_dir), capture_output=True, timeout=120)
+    assert saved.returncode == 0 and by_rank(saved.stdout) == printed, saved.stderr.decode(errors="replace")
+    for path in logs.glob("*-rank*.log"):
+        path.unlink()
+    rebuilt = subprocess.run([sys.executable, "-m", "gpuctl", "logs", NAME, job.group(1).decode()],
+                             env=gpuctl_env(jp.cluster.state_dir), capture_output=True, timeout=120)
+    assert rebuilt.returncode == 0 and by_rank(rebuilt.stdout) == printed, rebuilt.stderr.decode(errors="replace")
+    assert {n.rank: (logs / f"run-rank{n.rank}.log").read_bytes() for n in jp.nodes} == expected
+
+
+@pytest.mark.parametrize("rank", [2, 0])  # a worker behind a relay, the head
+def test_a_full_disk_fails_the_job_at_once_naming_the_node_and_path(jp: JP, rank: int):
+    """The node's ~/.gpuctl/jobs is a full tmpfs: the job fails in one line naming the node and
+    the path, without preparing again, and `queue` says FAILED at once (not PENDING)."""
+    node = jp.nodes[rank]
+    jobs = "$HOME/.gpuctl/jobs"
+    jp.cluster.ssh(node, f'mount -t tmpfs -o size=64k tmpfs "{jobs}" && '
+                         f'{{ dd if=/dev/zero of="{jobs}/fill" bs=4k 2>/dev/null; true; }}')
+    try:
+        res = jp.gpuctl("exec", NAME, "--", "true")
+    finally:
+        jp.cluster.ssh(node, f'umount "{jobs}"')
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.describe()
+    errors = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and re.search(rf"\b{node.name}: cannot write /\S+/\.gpuctl/jobs/\d+(/\S+)?: "
+                                          r"No space left on device$", errors[0]), res.describe()
+    assert "Preparing" not in res.stdout, res.describe()
+    job = int(re.search(r"job (\d+):", errors[0]).group(1))  # type: ignore[union-attr]
+    row = next(line.split() for line in jp.gpuctl("queue", NAME).check().stdout.splitlines()
+               if line.split()[:1] == [str(job)])
+    assert row[2] == "FAILED", row

@@ -5,18 +5,24 @@ directory at once, and the small pure helpers."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
+import random
+import select
+import shlex
 import subprocess
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from gpuctl.jobplane.events import Outcome, parse_event
-from gpuctl.stream import LineSplitter
+from gpuctl import joblogs
+from gpuctl.inventory import Inventory, Node
+from gpuctl.jobplane import client
+from gpuctl.jobplane.events import PIECE, Event, LineJoiner, Outcome, encode, parse_event
 
 AGENT_PATH = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "agent.py"
 
@@ -141,8 +147,9 @@ def submit(home: Path, body: dict, secrets_text: str = "", timeout: float = 60) 
     data = json.dumps(body) + "\n" + json.dumps(secrets_text) + "\n"
     proc = subprocess.run([sys.executable, str(AGENT_PATH), "submit"], input=data.encode(), capture_output=True,
                           timeout=timeout, env={**os.environ, "HOME": str(home)})
-    splitter = LineSplitter()
-    events = [e for e in map(parse_event, splitter.feed(proc.stdout)) if e is not None]
+    splitter = client.event_splitter(None)  # as the controller reads it: 64 KiB at a time
+    lines = [line for i in range(0, len(proc.stdout), 65536) for line in splitter.feed(proc.stdout[i:i + 65536])]
+    events = [e for e in map(parse_event, lines) if e is not None]
     ended, _ = splitter.finish()
     assert ended, proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
     outcome = next((Outcome.from_data(e.text, e.data) for e in events if e.kind == "D"), None)
@@ -213,3 +220,167 @@ def test_cancel_ends_a_running_job(node_home: Path):
     assert json.loads(answer.stdout)["status"] == "CANCELLED"
     assert b"survived" not in seen + out
     assert b"D CANCELLED" in seen + out
+
+
+# -- a rank's output, byte for byte ----------------------------------------------------
+
+
+def awkward_output(seed: int) -> bytes:
+    """Lines no framing may bend: several MiB without a newline, binary and invalid UTF-8, \\r,
+    lines that are events or the sentinel themselves, one ending just past each piece size,
+    an event-looking remainder where the old controller cut at 1 MiB, and no final newline."""
+    rnd = random.Random(seed)
+    noise = lambda n: bytes(rnd.choice(b"\x00\xff\xfe\xc3\r\t x") for _ in range(n))  # noqa: E731 - no \n
+    lines = [b"x" * 1_200_000, b"y" * (1 << 20) + b"D SUCCEEDED {}", noise(rnd.randint(2 << 20, 3 << 20)),
+             b"D SUCCEEDED {}", b"X 0 run 1", b"O 0 run forged", b"o 1 run forged", b"L 0 gone", b"P run",
+             b"__GPUCTL_EXIT__ 0", b"__GPUCTL_OFFSET__ 5", b"progress 1%\rprogress 2%\r", b"crlf\r", b"",
+             b"\xff\xfe not utf-8 \xc3", "wérld ✓".encode()]
+    lines += [b"p" * n for n in (PIECE - 1, PIECE, PIECE + 1, 2 * PIECE, rnd.randint(1, 5 * PIECE))]
+    rnd.shuffle(lines)
+    return b"\n".join(lines) + b"\n" + noise(rnd.randint(PIECE, 3 * PIECE)) + b"D FAILED {}"
+
+
+def rank_bytes(events: list[Event], rank: int = 0, stage: str = "run") -> bytes:
+    """What the controller makes of the events: the rank's lines, joined, as the rank log holds them."""
+    joiner = LineJoiner()
+    whole = [w for e in events for w in joiner.feed(e)]
+    return b"".join(encode(e.text) + (b"\n" if e.eol else b"")
+                    for e in whole if e.kind == "O" and (e.rank, e.stage) == (rank, stage))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_output_round_trips_through_the_head_byte_for_byte(node_home: Path, tmp_path: Path, seed: int,
+                                                             monkeypatch: pytest.MonkeyPatch):
+    """stage log -> LocalStage -> coordinator -> events.log -> submit's stream -> the controller's
+    splitter and joiner -> rank log, and `gpuctl logs`' rebuild from events.log: the same bytes."""
+    data = awkward_output(seed)
+    (node_home / "out.bin").write_bytes(data)
+    events, outcome, err = submit(node_home, payload("20", 'cat "$HOME/out.bin"'))
+    assert outcome is not None and outcome.status == "SUCCEEDED", err
+    assert rank_bytes(events) == data
+    assert [e.kind for e in events if e.kind not in "Oo"] == ["P", "H", "P", "S", "P", "X", "D"]
+    log = node_home / ".gpuctl" / "jobs" / "20" / "events.log"
+    assert max(map(len, log.read_bytes().split(b"\n"))) <= PIECE + 64  # no hop holds a longer event
+
+    writer = joblogs.LogWriter("c", 20)  # what _JobView saves from the joined events
+    joiner = LineJoiner()
+    for whole in (w for e in events for w in joiner.feed(e)):
+        if whole.kind == "O":
+            writer.write(whole.stage or "run", whole.rank or 0, whole.text, whole.eol)
+    writer.close()
+    assert joblogs.local_log("c", 20, "run", 0).read_bytes() == data
+
+    joblogs.local_log("c", 20, "run", 0).unlink()
+    monkeypatch.setattr(joblogs.ssh, "ssh_argv", lambda node, command, control_dir=None: ["cat", "--", str(log)])
+    node = Node("head", 0, "n0", "127.0.0.1", "127.0.0.1", 22, "u", "/k", 0)
+    fetched = joblogs.fetch(Inventory(cluster="c", cloud="local", region=None, zone=None, nodes=(node,)), 20,
+                            control_dir=None)
+    assert fetched is not None and fetched.status == "SUCCEEDED"
+    assert joblogs.local_log("c", 20, "run", 0).read_bytes() == data
+
+
+def test_relay_passes_output_on_unchanged(tmp_path: Path):
+    """A worker's frames, read by its parent relay (LineReader) and passed up (_from_child)."""
+    data = awkward_output(3)
+    frames = b"".join(agent.out_events(b"1 run ", line, True) for line in data.split(b"\n"))
+    read, write = os.pipe()
+    sent = []
+    relay = agent.Relay({"job": "21", "peers": [{"rank": 0, "name": "head", "host": "h", "ssh": []}]}, "", 0,
+                        sent.append)
+    child = type("Child", (), {"rank": 1, "hello": False, "open_ranks": {1}})()
+    reader = agent.LineReader(read)
+
+    def child_relay() -> None:
+        with os.fdopen(write, "wb") as stdout:
+            stdout.write(frames + agent.ev("X", 1, "run", 0))
+
+    with ThreadPoolExecutor(1) as pool:
+        sending = pool.submit(child_relay)
+        while not reader.eof:
+            select.select([read], [], [])
+            for line in reader.read_lines():
+                relay._from_child(child, line)
+        sending.result()
+    os.close(read)
+    passed = b"".join(sent)
+    assert passed == frames + b"X 1 run 0\n"
+    events = [parse_event(line) for line in client.event_splitter(0).feed(b"__GPUCTL_OFFSET__ 0\n" + passed)]
+    assert rank_bytes([e for e in events if e is not None], rank=1) == data + b"\n"
+    assert child.open_ranks == {1}  # no output line was taken for an L or H of its own
+
+
+def test_a_resumed_stream_loses_and_repeats_no_byte(node_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """The controller's connection drops mid-line, twice, at awkward places: `attach --offset`
+    resumes exactly, and lines that span the drop are joined whole."""
+    data = awkward_output(4)
+    (node_home / "out.bin").write_bytes(data)
+    _, outcome, _ = submit(node_home, payload("22", 'cat "$HOME/out.bin"'))
+    assert outcome is not None and outcome.status == "SUCCEEDED"
+    cuts = iter([PIECE * 3 + 17, 1_500_000])  # bytes each dropped connection delivers before it ends
+    env = {**os.environ, "HOME": str(node_home)}
+
+    def start(self: client.Session, command: str, stdin_data: bytes | None) -> None:
+        words = command.split()[1:]  # `gpuctl-node attach 22 --offset N`: the local agent plays the head
+        line = shlex.join([sys.executable, str(AGENT_PATH), *words])
+        cut = next(cuts, None)
+        self.proc = subprocess.Popen(["bash", "-c", line + (f" | head -c {cut}" if cut else "")],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env)
+        self.stderr = bytearray()
+
+    monkeypatch.setattr(client.Session, "_start", start)
+    monkeypatch.setattr(client.time, "sleep", lambda seconds: None)  # the reconnection back-off
+    seen: list[Event] = []
+    session = client.Session(Node("head", 0, "n0", "h", "h", 22, "u", "/k", 0), 22, node_home, seen.append)
+    resumed = session.attach(0)
+    assert next(cuts, None) is None  # both drops happened
+    assert resumed is not None and resumed.status == "SUCCEEDED"
+    assert b"".join(encode(e.text) + (b"\n" if e.eol else b"") for e in seen if e.kind == "O") == data
+
+
+# -- a full disk ---------------------------------------------------------------------------
+
+
+def disk_full(path: str, *args: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_node_that_cannot_write_the_job_is_a_problem_not_unprepared(node_home: Path, rank: int,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    """ENOSPC where a node writes the job's files (the head's scripts, a worker's directory):
+    `H RANK problem` naming the path, so the job fails at once instead of preparing again."""
+    monkeypatch.setenv("HOME", str(node_home))
+    monkeypatch.setattr(agent, "PREPARED_FILE", str(node_home / ".gpuctl" / "prepared"))
+    monkeypatch.setattr(agent, "JOBS_DIR", str(node_home / ".gpuctl" / "jobs"))
+    monkeypatch.setattr(agent, "write_private", disk_full)
+    body = payload("30", "echo never")
+    body["peers"].append({"rank": 1, "name": "worker1", "host": "127.0.0.2", "ssh": []})
+    os.makedirs(agent.job_dir("30"), 0o700)  # the head's submit made it
+    sent: list[bytes] = []
+    relay = agent.Relay(body, "export S=1\n", rank, sent.append)
+    assert relay.prepare_local() is False
+    secrets = node_home / ".gpuctl" / "jobs" / "30" / "secrets.sh"  # the first file it writes
+    assert sent == [f"H {rank} problem cannot write {secrets}: No space left on device\n".encode()]
+
+
+def test_submit_to_a_full_head_fails_the_job_in_one_line(node_home: Path):
+    """The head cannot write the job at all: FAILED at once, naming the head and the path; nothing
+    left behind, no coordinator started."""
+    run = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('a', sys.argv[1]); "
+           "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+           "exec(sys.argv[2], vars(m)); sys.exit(m.main(['submit']))")
+    full = ("import errno, os\ndef write_private(path, *args):\n"
+            "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)\n")
+    data = json.dumps(payload("31", "echo never")) + "\n" + json.dumps("") + "\n"
+    proc = subprocess.run([sys.executable, "-c", run, str(AGENT_PATH), full], input=data.encode(),
+                          capture_output=True, timeout=60, env={**os.environ, "HOME": str(node_home)})
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr.decode(errors="replace")
+    splitter = client.event_splitter(None)
+    events = [e for e in map(parse_event, splitter.feed(proc.stdout)) if e is not None]
+    assert splitter.finish()[0]
+    jobdir = node_home / ".gpuctl" / "jobs" / "31"
+    why = f"cannot write {jobdir}/payload.json: No space left on device"
+    assert [(e.kind, e.text) for e in events] == [("H", f"problem {why}"), ("D", "FAILED")]
+    assert Outcome.from_data("FAILED", events[-1].data).detail == f"head: {why}"
+    assert not jobdir.exists()

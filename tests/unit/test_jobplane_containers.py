@@ -280,3 +280,42 @@ def _cmdline(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+# -- `down`: the cluster's containers, by name ---------------------------------------------
+
+
+@pytest.mark.parametrize("cluster,node", [("a", "head"), ("a-b", "worker1"), ("x.y_z", "worker12")])
+def test_the_controller_names_a_nodes_container_as_the_agent_does(cluster: str, node: str,
+                                                                    monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(agent, "find_runtime", lambda wanted=None: ("/usr/bin/podman", None))
+    box = payload_mod.container_plan("ubuntu:22.04", cluster, ["~/gpuctl_workdir"])
+    cfg, problem = agent.container_config(box, node, "~/gpuctl_workdir")
+    assert problem is None and cfg["name"] == payload_mod.container_name(cluster, node)
+
+
+@pytest.mark.parametrize("runtimes", [("podman",), ("docker",), ("docker", "podman")])
+def test_down_removes_exactly_the_named_containers(tmp_path: Path, runtimes: tuple[str, ...]):
+    """Fake runtimes holding this cluster's containers and another cluster's that shares the prefix
+    (gpuctl-a-b-head vs gpuctl-a-head): only the named ones are asked for, nothing by pattern."""
+    store = tmp_path / "store"
+    store.write_text("gpuctl-a-head\ngpuctl-a-worker1\ngpuctl-a-b-head\n")
+    log = tmp_path / "calls"
+    for rt in runtimes:
+        (tmp_path / rt).write_text(
+            f'#!/bin/bash\necho "{rt} $*" >> {log}\n'
+            f'if [ "$1 $2" = "container inspect" ]; then grep -qx -- "$4" {store}; fi\n')
+        (tmp_path / rt).chmod(0o755)
+    names = [payload_mod.container_name("a", n) for n in ("head", "worker1", "worker2")]
+    command = payload_mod.remove_containers_command(names)
+    proc = subprocess.run(["bash", "-c", command], env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    calls = log.read_text().splitlines()
+    removed = [c for c in calls if " rm " in f" {c} "]
+    if "podman" in runtimes:
+        assert "podman rm --force --ignore -- gpuctl-a-head gpuctl-a-worker1 gpuctl-a-worker2" in removed
+    if "docker" in runtimes:  # docker has no --ignore: only the containers it has
+        assert [c for c in removed if c.startswith("docker")] == ["docker rm --force -- gpuctl-a-head",
+                                                                   "docker rm --force -- gpuctl-a-worker1"]
+    assert not any("gpuctl-a-b" in c or "*" in c or "filter" in c for c in calls), calls

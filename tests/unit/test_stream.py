@@ -3,6 +3,7 @@ agent's side of the protocol (run locally, without ssh)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -14,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from gpuctl import ssh, stream
+from gpuctl.console import Reporter
 from gpuctl.inventory import Node
+from gpuctl.jobplane import client
+from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, decode, encode, parse_event
 from gpuctl.paths import ansible_dir
 
 AGENT = ansible_dir() / "roles" / "gpuctl_node" / "files" / "gpuctl-node"
@@ -261,3 +265,74 @@ def test_agent_refuses_a_second_launch_while_running(jobdir: Path) -> None:
         assert r.returncode == 3 and "already running" in r.stderr
     finally:
         agent("kill", str(jobdir), "run", "--grace", "0")
+
+
+# -- the job plane's event stream -------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [4096, 65536, 1 << 20, 3 << 20])
+def test_an_event_is_never_cut_and_an_overlong_one_never_read_in_parts(step: int) -> None:
+    """An event longer than any the agent writes (here: an old agent's 1 MiB + 64 KiB piece that
+    ends in an event-looking remainder, in the audit's shape) is dropped whole, whatever the read
+    size; the offset still counts its bytes, and the events around it come through intact."""
+    over = b"O 0 run " + b"x" * (MAX_EVENT + 5) + b"D SUCCEEDED {}\n"
+    ok = b"O 0 run " + b"y" * (MAX_EVENT - 100) + b"\n"
+    data = b"__GPUCTL_OFFSET__ 7\nP run\n" + over + b"X 0 run 1\n" + ok + b"D FAILED {}\n"
+    sp = client.event_splitter(None)
+    lines = [line for i in range(0, len(data), step) for line in sp.feed(data[i:i + step])]
+    assert [parse_event(line).kind for line in lines] == ["P", "X", "O", "D"]  # type: ignore[union-attr]
+    assert lines[2] == ok[:-1].decode()
+    assert sp.offset == 7 + len(data) - len(b"__GPUCTL_OFFSET__ 7\n")
+
+
+def test_event_lines_keep_their_bytes() -> None:
+    sp = client.event_splitter(None)
+    lines = sp.feed(b"__GPUCTL_OFFSET__ 0\nO 0 run \xff\xfe\xc3 bin\r\nO 0 run a\rb\r\n")
+    assert [encode(line) for line in lines] == [b"O 0 run \xff\xfe\xc3 bin\r", b"O 0 run a\rb\r"]
+
+
+def ev_o(kind: str, rank: int, text: str, stage: str = "run") -> Event:
+    return Event(kind, rank, stage=stage, text=text)
+
+
+def test_joiner_puts_pieces_back_per_rank_and_stage() -> None:
+    j = LineJoiner()
+    assert j.feed(ev_o("o", 0, "ab")) == [] and j.feed(ev_o("o", 1, "xy")) == []
+    assert j.feed(ev_o("o", 0, "c", stage="setup")) == []
+    assert j.feed(ev_o("O", 0, "d")) == [ev_o("O", 0, "abd")]
+    assert j.feed(ev_o("O", 1, "z")) == [ev_o("O", 1, "xyz")]
+    assert j.feed(ev_o("O", 0, "e", stage="setup")) == [ev_o("O", 0, "ce", stage="setup")]
+    assert j.feed(ev_o("O", 2, "whole")) == [ev_o("O", 2, "whole")]
+    assert j.held == 0 and not j.pending
+
+
+def test_joiner_hands_on_an_unfinished_line_at_the_stage_end_without_a_newline() -> None:
+    j = LineJoiner()
+    j.feed(ev_o("o", 0, "no newline"))
+    j.feed(ev_o("o", 1, "lost mid-line"))
+    x = Event("X", 0, stage="run", code=0)
+    assert j.feed(x) == [Event("O", 0, stage="run", text="no newline", eol=False), x]
+    lost = Event("L", 1, text="gone")
+    assert j.feed(lost) == [Event("O", 1, stage="run", text="lost mid-line", eol=False), lost]
+    j.feed(ev_o("o", 2, "cut"))
+    done = Event("D", text="CANCELLED")
+    assert j.feed(done) == [Event("O", 2, stage="run", text="cut", eol=False), done]
+
+
+def test_joiner_memory_is_bounded_and_every_character_stays_in_order() -> None:
+    j = LineJoiner(limit=10, total=15)
+    out = [e for piece in ("abcd", "efgh", "ijkl", "mn") for e in j.feed(ev_o("o", 0, piece))]
+    out += j.feed(ev_o("O", 0, "op"))
+    assert [(e.text, e.eol) for e in out] == [("abcdefghijkl", False), ("mnop", True)]
+    out = [e for r, piece in ((1, "12345678"), (2, "12345678")) for e in j.feed(ev_o("o", r, piece))]
+    assert [(e.rank, e.text, e.eol) for e in out] == [(2, "12345678", False)]  # all open lines over 15
+    assert j.held == 8
+
+
+def test_a_rank_line_that_is_not_utf8_is_printed_as_its_bytes() -> None:
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
+    rep = Reporter(stream=out, plain=True)
+    rep.rank_line("(head, rank=0)", 0, decode(b"\xff\xfe bin\r"))
+    rep.rank_line("(head, rank=0)", 0, "plain ✓")
+    assert raw.getvalue() == b"(head, rank=0) \xff\xfe bin\r\n(head, rank=0) plain \xe2\x9c\x93\n"

@@ -38,11 +38,17 @@ Events (one line each, up the tree and to the controller):
   Y RANK CODE MESSAGE                    a sync push to RANK ended
   B RANK CODE MESSAGE                    RANK's cloud buckets are copied/mounted (0) or not
   S RANK STAGE                           the stage started on RANK
-  O RANK STAGE TEXT                      one output line
+  O RANK STAGE BYTES                     the end of an output line (all of it, or its last piece)
+  o RANK STAGE BYTES                     a piece of an output line that goes on in the next o/O
   X RANK STAGE CODE|?                    the stage ended on RANK
   L RANK REASON                          RANK was lost (ssh to it ended)
   P PHASE                                the coordinator's phase
   D STATUS JSON                          the job ended (last event)
+A rank's output is cut into pieces of at most OUT_PIECE bytes, each sent as it
+is read, so no hop holds or cuts a longer event; BYTES are the rank's own bytes
+(anything but a newline, which ends the event), never read as an event. A last
+line without a newline is an `o` before the stage's X. Every other event is
+one line of text the agent wrote (ev).
 Commands down the tree (one line each, on a relay's stdin):
   claim TOKEN | sync JSON | buckets TOKEN KINDS | release | start STAGE | kill GRACE STAGE... | cleanup | end
 
@@ -72,6 +78,7 @@ SENTINEL = "__GPUCTL_EXIT__"
 OFFSET_HEADER = "__GPUCTL_OFFSET__"
 POLL_S = 0.15
 CHUNK = 65536
+OUT_PIECE = 65536  # bytes of a rank's output per O/o event (the controller's events.PIECE)
 
 PROTOCOL = 1
 GPUCTL_DIR = os.path.expanduser("~/.gpuctl")
@@ -842,7 +849,19 @@ def cmd_claim(args):
 
 
 def ev(*fields):
-    return (" ".join(str(f) for f in fields) + "\n").encode("utf-8", "replace")
+    """An event of the agent's own (not a rank's output: out_events): one line, whatever its text holds."""
+    return (" ".join(str(f) for f in fields).replace("\n", " ") + "\n").encode("utf-8", "replace")
+
+
+def out_events(head, line, ended):
+    """A rank's `line` (bytes, no newline) as O/o events of at most OUT_PIECE bytes: `head` is
+    b"RANK STAGE "; the last is O if the line `ended` with its newline, else o (more follows)."""
+    frames = []
+    while len(line) > OUT_PIECE:
+        frames.append(b"o " + head + line[:OUT_PIECE] + b"\n")
+        line = line[OUT_PIECE:]
+    frames.append((b"O " if ended else b"o ") + head + line + b"\n")
+    return b"".join(frames)
 
 
 def partition(ranks, branching):
@@ -927,19 +946,20 @@ class Child(object):
 
 
 class LocalStage(object):
-    """A stage started on this node: its log is read as it grows into O events."""
+    """A stage started on this node: its log is read as it grows into O/o events (out_events)."""
 
     def __init__(self, st):
         self.st = st
         self.fh = open(st.log, "rb")
-        self.buf = b""
+        self.buf = b""  # the start of a line whose newline has not come yet (< OUT_PIECE bytes)
         self.lost_since = None
         self.done = False
 
     def poll(self, emit, rank):
+        head = ("%d %s " % (rank, self.st.name)).encode()
         chunk = self.fh.read(CHUNK)
         while chunk:
-            self._lines(chunk, emit, rank)
+            self._lines(chunk, emit, head)
             chunk = self.fh.read(CHUNK)
         code = self.st.exit_code()
         if code is None and not self.st.supervisor_alive():
@@ -949,25 +969,28 @@ class LocalStage(object):
             code = "?"
         elif code is None:
             return
-        self._lines(self.fh.read(), emit, rank)
-        if self.buf:
-            emit(ev("O", rank, self.st.name, self.buf.decode("utf-8", "replace")))
+        chunk = self.fh.read(CHUNK)  # written before the exit was recorded
+        while chunk:
+            self._lines(chunk, emit, head)
+            chunk = self.fh.read(CHUNK)
+        if self.buf:  # the last line has no newline: it stays without one
+            emit(out_events(head, self.buf, False))
             self.buf = b""
         self.fh.close()
         self.done = True
         emit(ev("X", rank, self.st.name, code))
 
-    def _lines(self, data, emit, rank):
-        if not data:
-            return
-        self.buf += data
-        parts = self.buf.split(b"\n")
-        self.buf = parts.pop()
-        if len(self.buf) > (1 << 20):  # a very long run without newline goes out in pieces
-            parts.append(self.buf)
-            self.buf = b""
-        for line in parts:
-            emit(ev("O", rank, self.st.name, line.decode("utf-8", "replace").rstrip("\r")))
+    def _lines(self, data, emit, head):
+        parts = (self.buf + data).split(b"\n")
+        rest = parts.pop()
+        frames = [out_events(head, line, True) for line in parts]
+        if len(rest) >= OUT_PIECE:  # a long line goes out in pieces as it comes, never held whole
+            cut = len(rest) - len(rest) % OUT_PIECE
+            frames.append(out_events(head, rest[:cut], False))
+            rest = rest[cut:]
+        self.buf = rest
+        if frames:
+            emit(b"".join(frames))
 
 
 # -------------------------------------------------------------------- buckets
@@ -1651,6 +1674,20 @@ class NodeBuckets(object):
         return None, "mounted"
 
 
+def cannot_write(exc, path):
+    """One line for job files a node could not write: the path and why (No space left on device...)."""
+    return "cannot write %s: %s" % (getattr(exc, "filename", None) or path, exc.strerror or exc)
+
+
+def answer_without_job(out, hello, outcome):
+    """`submit`'s whole answer when the head takes no job: its H, the outcome, the stream's end."""
+    out.write(("%s 0\n" % OFFSET_HEADER).encode())
+    out.write(hello)
+    out.write(ev("D", outcome["status"], json.dumps(outcome)))
+    out.write(("%s 3\n" % SENTINEL).encode())
+    return 0
+
+
 def describe_by_node(peers, messages):
     """One clause per distinct message, naming its nodes: `head, worker1: TEXT`."""
     names = {}
@@ -1687,6 +1724,13 @@ class Relay(object):
     # -- setup ---------------------------------------------------------------
     def prepare_local(self):
         """Check the node's prepared state and write the job's files; emits H."""
+        try:
+            return self._prepare_local()
+        except OSError as exc:  # a full disk, a read-only home: prepare would not help, the job cannot run
+            self.emit(ev("H", self.rank, "problem", cannot_write(exc, self.jobdir)))
+            return False
+
+    def _prepare_local(self):
         problem = prepared_problem(self.payload.get("fingerprint"))
         if problem:
             self.emit(ev("H", self.rank, "unprepared", problem))
@@ -1932,6 +1976,9 @@ class Relay(object):
         return extra_ready
 
     def _from_child(self, child, line):
+        if line[:2] in (b"O ", b"o "):  # a rank's output: passed on as it is
+            self.emit(line + b"\n")
+            return
         kind, _, rest = line.partition(b" ")
         if kind in (b"X", b"L", b"H"):
             rank_text = rest.split(b" ", 1)[0]
@@ -2067,10 +2114,14 @@ class Coordinator(object):
         self.relay = Relay(payload, secrets, 0, self.on_event)
 
     def write(self, data):
-        os.write(self.events, data)
+        view = memoryview(data)
+        while view:  # a short write would leave half an event for the next one to complete
+            view = view[os.write(self.events, view):]
 
     def on_event(self, data):
         self.write(data)
+        if data[:2] in (b"O ", b"o "):  # output (a batch of whole events): nothing to record
+            return
         parts = data.decode("utf-8", "replace").rstrip("\n").split(" ", 3)
         kind = parts[0]
         if len(parts) < 2 or not parts[1].lstrip("-").isdigit():
@@ -2341,17 +2392,20 @@ def cmd_submit(args):
     payload, secrets = read_payload(sys.stdin.buffer)
     problem = prepared_problem(payload.get("fingerprint"))
     if problem:
-        out.write(("%s 0\n" % OFFSET_HEADER).encode())
-        out.write(ev("H", 0, "unprepared", problem))
-        out.write(ev("D", "UNPREPARED", json.dumps({"status": "UNPREPARED", "ranks": [0], "detail": problem})))
-        out.write(("%s 3\n" % SENTINEL).encode())
-        return 0
+        return answer_without_job(out, ev("H", 0, "unprepared", problem),
+                                  {"status": "UNPREPARED", "ranks": [0], "detail": problem})
     jobdir = job_dir(payload["job"])
     if os.path.isdir(jobdir):
         shutil.rmtree(jobdir, ignore_errors=True)
-    os.makedirs(jobdir, 0o700)
-    write_private(os.path.join(jobdir, "payload.json"), json.dumps(payload))
-    os.close(os.open(os.path.join(jobdir, "events.log"), os.O_WRONLY | os.O_CREAT, 0o600))
+    try:
+        os.makedirs(jobdir, 0o700)
+        write_private(os.path.join(jobdir, "payload.json"), json.dumps(payload))
+        os.close(os.open(os.path.join(jobdir, "events.log"), os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError as exc:  # a full disk: the job fails here and now (it is no unprepared node)
+        shutil.rmtree(jobdir, ignore_errors=True)
+        problem = cannot_write(exc, jobdir)
+        return answer_without_job(out, ev("H", 0, "problem", problem), {
+            "status": "FAILED", "ranks": [0], "detail": describe_by_node(payload["peers"], {0: problem})})
     with open(os.path.join(jobdir, "coordinator.log"), "ab") as log:
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "coordinate", payload["job"]],
                                 stdin=subprocess.PIPE, stdout=log, stderr=log, close_fds=True,

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from gpuctl import ssh
 from gpuctl.inventory import Node
-from gpuctl.jobplane.events import Event, Outcome, parse_event
+from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, Outcome, parse_event
 from gpuctl.stream import LineSplitter
 
 # ssh's exit codes that mean "the agent is not what this gpuctl expects":
@@ -51,6 +51,7 @@ class Session:
     header_seen: bool = False
     proc: subprocess.Popen[bytes] | None = None
     stderr: bytearray = field(default_factory=bytearray)
+    lines: LineJoiner = field(default_factory=LineJoiner)  # across reconnections: a line may span them
 
     # -- connections ----------------------------------------------------------
     def _start(self, command: str, stdin_data: bytes | None) -> None:
@@ -107,7 +108,7 @@ class Session:
     def _read_connection(self, stop: Callable[[], bool]) -> bool:
         """Read one connection to its end; True when the stream ended with the agent's sentinel."""
         assert self.proc is not None and self.proc.stdout is not None and self.proc.stderr is not None
-        splitter = LineSplitter(offset=self.offset)
+        splitter = event_splitter(self.offset)
         sel = selectors.DefaultSelector()
         for pipe, kind in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
             os.set_blocking(pipe.fileno(), False)
@@ -153,9 +154,10 @@ class Session:
         return ended
 
     def _handle(self, event: Event) -> None:
-        if event.kind == "D":
-            self.outcome = Outcome.from_data(event.text, event.data)
-        self.on_event(event)
+        for whole in self.lines.feed(event):
+            if whole.kind == "D":
+                self.outcome = Outcome.from_data(whole.text, whole.data)
+            self.on_event(whole)
 
     def close(self) -> None:
         """Leave the job running on the cluster; end this controller's connection."""
@@ -174,7 +176,7 @@ class Session:
             return
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
-        splitter = LineSplitter()
+        splitter = event_splitter(None)
         while time.monotonic() < deadline and self.proc.poll() is None and not splitter.header_seen:
             try:
                 data = os.read(self.proc.stdout.fileno(), 65536)
@@ -188,6 +190,11 @@ class Session:
                 if event is not None:
                     self._handle(event)
         self.header_seen = self.header_seen or splitter.header_seen
+
+
+def event_splitter(offset: int | None) -> LineSplitter:
+    """A splitter for `submit`/`attach` output: events whole or not at all, bytes kept as sent."""
+    return LineSplitter(offset=offset, max_line=MAX_EVENT, frames=True)
 
 
 def cancel_on_head(head: Node, job_id: int, control_dir: Path, wait: float = 30.0) -> dict[str, Any] | None:

@@ -1,20 +1,44 @@
-"""The agent's event lines, as typed values (pure; the grammar is in agent.py's docstring)."""
+"""The agent's event lines, as typed values (pure; the grammar is in agent.py's docstring).
+
+A rank's output travels as `O RANK STAGE BYTES` (the end of a line) and
+`o RANK STAGE BYTES` (a piece of a line that goes on): the agent cuts every
+line into pieces of at most PIECE bytes, so no hop ever holds or cuts a longer
+event, and the bytes after the third space are the rank's own, never an event.
+A line without a newline at the stage's end is an `o` followed by the stage's
+`X`. `LineJoiner` puts the pieces back together on the controller.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+PIECE = 65536  # bytes of a rank's output per O/o event (the agent's OUT_PIECE)
+MAX_EVENT = 2 << 20  # the longest event line a reader takes (older agents' pieces were 1 MiB + 64 KiB)
+JOIN_LIMIT = 16 << 20  # characters of one line rejoined on the controller; a longer one goes on in parts
+JOIN_TOTAL = 64 << 20  # characters of all unfinished lines together
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # H C Y S O X L P D
+    kind: str  # H C Y B S O o X L P D
     rank: int | None = None
     stage: str | None = None
-    text: str = ""
+    text: str = ""  # O: the line's bytes, decoded UTF-8 with surrogateescape (encode back the same way)
     code: int | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    eol: bool = True  # O: the line ended with a newline (False: the stage ended first, or a part of a huge line)
+
+
+def decode(raw: bytes) -> str:
+    """An event line as text that encodes back to the same bytes (invalid UTF-8 included)."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def encode(text: str) -> bytes:
+    """The bytes a rank wrote, from an event's text."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def parse_event(line: str) -> Event | None:
@@ -33,9 +57,9 @@ def parse_event(line: str) -> Event | None:
     if not rank_text.isdigit():
         return None
     rank = int(rank_text)
-    if kind == "O":
+    if kind in ("O", "o"):
         stage, _, text = rest.partition(" ")
-        return Event("O", rank, stage=stage, text=text)
+        return Event(kind, rank, stage=stage, text=text)
     if kind == "X":
         stage, _, code = rest.partition(" ")
         code = code.strip()
@@ -50,6 +74,54 @@ def parse_event(line: str) -> Event | None:
     if kind == "C":
         return Event("C", rank, text=rest)
     return None
+
+
+class LineJoiner:
+    """Puts each rank's long output lines back together from their `o` pieces.
+
+    Memory is bounded: a line is held until its `O` up to JOIN_LIMIT characters
+    (JOIN_TOTAL for all open lines together); past that, what is held goes on
+    as an O event with `eol=False` and the rest of the line follows in further
+    parts, so a log written from the parts still has every byte in order.
+    The stage's X (its end), an L of the rank or the job's D hands on whatever
+    of a line is still held, also with `eol=False`.
+    """
+
+    def __init__(self, limit: int = JOIN_LIMIT, total: int = JOIN_TOTAL) -> None:
+        self.limit = limit
+        self.total = total
+        self.held = 0
+        self.pending: dict[tuple[int | None, str | None], list[str]] = {}
+        self.sizes: dict[tuple[int | None, str | None], int] = {}
+
+    def feed(self, event: Event) -> list[Event]:
+        """The events to hand on for `event` (none while a line is incomplete)."""
+        key = (event.rank, event.stage)
+        if event.kind == "o":
+            self.pending.setdefault(key, []).append(event.text)
+            self.sizes[key] = self.sizes.get(key, 0) + len(event.text)
+            self.held += len(event.text)
+            if self.sizes[key] >= self.limit or self.held >= self.total:
+                return [self._flush(key)]
+            return []
+        if event.kind == "O":
+            if key not in self.pending:
+                return [event]
+            return [replace(event, text=self._flush(key).text + event.text)]
+        if event.kind == "X":
+            ended = [key] if key in self.pending else []
+        elif event.kind == "L":
+            ended = [k for k in self.pending if k[0] == event.rank]
+        elif event.kind == "D":
+            ended = list(self.pending)
+        else:
+            return [event]
+        return [self._flush(k) for k in ended] + [event]
+
+    def _flush(self, key: tuple[int | None, str | None]) -> Event:
+        parts = self.pending.pop(key)
+        self.held -= self.sizes.pop(key)
+        return Event("O", key[0], stage=key[1], text="".join(parts), eol=False)
 
 
 @dataclass(frozen=True)

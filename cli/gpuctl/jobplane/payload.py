@@ -14,6 +14,7 @@ import ipaddress
 import os
 import re
 import secrets as _secrets
+import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -173,6 +174,25 @@ def container_plan(image: str, cluster: str, mounts: Sequence[str], runtime: str
 def workdir_rsync_args(rules: WorkdirFilter) -> list[str]:
     """The workdir's rsync options on every hop (the controller's adds git's own list: upload.py)."""
     return [*WORKDIR_RSYNC_BASE, *rules.rsync_args()]
+
+
+CONTAINERS_MARK = "containers"  # clusters/<name>/containers: a job of the cluster ran in containers
+
+
+def container_name(cluster: str, node_name: str) -> str:
+    """The node's container for the cluster's jobs, as the agent names it (container_config)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"gpuctl-{cluster}-{node_name}")
+    return name if name[:1].isalnum() else "gpuctl-" + name
+
+
+def remove_containers_command(names: Sequence[str]) -> str:
+    """Shell that removes exactly the containers `names` (no prefix or pattern: `gpuctl-a-head` must
+    not take `gpuctl-a-b-head` with it) with whichever runtime the node has; exit 1 if one failed."""
+    words = " ".join(shlex.quote(n) for n in names)
+    return (f"rc=0; if command -v docker >/dev/null 2>&1; then for c in {words}; do "
+            f"if docker container inspect -- \"$c\" >/dev/null 2>&1; then docker rm --force -- \"$c\" >/dev/null "
+            f"|| rc=1; fi; done; fi; if command -v podman >/dev/null 2>&1; then "
+            f"podman rm --force --ignore -- {words} >/dev/null || rc=1; fi; exit $rc")
 
 
 def sync_destinations(has_workdir: bool, file_mounts: Mapping[str, str], mount_is_dir: Mapping[str, bool],
