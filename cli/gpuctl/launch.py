@@ -142,9 +142,13 @@ class JobRunner:
                 self.reporter.info(f"Fabric: {line}")
         prepare.record(self.cdir, fingerprint)
         prepare.record_features(self.cdir, self.features)
-        from gpuctl.lifecycle import publish
+        self.publish()  # shared state: the prepare records and learned host keys
 
-        publish(self.inv.cluster, self.registry)  # shared state: the prepare records and learned host keys
+    def publish(self) -> None:
+        """Leave the cluster's records in the state bucket (shared state only), for the next runner."""
+        from gpuctl.lifecycle import publish  # lifecycle imports this module
+
+        publish(self.inv.cluster, self.registry)
 
     def check_console_host_keys(self) -> None:
         """The keys learned at first contact against those each instance printed to its console."""
@@ -185,8 +189,9 @@ class JobRunner:
         inv = self.inv
         job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
         container = self.container_plan(spec)  # a bad GPUCTL_CONTAINER_RUNTIME stops here, before any job exists
-        if container is not None:
+        if container is not None and not (self.cdir / payload.CONTAINERS_MARK).exists():
             (self.cdir / payload.CONTAINERS_MARK).touch()  # `down` removes the nodes' containers
+            self.publish()  # also a `down` from another runner
         buckets.check(spec.bucket_mounts, spec.envs)  # so does a bucket the nodes could not mount safely
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
         joblogs.mark_watching(inv.cluster, job.job_id)
@@ -293,6 +298,7 @@ class JobRunner:
         more = [d for d in dests if d not in known and gitignore.nested_destinations([d])]
         if more:
             (self.cdir / PLACED_FILE).write_text(json.dumps(known + more) + "\n")
+            self.publish()  # another runner's `exec` must leave them alone too
 
     def workdir_rules(self, spec: JobSpec) -> WorkdirFilter:
         """What the workdir copy leaves out: what git ignores, and the destinations of this job's and

@@ -99,12 +99,22 @@ def hold_lock(name: str, seconds: float, env: dict[str, str]) -> subprocess.Pope
 def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: Path, tf_cli_config: Path) -> None:
     name = f"rs-{uuid.uuid4().hex[:6]}"
     task = tmp_path / "task.yaml"
+    (tmp_path / "wd").mkdir()
+    (tmp_path / "wd" / "train.py").write_text("print('hi')\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "kept.txt").write_text("mounted by runner A\n")
     task.write_text(textwrap.dedent(f"""\
         name: {name}
         num_nodes: 2
         resources: {{infra: local}}
+        workdir: ./wd
+        file_mounts:
+          ~/gpuctl_workdir/data: ./data
         run: echo "rank $SKYPILOT_NODE_RANK says hello"
         """))
+    # runner B's exec copies the workdir again, without the file_mounts: what A mounted inside stays
+    b_task = tmp_path / "b.yaml"
+    b_task.write_text("num_nodes: 2\nworkdir: ./wd\nrun: echo b-was-here; cat data/kept.txt\n")
     env_a = runner_env(moto, tmp_path / "runner-a", tf_cli_config)
     env_b = runner_env(moto, tmp_path / "runner-b", tf_cli_config)
     before = netns_names()
@@ -130,8 +140,8 @@ def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: P
         # runner B never saw the cluster
         status = ok(gpuctl("status", name, env=env_b, cwd=tmp_path))
         assert f"{name}: UP, 2 node(s) on local" in status and "rank=1" in status
-        ran = ok(gpuctl("exec", name, "--", "echo", "b-was-here", env=env_b, cwd=tmp_path))
-        assert ran.count("b-was-here") == 2
+        ran = ok(gpuctl("exec", name, str(b_task), env=env_b, cwd=tmp_path))
+        assert ran.count("b-was-here") == 2 and ran.count("mounted by runner A") == 2, ran
         queue = ok(gpuctl("queue", name, env=env_b, cwd=tmp_path)).splitlines()
         assert [line.split()[0] for line in queue[1:]] == ["1", "2"]
         assert all("SUCCEEDED" in line for line in queue[1:])
