@@ -8,13 +8,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from e2e import pids_matching, wait_for
 from gpuctl.jobplane.events import Outcome, parse_event
 from gpuctl.stream import LineSplitter
 
@@ -213,3 +216,51 @@ def test_cancel_ends_a_running_job(node_home: Path):
     assert json.loads(answer.stdout)["status"] == "CANCELLED"
     assert b"survived" not in seen + out
     assert b"D CANCELLED" in seen + out
+
+
+# -- nothing of a job outlives whoever answers for it (issue 20, item 1) -------------------
+
+
+def start_job(home: Path, body: dict, secrets_text: str) -> subprocess.Popen:
+    """`submit` in the background, returned once the run stage printed its first line."""
+    data = json.dumps(body) + "\n" + json.dumps(secrets_text) + "\n"
+    proc = subprocess.Popen([sys.executable, str(AGENT_PATH), "submit"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env={**os.environ, "HOME": str(home)})
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(data.encode())
+    proc.stdin.close()
+    proc.stdin = None
+    seen = b""
+    while b"started" not in seen:
+        line = proc.stdout.readline()
+        assert line, seen.decode(errors="replace")
+        seen += line
+    return proc
+
+
+@pytest.mark.parametrize("victim", ["coordinator", "run.supervisor", "none (a background process)"])
+def test_no_rank_or_secret_outlives_a_dead_owner(node_home: Path, victim: str):
+    """kill -9 of the job's coordinator or of the stage's supervisor, or a script that leaves a
+    process behind and exits 0: within a bounded wait no process of the job is left and no file
+    holds its secret."""
+    marker = f"gpuctl-orphan-{uuid.uuid4().hex[:10]}"
+    secret = f"tok-{uuid.uuid4().hex}"
+    # A grandchild in the stage's group, as torchrun's workers are; the background variant ends at once.
+    script = (f"(exec -a {marker} sleep 300) & echo started" if victim.startswith("none")
+              else f"(exec -a {marker} sleep 300) & echo started; wait")
+    proc = start_job(node_home, payload("31", script), f"export TOKEN={agent.shell_quote(secret)}\n")
+    job = node_home / ".gpuctl" / "jobs" / "31"
+    try:
+        if not victim.startswith("none"):  # (the background process may be gone already: the job ended)
+            wait_for("the rank to start", lambda: pids_matching(marker), 10)
+            name = "events.supervisor" if victim == "coordinator" else victim
+            os.kill(int((job / name).read_text()), signal.SIGKILL)
+        wait_for("the rank to be stopped", lambda: not pids_matching(marker), 20)
+        wait_for("the secrets file to go", lambda: not (job / "secrets.sh").exists(), 10)
+        for path in job.rglob("*"):
+            assert secret not in path.read_text(errors="replace"), path
+    finally:
+        for pid in pids_matching(marker):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()

@@ -13,12 +13,15 @@ controller's cost does not grow with the number of nodes. Every rank's output
 lines and exit code flow up the tree into JOBDIR/events.log on the head, which
 `submit` (and later `attach`) streams to the controller. Fail-fast is decided
 by the coordinator, which sees every exit first: it keeps working when the
-controller detaches or goes away.
+controller detaches or goes away. Nothing of a job outlives the process that
+answers for it on a node (the coordinator, or a worker's relay): each stage's
+supervisor stops the stage's process group and removes the secrets when that
+owner dies (see _supervise), and the owner stops a stage whose supervisor died.
 
 Per stage STAGE (setup, run), files in JOBDIR (~/.gpuctl/jobs/<job_id>):
   STAGE.sh         the user's script (run under bash, in the workdir)
   STAGE.env.sh     exported variables of the stage (env.sh: older layout)
-  secrets.sh       exported secrets (0600), removed when the job ends
+  secrets.sh       exported secrets (0600), there only while a stage of the job runs
   STAGE.log        the script's stdout and stderr, appended as written
   STAGE.pid        process-group id of the stage (bash is the group leader)
   STAGE.supervisor pid of the supervisor that waits for the stage
@@ -212,14 +215,21 @@ def status_of(st):
 # --------------------------------------------------------------------- launch
 
 
-def _supervise(st, cwd, notify_fd):
-    """Runs in the detached grandchild: start the stage, wait, record its exit."""
+def _supervise(st, cwd, notify_fd, lifeline=None, grace=3.0):
+    """Runs in the detached grandchild: start the stage, wait, record its exit.
+
+    With `lifeline` (a job-plane stage: the read end of a pipe whose only
+    writer is the relay or coordinator that owns the job on this node), the
+    owner's death -- SIGKILL included -- closes the pipe, and the supervisor
+    then stops the stage's whole process group and removes the job's secrets:
+    nothing of a job outlives the process that answers for it.
+    """
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)  # hold none of the SSH session's pipes
     log_fd = os.open(st.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    keep = sorted({notify_fd, log_fd, devnull})
+    keep = sorted({notify_fd, log_fd, devnull} | ({lifeline} if lifeline is not None else set()))
     low = 3
     for fd in keep:
         if fd > low:
@@ -239,6 +249,7 @@ def _supervise(st, cwd, notify_fd):
         argv = [sys.executable, os.path.abspath(__file__), "container-stage", st.jobdir, st.name]
     else:
         argv = ["bash", "-c", WRAPPER, "gpuctl-" + st.name, FABRIC_ENV, st.env, st.secrets, st.script]
+    wake = _child_wakeup() if lifeline is not None else None  # before the child: its exit cannot be missed
     try:
         child = subprocess.Popen(
             argv, cwd=cwd, env=env, stdin=devnull, stdout=log_fd, stderr=log_fd,
@@ -253,20 +264,59 @@ def _supervise(st, cwd, notify_fd):
     write_atomic(st.supervisor, str(os.getpid()))
     write_atomic(st.pid, str(child.pid))
     notify("started %d\n" % child.pid)
-    rc = child.wait()
+    rc = child.wait() if lifeline is None else _wait_or_owner_gone(st, child, lifeline, wake, grace)
     code = rc if rc >= 0 else 128 - rc
     killed = read_int(st.killed)
     if killed:
         code = 128 + killed
+    if lifeline is not None:  # job plane: the secrets live only while one of the job's stages runs here
+        remove(st.secrets)
     write_atomic(st.exit, str(code))
     notify("exit %d\n" % code)
 
 
-def start_stage(st, workdir, wait=False):
+def _child_wakeup():
+    """A pipe that becomes readable when a child exits (SIGCHLD through the signal wakeup fd)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    return read_fd
+
+
+def _wait_or_owner_gone(st, child, lifeline, wake, grace):
+    """The stage's wait status; if the job's owner on this node dies first, stop the stage's group.
+
+    The owner never writes to the lifeline: it reads as EOF (or hang-up) only
+    once every copy of the write end is closed, i.e. when the owner process has
+    ended, however it ended. A parent-death signal would not do: this process is
+    detached from the owner (its parent is the intermediate that left at once),
+    and such a signal would reach only the stage's first process, never the
+    grandchildren (torchrun's workers) that share its process group.
+    """
+    poller = select.poll()
+    poller.register(lifeline, select.POLLIN)
+    poller.register(wake, select.POLLIN)
+    while True:
+        rc = child.poll()
+        if rc is not None:
+            return rc
+        for fd, _ in poller.poll():
+            if fd == wake:
+                try:
+                    os.read(wake, 512)
+                except OSError:
+                    pass
+            elif fd == lifeline:
+                poller.unregister(lifeline)
+                stop_group(st, st.pgid(), grace)  # the leader stays a zombie until child.poll() reaps it
+
+
+def start_stage(st, workdir, wait=False, lifeline=None, grace=3.0):
     """Start STAGE.sh detached in its own session; (exit status for the caller, error text).
 
     Without `wait` the status is 0 once the stage's process group exists;
-    with it, the stage's exit code.
+    with it, the stage's exit code. `lifeline`: see _supervise.
     """
     if not os.path.isfile(st.script):
         return 2, "%s does not exist" % st.script
@@ -289,7 +339,7 @@ def start_stage(st, workdir, wait=False):
             os.setsid()
             if os.fork() == 0:
                 try:
-                    _supervise(st, cwd, write_fd)
+                    _supervise(st, cwd, write_fd, lifeline, grace)
                 finally:
                     os._exit(0)
         except BaseException:  # noqa: BLE001 - never return into the launcher's code
@@ -429,41 +479,53 @@ def follow_stage(st, out, offset=None, tail=None, print_offset=False):
 
 def cmd_kill(args):
     st = Stage(args.jobdir, args.stage)
-    kill_stage(st, args.grace)
-    print(json.dumps(status_of(st)))
+    stopped = kill_stage(st, args.grace)
+    remove(st.secrets)  # whoever kills a stage ends the job here: its secrets go with it
+    print(json.dumps(dict(status_of(st), stopped=stopped)))
     return 0
 
 
 def kill_stage(st, grace):
-    """SIGTERM the stage's process group, SIGKILL after `grace` s; record the exit."""
+    """SIGTERM the stage's process group, SIGKILL after `grace` s; record the exit.
+
+    True when something of the stage was still running (it was stopped)."""
     pgid = st.pgid()
     if pgid is None:
-        return
-    box = stage_container(st)  # in a container the signals go to the stage's group there
+        return False
     if st.exit_code() is None or group_alive(pgid):
-        sig = signal.SIGTERM
-        if st.exit_code() is None:
-            write_atomic(st.killed, str(int(sig)))
-        if not (box and signal_in_container(box, st, sig)):
-            killpg(pgid, sig)
-        deadline = time.time() + max(grace, 0)
-        while group_alive(pgid) and time.time() < deadline:
-            time.sleep(0.1)
-        if group_alive(pgid):
-            sig = signal.SIGKILL
-            if st.exit_code() is None:
-                write_atomic(st.killed, str(int(sig)))
-            killpg(pgid, sig)
-            deadline = time.time() + 5
-            while group_alive(pgid) and time.time() < deadline:
-                time.sleep(0.1)
-        if box:  # whatever of the stage's group is left in the container (`exec` ended with its first process)
-            signal_in_container(box, st, signal.SIGKILL)
+        sig = stop_group(st, pgid, grace)
         deadline = time.time() + 5  # the supervisor records the exit
         while st.exit_code() is None and st.supervisor_alive() and time.time() < deadline:
             time.sleep(0.05)
         if st.exit_code() is None:
             write_atomic(st.exit, str(128 + int(sig)))
+        return True
+    return False
+
+
+def stop_group(st, pgid, grace):
+    """SIGTERM the stage's process group (in its container, where it runs in one), SIGKILL
+    whatever is left after `grace` s; the last signal sent (recorded in STAGE.killed)."""
+    box = stage_container(st)  # in a container the signals go to the stage's group there
+    sig = signal.SIGTERM
+    if st.exit_code() is None:
+        write_atomic(st.killed, str(int(sig)))
+    if not (box and signal_in_container(box, st, sig)):
+        killpg(pgid, sig)
+    deadline = time.time() + max(grace, 0)
+    while group_alive(pgid) and time.time() < deadline:
+        time.sleep(0.1)
+    if group_alive(pgid):
+        sig = signal.SIGKILL
+        if st.exit_code() is None:
+            write_atomic(st.killed, str(int(sig)))
+        killpg(pgid, sig)
+        deadline = time.time() + 5
+        while group_alive(pgid) and time.time() < deadline:
+            time.sleep(0.1)
+    if box:  # whatever of the stage's group is left in the container (`exec` ended with its first process)
+        signal_in_container(box, st, signal.SIGKILL)
+    return sig
 
 
 def cmd_status(args):
@@ -947,6 +1009,10 @@ class LocalStage(object):
             if time.time() - self.lost_since < 3.0:
                 return
             code = "?"
+            # Its supervisor died without recording an exit: nobody else would stop what is left.
+            pgid = self.st.pgid()
+            if pgid is not None and group_alive(pgid):
+                killpg(pgid, signal.SIGKILL)
         elif code is None:
             return
         self._lines(self.fh.read(), emit, rank)
@@ -1455,6 +1521,9 @@ class Relay(object):
         self.ok = False
         self.closing = False  # `end` was sent: children closing now are not lost
         self.node_buckets = None  # this node's part of the bucket fetch (NodeBuckets)
+        # Held open (never written) for as long as this process lives: each stage's supervisor
+        # stops its stage when it reads EOF here (see _supervise). Not inherited across exec.
+        self.lifeline, self._lifeline_w = os.pipe()
 
     # -- setup ---------------------------------------------------------------
     def prepare_local(self):
@@ -1468,8 +1537,6 @@ class Relay(object):
                 shutil.rmtree(self.jobdir, ignore_errors=True)
             os.makedirs(self.jobdir, 0o700)
         os.chmod(self.jobdir, 0o700)
-        if self.secrets:
-            write_private(os.path.join(self.jobdir, "secrets.sh"), self.secrets)
         stages = self.payload.get("stages") or {}
         for stage, spec in stages.items():
             if not spec or stage not in ("setup", "run"):
@@ -1614,7 +1681,10 @@ class Relay(object):
         if spec.get("hostfile") is not None:
             self.write_hostfile(spec)
         st = Stage(self.jobdir, stage)
-        code, err = start_stage(st, self.payload.get("workdir") or "~/gpuctl_workdir")
+        if self.secrets:  # written for the stage; its supervisor removes it when the stage ends
+            write_private(st.secrets, self.secrets)
+        code, err = start_stage(st, self.payload.get("workdir") or "~/gpuctl_workdir", lifeline=self.lifeline,
+                                grace=float(self.payload.get("grace") or 3.0))
         if code != 0:
             self.emit(ev("O", self.rank, stage, "gpuctl-node: %s" % err))
             self.emit(ev("X", self.rank, stage, 127))
@@ -1732,8 +1802,12 @@ class Relay(object):
         child.open_ranks.clear()
 
     def close(self, grace=3.0):
-        """End of the job on this node: stop what still runs, drop secrets, close the children."""
-        self.kill_local(grace, [s for s, ls in self.stages.items() if not ls.done])
+        """End of the job on this node: stop what still runs, drop secrets, close the children.
+
+        Every stage started here is stopped, also one that was seen to end: what
+        its script left running in the background, or what a dead supervisor
+        left behind, is still in its process group."""
+        self.kill_local(grace, list(self.stages))
         remove(os.path.join(self.jobdir, "secrets.sh"))
         for child in self.children:
             child.close_stdin()
