@@ -74,9 +74,11 @@ class LogWriter:
         self.files.clear()
 
 
-def fetch(inv: Inventory, job_id: int | str, *, control_dir: Path | None, timeout: float = 300) -> Outcome | None:
-    """Rebuild the job's local logs from the head's events.log; the outcome if the job ended."""
-    proc = ssh.run_ssh(inv.head, f"cat -- {ssh.job_dir(str(job_id))}/events.log", control_dir, timeout=timeout)
+def fetch(inv: Inventory, job_id: int | str, node_job: str, *, control_dir: Path | None,
+          timeout: float = 300) -> Outcome | None:
+    """Rebuild job `job_id`'s local logs from the head's events.log (of `node_job`, its name on the
+    nodes: JobRecord.node_job); the outcome if the job ended."""
+    proc = ssh.run_ssh(inv.head, f"cat -- {ssh.job_dir(node_job)}/events.log", control_dir, timeout=timeout)
     if proc.returncode != 0:
         return None
     writer = LogWriter(inv.cluster, job_id)

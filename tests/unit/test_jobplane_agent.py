@@ -264,3 +264,60 @@ def test_no_rank_or_secret_outlives_a_dead_owner(node_home: Path, victim: str):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.communicate()
+
+
+# -- a job directory is only ever its own submission's (issue 20, item 8) ------------------
+
+
+def _foreign_dir(home: Path, name: str, made_by: str | None) -> dict[str, bytes]:
+    """A job directory another submission made (`made_by`: its nonce; None: no record, as an older
+    agent left it); what it holds, to compare with afterwards."""
+    jobdir = home / ".gpuctl" / "jobs" / name
+    jobdir.mkdir(parents=True)
+    (jobdir / "run.log").write_text("the other controller's output\n")
+    (jobdir / "job.json").write_text('{"status": "RUNNING"}')
+    if made_by is not None:
+        (jobdir / agent.SUBMISSION_FILE).write_text(made_by)
+    return {p.name: p.read_bytes() for p in jobdir.iterdir()}
+
+
+@pytest.mark.parametrize("made_by", ["other-nonce", None])
+def test_submit_refuses_a_job_dir_another_submission_made(node_home: Path, made_by: str | None):
+    before = _foreign_dir(node_home, "1-aaaa", made_by)
+    events, outcome, _ = submit(node_home, payload("1-aaaa", "touch ~/ran", nonce="mine"))
+    assert outcome is not None and outcome.status == "FAILED" and "another submission made it" in outcome.detail
+    jobdir = node_home / ".gpuctl" / "jobs" / "1-aaaa"
+    assert {p.name: p.read_bytes() for p in jobdir.iterdir()} == before  # not removed, not written
+    assert not (node_home / "ran").exists()
+
+
+def test_a_retry_of_the_same_submission_takes_its_dir_back_once_it_ended(node_home: Path):
+    body = payload("2-bbbb", "echo try", nonce="same")
+    _, first, _ = submit(node_home, body)
+    _, second, _ = submit(node_home, body)  # e.g. after `prepare` answered UNPREPARED
+    assert first is not None and second is not None and (first.status, second.status) == ("SUCCEEDED",) * 2
+    proc = start_job(node_home, dict(body, stages={"setup": None, "run": payload("x", "echo started; sleep 60")
+                                                   ["stages"]["run"]}), "")
+    try:
+        _, third, _ = submit(node_home, body)  # the same submission while its coordinator runs
+        assert third is not None and third.status == "FAILED" and "already running" in third.detail
+    finally:
+        subprocess.run([sys.executable, str(AGENT_PATH), "cancel", "2-bbbb", "--wait", "20"],
+                       env={**os.environ, "HOME": str(node_home)}, capture_output=True, timeout=60)
+        proc.communicate(timeout=30)
+
+
+def test_a_worker_refuses_a_job_dir_another_submission_made(node_home: Path):
+    before = _foreign_dir(node_home, "3-cccc", "theirs")
+    body = dict(payload("3-cccc", "touch ~/ran", nonce="mine"), subtree=[1], job_ranks=2,
+                peers=[{"rank": 0, "name": "head", "host": "127.0.0.1", "ssh": []},
+                       {"rank": 1, "name": "worker1", "host": "127.0.0.1", "ssh": []}])
+    data = json.dumps(body) + "\n" + json.dumps("export T='x'\n") + "\nstart run\nend\n"
+    proc = subprocess.run([sys.executable, str(AGENT_PATH), "relay"], input=data.encode(), capture_output=True,
+                          timeout=60, env={**os.environ, "HOME": str(node_home)})
+    events = [e for e in map(parse_event, LineSplitter().feed(proc.stdout)) if e is not None]
+    hello = [e for e in events if e.kind == "H"]
+    assert len(hello) == 1 and hello[0].rank == 1 and "another submission made it" in hello[0].text, proc.stdout
+    jobdir = node_home / ".gpuctl" / "jobs" / "3-cccc"
+    assert {p.name: p.read_bytes() for p in jobdir.iterdir()} == before
+    assert not (node_home / "ran").exists()

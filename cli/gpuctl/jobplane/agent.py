@@ -568,6 +568,38 @@ def job_dir(job_id):
     return os.path.join(JOBS_DIR, job_id)
 
 
+SUBMISSION_FILE = "submission"  # in JOBDIR: the payload's nonce, i.e. which submission made the directory
+
+
+def take_job_dir(jobdir, nonce, reset=False):
+    """Make the job's directory on this node; None, or why it cannot be this job's.
+
+    A directory that is already there is taken only when this very submission
+    made it (an earlier try of it, or a node sharing the filesystem): the job's
+    name (`<id>-<token>`) is the controller's own, but nothing here deletes or
+    writes into a directory another submission made. `reset`: the head starts
+    the job's event stream again (an earlier try's coordinator must be gone).
+    """
+    os.makedirs(JOBS_DIR, 0o700, exist_ok=True)
+    try:
+        os.mkdir(jobdir, 0o700)
+    except FileExistsError:
+        made_by = (read_text(os.path.join(jobdir, SUBMISSION_FILE)) or "").strip()
+        if not nonce or made_by != nonce:
+            return ("%s exists and another submission made it (job ids of another gpuctl state on the same "
+                    "nodes?); it was left as it is" % jobdir)
+        if reset:
+            if pid_alive(read_int(os.path.join(jobdir, "events.supervisor"))):
+                return "%s: this job is already running here" % jobdir
+            shutil.rmtree(jobdir)  # an earlier try of this submission: ours
+            os.mkdir(jobdir, 0o700)
+        else:
+            return None
+    if nonce:
+        write_private(os.path.join(jobdir, SUBMISSION_FILE), nonce)
+    return None
+
+
 def prepared_problem(expected):
     """Why this node is not in the state gpuctl expects, or None when it is."""
     found = (read_text(PREPARED_FILE) or "").strip()
@@ -1532,10 +1564,11 @@ class Relay(object):
         if problem:
             self.emit(ev("H", self.rank, "unprepared", problem))
             return False
-        if self.rank != 0:  # the head's submit already wrote its job directory
-            if os.path.isdir(self.jobdir):
-                shutil.rmtree(self.jobdir, ignore_errors=True)
-            os.makedirs(self.jobdir, 0o700)
+        if self.rank != 0:  # the head's submit already made its job directory
+            problem = take_job_dir(self.jobdir, self.payload.get("nonce"))
+            if problem:
+                self.emit(ev("H", self.rank, "problem", problem))
+                return False
         os.chmod(self.jobdir, 0o700)
         stages = self.payload.get("stages") or {}
         for stage, spec in stages.items():
@@ -2190,9 +2223,12 @@ def cmd_submit(args):
         out.write(("%s 3\n" % SENTINEL).encode())
         return 0
     jobdir = job_dir(payload["job"])
-    if os.path.isdir(jobdir):
-        shutil.rmtree(jobdir, ignore_errors=True)
-    os.makedirs(jobdir, 0o700)
+    problem = take_job_dir(jobdir, payload.get("nonce"), reset=True)
+    if problem:  # nothing of the job was started; the directory there stays as it is
+        out.write(("%s 0\n" % OFFSET_HEADER).encode())
+        out.write(ev("D", "FAILED", json.dumps({"status": "FAILED", "ranks": [], "detail": problem})))
+        out.write(("%s 3\n" % SENTINEL).encode())
+        return 0
     write_private(os.path.join(jobdir, "payload.json"), json.dumps(payload))
     os.close(os.open(os.path.join(jobdir, "events.log"), os.O_WRONLY | os.O_CREAT, 0o600))
     with open(os.path.join(jobdir, "coordinator.log"), "ab") as log:
