@@ -6,7 +6,10 @@
 - a worker dies mid-run (its sshd and every process in it killed): gpuctl
   names the lost rank, stops the others, exits non-zero, `queue` says FAILED;
 - the controller's gpuctl is SIGKILLed mid-job: the head still fails fast,
-  and a later `queue` / `logs` show the true outcome and the output.
+  and a later `queue` / `logs` show the true outcome and the output;
+- the head's coordinator or a worker's relay is SIGKILLed: no rank and no
+  secrets file of the job is left on any node; with the head's whole agent
+  killed, `cancel` of the job recorded as ended still stops its rank there.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended
+from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended, wait_for
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -232,3 +235,85 @@ def test_full_disk_while_logs_are_saved_keeps_the_outcome(ft, tmp_path: Path):
     logs = cluster.gpuctl("logs", NAME, job.group(1)).check().stdout.splitlines()
     for rank, name in enumerate(("head", "worker1", "worker2")):
         assert f"({name}, rank={rank}) line 20000 of a job whose logs no longer fit" in logs
+
+
+# -- nothing of a job outlives whoever answers for it (issue 20, item 1) ---------------------
+
+
+def _detached_sleeper(cluster: Cluster, marker: str, secret: str) -> tuple[int, str]:
+    """A detached job whose every rank runs a `sleep` named `marker` (a grandchild of the stage, as
+    a launcher's workers are), with a secret; (job id, its name on the nodes) once all run."""
+    script = f'echo "rank $GPUCTL_NODE_RANK up"; (exec -a {marker} sleep 300); echo survived'
+    res = cluster.gpuctl("exec", NAME, "-d", "--secret", f"FT_TOKEN={secret}", "--env", f"FT_SCRIPT={script}",
+                         "--", "bash", "-c", 'eval "$FT_SCRIPT"').check()
+    m = re.search(r"^Job (\d+) detached", res.stdout, re.M)
+    assert m, res.describe()
+    wait_for("every rank to start", lambda: len(pids_matching(marker)) == 3, 60)
+    return int(m.group(1)), cluster.node_job(m.group(1))
+
+
+def _owner_pid(cluster: Cluster, rank: int, node_job: str) -> int:
+    """The process that answers for the job on the node: the head's coordinator, a worker's relay
+    (a stage's supervisor is a fork of it, with its command line: told apart by its recorded pid)."""
+    node = cluster.nodes()[rank]
+    if rank == 0:
+        return int(cluster.read(node, f"~/.gpuctl/jobs/{node_job}/events.supervisor"))
+    supervisor = int(cluster.read(node, f"~/.gpuctl/jobs/{node_job}/run.supervisor"))
+    found = []
+    for pid in subprocess.run(["ip", "netns", "pids", netns_of(cluster, rank)], capture_output=True,
+                              text=True).stdout.split():
+        try:
+            if b"gpuctl-node\0relay" in Path(f"/proc/{pid}/cmdline").read_bytes() and int(pid) != supervisor:
+                found.append(int(pid))
+        except OSError:
+            continue
+    assert len(found) == 1, (rank, found)
+    return found[0]
+
+
+def _secrets_left(cluster: Cluster, node_job: str) -> list[str]:
+    return [n.name for n in cluster.nodes() if cluster.exists_on(n, f"~/.gpuctl/jobs/{node_job}/secrets.sh")]
+
+
+@pytest.mark.parametrize("victim", ["the head's coordinator", "a worker's relay"])
+def test_a_killed_owner_leaves_no_rank_and_no_secret_on_any_node(ft, victim: str):
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-owner{victim.split()[-1]}"
+    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+    assert len(_secrets_left(cluster, node_job)) == 3  # there while the ranks run
+    os.kill(_owner_pid(cluster, 0 if "coordinator" in victim else 1, node_job), signal.SIGKILL)
+    try:
+        wait_for("every rank of the job to be stopped", lambda: not pids_matching(marker), 20)
+        wait_for("the job's secrets to leave every node", lambda: not _secrets_left(cluster, node_job), 10)
+        row = queue_row_once_ended(lambda: cluster.gpuctl("queue", NAME), job)
+        assert row[2] == "FAILED", row
+    finally:
+        cluster.gpuctl("cancel", NAME, str(job))
+
+
+def test_cancel_stops_what_is_left_of_a_job_recorded_as_ended(ft):
+    """The head's whole agent killed at once (coordinator and the rank's supervisor): nothing there
+    watches rank 0 any more and the job is recorded FAILED; `cancel` of it still stops the rank."""
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-leftover"
+    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+    head = cluster.nodes()[0]
+    supervisor = int(cluster.read(head, f"~/.gpuctl/jobs/{node_job}/run.supervisor"))
+    coordinator = _owner_pid(cluster, 0, node_job)
+    os.kill(supervisor, signal.SIGKILL)
+    os.kill(coordinator, signal.SIGKILL)
+    try:
+        row = queue_row_once_ended(lambda: cluster.gpuctl("queue", NAME), job)
+        assert row[2] == "FAILED", row
+        wait_for("the workers' ranks to be stopped by their relays", lambda: len(pids_matching(marker)) == 1, 20)
+        res = cluster.gpuctl("cancel", NAME, str(job)).check()
+        assert res.stdout.splitlines() == [
+            f"Job {job} already ended: FAILED; stopped what still ran of it on head (rank 0)"], res.describe()
+        wait_for("rank 0 to be stopped", lambda: not pids_matching(marker), 10)
+        assert not _secrets_left(cluster, node_job)
+        again = cluster.gpuctl("cancel", NAME, str(job)).check()
+        assert again.stdout.splitlines() == [
+            f"Job {job} already ended: FAILED; nothing of it was running on its nodes"], again.describe()
+    finally:
+        for pid in pids_matching(marker):
+            os.kill(pid, signal.SIGKILL)
