@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -314,6 +314,13 @@ class JobRunner:
             self.record_outcome(job_id, status, codes, detail, first_failed=first)
             return JobOutcome(job_id, status, dict(codes), first)
 
+        if outcome.status == "FAILED" and outcome.detail == client.COORDINATOR_GONE:
+            # Whatever killed it may have killed the head's supervisors too: nothing there stops
+            # what of the job still runs, so its nodes' agents are asked to.
+            report = self.stop_leftovers(job_id, job_nodes)
+            if report.stopped:
+                names = ", ".join(f"{self.by_rank[r].name} (rank {r})" for r in report.stopped if r in self.by_rank)
+                outcome = replace(outcome, detail=f"{outcome.detail}; stopped what still ran of it on {names}")
         current = self.registry.job(self.inv.cluster, job_id)
         if outcome.status == "CANCELLED" or (current is not None and current.status == "CANCELLED"):
             return record("CANCELLED", outcome.run, ["cancelled"]), JobFailed(f"job {job_id} was cancelled")

@@ -291,17 +291,41 @@ def test_a_killed_owner_leaves_no_rank_and_no_secret_on_any_node(ft, victim: str
         cluster.gpuctl("cancel", NAME, str(job))
 
 
-def test_cancel_stops_what_is_left_of_a_job_recorded_as_ended(ft):
-    """The head's whole agent killed at once (coordinator and the rank's supervisor): nothing there
-    watches rank 0 any more and the job is recorded FAILED; `cancel` of it still stops the rank."""
-    cluster, _, _, _ = ft
-    marker = f"{MOD}-leftover"
-    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
-    head = cluster.nodes()[0]
-    supervisor = int(cluster.read(head, f"~/.gpuctl/jobs/{node_job}/run.supervisor"))
+def _kill_heads_agent(cluster: Cluster, node_job: str) -> None:
+    """SIGKILL the job's coordinator and its rank's supervisor on the head at once: nothing there
+    watches rank 0 any more (the workers' relays still stop their ranks)."""
+    supervisor = int(cluster.read(cluster.nodes()[0], f"~/.gpuctl/jobs/{node_job}/run.supervisor"))
     coordinator = _owner_pid(cluster, 0, node_job)
     os.kill(supervisor, signal.SIGKILL)
     os.kill(coordinator, signal.SIGKILL)
+
+
+def test_the_watcher_stops_what_the_heads_killed_agent_left(ft):
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-watched"
+    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+    _kill_heads_agent(cluster, node_job)
+    try:
+        wait_for("the watcher to stop rank 0", lambda: not pids_matching(marker), 30)
+        assert not _secrets_left(cluster, node_job)
+        row = queue_row_once_ended(lambda: cluster.gpuctl("queue", NAME), job)
+        assert row[2] == "FAILED", row
+    finally:
+        for pid in pids_matching(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_cancel_stops_what_is_left_of_a_job_recorded_as_ended(ft):
+    """The head's whole agent killed, and no watcher: `queue` records the job FAILED (its head says
+    so) while rank 0 still runs; `cancel` of it still stops the rank, and says so."""
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-leftover"
+    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+    watcher = f"_watch\0{NAME}\0{job}\0"
+    for pid in pids_matching(watcher):
+        os.kill(pid, signal.SIGKILL)
+    wait_for("the watcher to be gone", lambda: not pids_matching(watcher), 10)
+    _kill_heads_agent(cluster, node_job)
     try:
         row = queue_row_once_ended(lambda: cluster.gpuctl("queue", NAME), job)
         assert row[2] == "FAILED", row

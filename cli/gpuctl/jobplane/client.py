@@ -30,6 +30,10 @@ from gpuctl.stream import LineSplitter
 _AGENT_MISSING = (2, 126, 127)
 
 
+# The outcome of a job whose coordinator ended without writing one (killed, or the head's agent with it).
+COORDINATOR_GONE = "the job's coordinator on the head ended without an outcome"
+
+
 class HeadUnreachable(Exception):
     """ssh to the head failed before the agent answered."""
 
@@ -86,7 +90,7 @@ class Session:
             if self.outcome is not None:
                 return self.outcome
             if ended:
-                self.outcome = Outcome("FAILED", detail="the job's coordinator on the head ended without an outcome")
+                self.outcome = Outcome("FAILED", detail=COORDINATOR_GONE)
                 return self.outcome
             if stop():
                 return None
