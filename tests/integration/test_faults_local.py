@@ -9,14 +9,18 @@
   and a later `queue` / `logs` show the true outcome and the output;
 - the head's coordinator or a worker's relay is SIGKILLed: no rank and no
   secrets file of the job is left on any node; with the head's whole agent
-  killed, `cancel` of the job recorded as ended still stops its rank there.
+  killed, `cancel` of the job recorded as ended still stops its rank there;
+- two controllers (state dirs) on the same nodes both have a job N: neither
+  touches, shows or cancels the other's.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -340,4 +344,47 @@ def test_cancel_stops_what_is_left_of_a_job_recorded_as_ended(ft):
             f"Job {job} already ended: FAILED; nothing of it was running on its nodes"], again.describe()
     finally:
         for pid in pids_matching(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- two controllers on the same nodes (issue 20, item 8) -------------------------------------
+
+
+def _second_controller(cluster: Cluster, root: Path) -> Cluster:
+    """Another gpuctl state dir for the same nodes, its registry at the same job id: a second
+    controller (a colleague's laptop) that has run as many jobs there."""
+    other = root / f"state-{uuid.uuid4().hex[:6]}"
+    shutil.copytree(cluster.cdir, other / "clusters" / NAME, symlinks=True,
+                    ignore=shutil.ignore_patterns("cm", "jobs", "*.lock", "*.sock"))
+    with sqlite3.connect(cluster.state_dir / "state.db") as src, sqlite3.connect(other / "state.db") as dst:
+        src.backup(dst)
+    return Cluster(NAME, other)
+
+
+def _queue_status(cluster: Cluster, job: int) -> str:
+    rows = [line.split() for line in cluster.gpuctl("queue", NAME).check().stdout.splitlines()[1:]]
+    return next(r[2] for r in rows if r and r[0] == str(job))
+
+
+def test_two_controllers_on_the_same_nodes_never_touch_each_others_job(ft):
+    cluster, root, _, _ = ft
+    other = _second_controller(cluster, root)
+    mine, theirs = f"{MOD}-mine", f"{MOD}-theirs"
+    try:
+        job, node_job = _detached_sleeper(cluster, mine, "a")
+        their_job, their_node_job = _detached_sleeper(other, theirs, "b")
+        assert job == their_job and node_job != their_node_job  # the same id, two jobs on the nodes
+        assert len(pids_matching(mine)) == 3, "the other controller's submit touched this job"
+        assert _queue_status(cluster, job) == _queue_status(other, job) == "RUNNING"
+        res = cluster.gpuctl("cancel", NAME, str(job)).check()
+        assert res.stdout.splitlines() == [f"Job {job} cancelled on 3 node(s)."], res.describe()
+        wait_for("this controller's job to stop", lambda: not pids_matching(mine), 15)
+        assert len(pids_matching(theirs)) == 3, "cancelling a job stopped the other controller's job"
+        assert _queue_status(other, job) == "RUNNING" and _queue_status(cluster, job) == "CANCELLED"
+        for node in cluster.nodes():  # both jobs' directories are there, each its own
+            assert [cluster.exists_on(node, f"~/.gpuctl/jobs/{d}/run.log") for d in (node_job, their_node_job)] \
+                == [True, True], node.name
+    finally:
+        other.gpuctl("cancel", NAME, "--all")
+        for pid in pids_matching(mine) + pids_matching(theirs):
             os.kill(pid, signal.SIGKILL)
