@@ -18,7 +18,8 @@ answers for it on a node (the coordinator, or a worker's relay): each stage's
 supervisor stops the stage's process group and removes the secrets when that
 owner dies (see _supervise), and the owner stops a stage whose supervisor died.
 
-Per stage STAGE (setup, run), files in JOBDIR (~/.gpuctl/jobs/<job_id>):
+Per stage STAGE (setup, run), files in JOBDIR (~/.gpuctl/jobs/<job>, <job> being
+the controller's `<id>-<token>`; JOBDIR/submission names the submission that made it):
   STAGE.sh         the user's script (run under bash, in the workdir)
   STAGE.env.sh     exported variables of the stage (env.sh: older layout)
   secrets.sh       exported secrets (0600), there only while a stage of the job runs
