@@ -102,18 +102,24 @@ def _record(runner: JobRunner, job: JobRecord, outcome: Outcome) -> None:
 
 
 def _refresh_from_nodes(runner: JobRunner, job: JobRecord) -> None:
-    """The head's coordinator is gone without an outcome: ask each node's agent."""
+    """The head's coordinator is gone without an outcome: ask each node's agent.
+
+    Once no stage has a supervisor left, what still runs of the job has nobody
+    to answer for it (the head's whole agent may have died): it is stopped
+    before the job is recorded as ended."""
     nodes = job_nodes(runner.inv, job)
     stage = "setup" if job.status == "SETTING_UP" else "run"
     status = node_status(nodes, job.node_job, stage, runner.control_dir)
     if any(s.running for s in status.values()) or not all(s.reachable for s in status.values()):
         return
+    report = runner.stop_leftovers(job.job_id, nodes)
+    stopped = [f"stopped what still ran of it on rank {r}" for r in report.stopped]
     codes = {rank: s.exit for rank, s in status.items()}
     if stage == "setup":
-        runner.record_outcome(job.job_id, "FAILED_SETUP", codes, describe_codes(codes, runner.by_rank))
+        runner.record_outcome(job.job_id, "FAILED_SETUP", codes, describe_codes(codes, runner.by_rank) + stopped)
     else:
         failed = describe_codes(codes, runner.by_rank)
-        runner.record_outcome(job.job_id, "FAILED" if failed else "SUCCEEDED", codes, failed)
+        runner.record_outcome(job.job_id, "FAILED" if failed else "SUCCEEDED", codes, failed + stopped)
 
 
 def follow_job(runner: JobRunner, job: JobRecord, nodes: Sequence[Node]) -> JobRecord:

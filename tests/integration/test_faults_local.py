@@ -9,7 +9,8 @@
   and a later `queue` / `logs` show the true outcome and the output;
 - the head's coordinator or a worker's relay is SIGKILLed: no rank and no
   secrets file of the job is left on any node; with the head's whole agent
-  killed, `cancel` of the job recorded as ended still stops its rank there;
+  killed, the watcher or `queue` stops its rank there, and `cancel` of a job
+  recorded as ended still stops what is left of it;
 - two controllers (state dirs) on the same nodes both have a job N: neither
   touches, shows or cancels the other's.
 """
@@ -319,20 +320,44 @@ def test_the_watcher_stops_what_the_heads_killed_agent_left(ft):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_cancel_stops_what_is_left_of_a_job_recorded_as_ended(ft):
-    """The head's whole agent killed, and no watcher: `queue` records the job FAILED (its head says
-    so) while rank 0 still runs; `cancel` of it still stops the rank, and says so."""
-    cluster, _, _, _ = ft
-    marker = f"{MOD}-leftover"
-    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+def _without_watcher(cluster: Cluster, job: int) -> None:
+    """Kill the detached job's watcher here: nobody on the controller follows the job any more."""
     watcher = f"_watch\0{NAME}\0{job}\0"
     for pid in pids_matching(watcher):
         os.kill(pid, signal.SIGKILL)
     wait_for("the watcher to be gone", lambda: not pids_matching(watcher), 10)
+
+
+def test_queue_stops_what_the_heads_killed_agent_left(ft):
+    """The head's whole agent and the job's watcher killed: the `queue` that finds the
+    coordinator gone stops rank 0 before it records the job as ended."""
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-queued"
+    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+    _without_watcher(cluster, job)
     _kill_heads_agent(cluster, node_job)
     try:
         row = queue_row_once_ended(lambda: cluster.gpuctl("queue", NAME), job)
         assert row[2] == "FAILED", row
+        wait_for("rank 0 to be stopped", lambda: not pids_matching(marker), 10)
+        assert not _secrets_left(cluster, node_job)
+    finally:
+        for pid in pids_matching(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_cancel_stops_what_is_left_of_a_job_recorded_as_ended(ft):
+    """A job recorded FAILED while its rank 0 still runs (as an older gpuctl's watcher recorded
+    it, 3 s after the head's coordinator was killed): `cancel` of it still stops the rank, and
+    says so; a second `cancel` finds nothing."""
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-leftover"
+    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+    _without_watcher(cluster, job)
+    _kill_heads_agent(cluster, node_job)
+    with sqlite3.connect(cluster.state_dir / "state.db") as db:
+        db.execute("UPDATE jobs SET status='FAILED' WHERE cluster=? AND job_id=?", (NAME, job))
+    try:
         wait_for("the workers' ranks to be stopped by their relays", lambda: len(pids_matching(marker)) == 1, 20)
         res = cluster.gpuctl("cancel", NAME, str(job)).check()
         assert res.stdout.splitlines() == [
