@@ -239,15 +239,18 @@ def start_job(home: Path, body: dict, secrets_text: str) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("victim", ["coordinator", "run.supervisor", "none (a background process)"])
-def test_no_rank_or_secret_outlives_a_dead_owner(node_home: Path, victim: str):
+@pytest.mark.parametrize("session", ["the stage's", "its own"])
+def test_no_rank_or_secret_outlives_a_dead_owner(node_home: Path, victim: str, session: str):
     """kill -9 of the job's coordinator or of the stage's supervisor, or a script that leaves a
     process behind and exits 0: within a bounded wait no process of the job is left and no file
-    holds its secret."""
+    holds its secret. The process is a grandchild of the stage, in the stage's process group or
+    in a session of its own (as torchrun starts its workers)."""
     marker = f"gpuctl-orphan-{uuid.uuid4().hex[:10]}"
     secret = f"tok-{uuid.uuid4().hex}"
-    # A grandchild in the stage's group, as torchrun's workers are; the background variant ends at once.
-    script = (f"(exec -a {marker} sleep 300) & echo started" if victim.startswith("none")
-              else f"(exec -a {marker} sleep 300) & echo started; wait")
+    grandchild = f"(exec -a {marker} sleep 300)" if session == "the stage's" else \
+        f"setsid bash -c 'exec -a {marker} sleep 300'"
+    # the background variant's stage ends at once
+    script = (f"{grandchild} & echo started" if victim.startswith("none") else f"{grandchild} & echo started; wait")
     proc = start_job(node_home, payload("31", script), f"export TOKEN={agent.shell_quote(secret)}\n")
     job = node_home / ".gpuctl" / "jobs" / "31"
     try:

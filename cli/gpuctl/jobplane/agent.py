@@ -204,6 +204,86 @@ def killpg(pgid, sig):
         pass
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper():
+    """Make this process the one a descendant is re-parented to when its parent dies (Linux), so
+    what a stage starts in a session of its own (torchrun's workers) stays findable under it."""
+    try:
+        import ctypes  # only here: a node without it still runs stages, as before
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (ImportError, OSError, AttributeError):
+        pass
+
+
+def process_table():
+    """{pid: (state letter, parent pid, process group)} of every process, from /proc."""
+    table = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(")") + 2:].split()
+        table[int(entry)] = (fields[0], int(fields[1]), int(fields[2]))
+    return table
+
+
+def stage_processes(pgid, root=None):
+    """The live processes of a stage: its process group, everything below a member of it (a
+    session of its own does not leave the tree), and everything below `root` (its supervisor,
+    a subreaper: where what lost its parent went)."""
+    table = process_table()
+    children = {}
+    for pid, (_, ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found = set(pid for pid, (_, _, group) in table.items() if pgid and group == pgid)
+    todo = list(found) + ([root] if root else [])
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return sorted(pid for pid in found if table[pid][0] != "Z")
+
+
+def descendants(pid):
+    """The live (non-zombie) processes below `pid` in the process tree."""
+    return stage_processes(None, pid)
+
+
+def kill_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stage_supervisor(st):
+    """The stage's supervisor while it lives (its command line is this agent's), else None."""
+    pid = read_int(st.supervisor)
+    if pid is None or not pid_alive(pid):
+        return None
+    if pid == os.getpid():
+        return pid
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            ours = os.path.basename(os.path.abspath(__file__)).encode() in fh.read()
+    except OSError:
+        return None
+    return pid if ours else None
+
+
 def status_of(st):
     return {
         "pid": st.pgid(),
@@ -226,6 +306,9 @@ def _supervise(st, cwd, notify_fd, lifeline=None, grace=3.0):
     nothing of a job outlives the process that answers for it.
     """
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    in_container = os.path.exists(os.path.join(st.jobdir, CONTAINER_FILE))  # image_id: docker:IMAGE
+    if not in_container:  # (a container runtime's monitors would be re-parented here too)
+        become_subreaper()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)  # hold none of the SSH session's pipes
@@ -246,7 +329,7 @@ def _supervise(st, cwd, notify_fd, lifeline=None, grace=3.0):
 
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # live logs from Python ranks
-    if os.path.exists(os.path.join(st.jobdir, CONTAINER_FILE)):  # image_id: docker:IMAGE
+    if in_container:
         argv = [sys.executable, os.path.abspath(__file__), "container-stage", st.jobdir, st.name]
     else:
         argv = ["bash", "-c", WRAPPER, "gpuctl-" + st.name, FABRIC_ENV, st.env, st.secrets, st.script]
@@ -274,6 +357,45 @@ def _supervise(st, cwd, notify_fd, lifeline=None, grace=3.0):
         remove(st.secrets)
     write_atomic(st.exit, str(code))
     notify("exit %d\n" % code)
+    if lifeline is not None and not in_container:
+        _outlive_leftovers(lifeline, wake, grace)
+
+
+def _outlive_leftovers(lifeline, wake, grace):
+    """After the stage's exit: what it left running in a session of its own (re-parented here,
+    a subreaper) may serve the job's next stage, but not outlive the job: wait for the owner's
+    end, then stop it. Returns at once when nothing was left."""
+    poller = select.poll()
+    poller.register(lifeline, select.POLLIN)
+    poller.register(wake, select.POLLIN)  # a process re-parented here ended
+    while True:
+        _reap_adopted()
+        if not descendants(os.getpid()):
+            return
+        if any(fd == lifeline for fd, _ in poller.poll()):
+            break
+        _drain(wake)
+    kill_all(descendants(os.getpid()), signal.SIGTERM)
+    deadline = time.time() + grace
+    while descendants(os.getpid()) and time.time() < deadline:
+        time.sleep(0.1)
+    kill_all(descendants(os.getpid()), signal.SIGKILL)
+
+
+def _reap_adopted():
+    """Collect every ended child (processes re-parented here included): no zombie is kept."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _drain(fd):
+    try:
+        os.read(fd, 512)
+    except OSError:
+        pass
 
 
 def _child_wakeup():
@@ -292,8 +414,9 @@ def _wait_or_owner_gone(st, child, lifeline, wake, grace):
     once every copy of the write end is closed, i.e. when the owner process has
     ended, however it ended. A parent-death signal would not do: this process is
     detached from the owner (its parent is the intermediate that left at once),
-    and such a signal would reach only the stage's first process, never the
-    grandchildren (torchrun's workers) that share its process group.
+    and such a signal would reach only the stage's first process, never its
+    grandchildren -- those in its process group, nor those in sessions of their
+    own (torchrun's workers), which stop_group finds below this subreaper.
     """
     poller = select.poll()
     poller.register(lifeline, select.POLLIN)
@@ -304,10 +427,7 @@ def _wait_or_owner_gone(st, child, lifeline, wake, grace):
             return rc
         for fd, _ in poller.poll():
             if fd == wake:
-                try:
-                    os.read(wake, 512)
-                except OSError:
-                    pass
+                _drain(wake)
             elif fd == lifeline:
                 poller.unregister(lifeline)
                 stop_group(st, st.pgid(), grace)  # the leader stays a zombie until child.poll() reaps it
@@ -506,23 +626,40 @@ def kill_stage(st, grace):
 
 def stop_group(st, pgid, grace):
     """SIGTERM the stage's process group (in its container, where it runs in one), SIGKILL
-    whatever is left after `grace` s; the last signal sent (recorded in STAGE.killed)."""
+    whatever is left after `grace` s; the last signal sent (recorded in STAGE.killed).
+
+    What the stage started in a session of its own (torchrun's workers) is not in
+    its group, but stays under its supervisor (a subreaper): it is signalled too.
+    Not in a container: there the runtime's own monitors live under the supervisor."""
     box = stage_container(st)  # in a container the signals go to the stage's group there
+    supervisor = None if box else stage_supervisor(st)
+
+    def others():
+        return [] if box else [p for p in stage_processes(pgid, supervisor) if p != pgid]
+
+    def alive():
+        return group_alive(pgid) or bool(others())
+
+    def send(sig, inside):
+        tree = others()  # before its parents die: what they leave goes to init
+        if not (inside and box and signal_in_container(box, st, sig)):
+            killpg(pgid, sig)
+        kill_all(tree, sig)
+
     sig = signal.SIGTERM
     if st.exit_code() is None:
         write_atomic(st.killed, str(int(sig)))
-    if not (box and signal_in_container(box, st, sig)):
-        killpg(pgid, sig)
+    send(sig, True)
     deadline = time.time() + max(grace, 0)
-    while group_alive(pgid) and time.time() < deadline:
+    while alive() and time.time() < deadline:
         time.sleep(0.1)
-    if group_alive(pgid):
+    if alive():
         sig = signal.SIGKILL
         if st.exit_code() is None:
             write_atomic(st.killed, str(int(sig)))
-        killpg(pgid, sig)
+        send(sig, False)
         deadline = time.time() + 5
-        while group_alive(pgid) and time.time() < deadline:
+        while alive() and time.time() < deadline:
             time.sleep(0.1)
     if box:  # whatever of the stage's group is left in the container (`exec` ended with its first process)
         signal_in_container(box, st, signal.SIGKILL)
@@ -1044,8 +1181,10 @@ class LocalStage(object):
             code = "?"
             # Its supervisor died without recording an exit: nobody else would stop what is left.
             pgid = self.st.pgid()
-            if pgid is not None and group_alive(pgid):
+            if pgid is not None:
+                tree = [] if stage_container(self.st) else stage_processes(pgid)  # before its parents die
                 killpg(pgid, signal.SIGKILL)
+                kill_all(tree, signal.SIGKILL)
         elif code is None:
             return
         self._lines(self.fh.read(), emit, rank)
