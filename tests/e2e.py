@@ -18,6 +18,7 @@ import hashlib
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -324,6 +325,14 @@ class Cluster:
         res = run_gpuctl(*args, state_dir=self.state_dir, cwd=cwd, timeout=timeout)
         self.outputs.append(res)
         return res
+
+    def node_job(self, job: int | str) -> str:
+        """Job `job`'s name on the nodes, `<id>-<token>` (its directory ~/.gpuctl/jobs/NAME there),
+        from the state database: the token is random per job, so no other gpuctl state names it."""
+        with sqlite3.connect(self.state_dir / "state.db") as db:
+            row = db.execute("SELECT token FROM jobs WHERE cluster=? AND job_id=?", (self.name, int(job))).fetchone()
+        assert row is not None and row[0], f"job {job} of {self.name} has no token in {self.state_dir}"
+        return f"{job}-{row[0]}"
 
     def nodes(self) -> list[NodeInfo]:
         data = yaml.safe_load((self.cdir / "inventory.yml").read_text())

@@ -27,7 +27,7 @@ from gpuctl.console import Reporter
 from gpuctl.envargs import parse_env_assignments
 from gpuctl.errors import JobCancelled, JobFailed, ProvisionError, UserError
 from gpuctl.inventory import Inventory, load_inventory
-from gpuctl.launch import JobRunner, JobSpec
+from gpuctl.launch import JobRunner, JobSpec, LeftoverReport
 from gpuctl.lifecycle import write_ssh_config
 from gpuctl.output import OutputOption, wants_json
 from gpuctl.paths import cluster_dir, state_root
@@ -469,7 +469,7 @@ def logs(
     if follow and job.status not in TERMINAL_JOB_STATES:
         job = jobs.follow_job(runner, job, nodes)
     else:
-        joblogs.fetch(inv, job.job_id, control_dir=runner.control_dir)
+        joblogs.fetch(inv, job.job_id, job.node_job, control_dir=runner.control_dir)
         jobs.print_saved_logs(reporter, inv, job, ranks)
     if job.status in ("FAILED", "FAILED_SETUP", "CANCELLED"):
         raise typer.Exit(1)
@@ -490,23 +490,42 @@ def cancel(
     if all_jobs and job_id is not None:
         raise UserError("give a JOB id or --all, not both")
     unfinished = [j for j in registry.jobs(name) if j.status not in TERMINAL_JOB_STATES]
+    stopped: dict[str, list[int]] = {}  # an ended job's leftovers, by job id
     if job_id is not None:
         target = [jobs.resolve_job(registry, name, job_id)]
         if target[0].status in TERMINAL_JOB_STATES:
-            say(f"Job {job_id} already ended: {target[0].status}")
+            # Its record can be right while a rank whose owner was killed still runs: ask every node.
+            ended = target[0]
+            report = runner.stop_leftovers(ended.job_id, jobs.job_nodes(inv, ended))
+            say(f"Job {job_id} already ended: {ended.status}; " + _describe_leftovers(inv, report))
+            stopped[str(ended.job_id)] = list(report.stopped)
             target = []
     else:
         target = unfinished if all_jobs else unfinished[-1:]
         if not target:
             say(f"No unfinished jobs on cluster '{name}'.")
     for job in target:
-        runner.cancel(job.job_id, jobs.job_nodes(inv, job))
-        say(f"Job {job.job_id} cancelled on {job.num_nodes} node(s).")
+        report = runner.cancel(job.job_id, jobs.job_nodes(inv, job))
+        say(f"Job {job.job_id} cancelled on {job.num_nodes} node(s)."
+            + (f" {_describe_leftovers(inv, report)}" if report.unreachable else ""))
     if as_json:  # the jobs asked about, as they are now (an ended one keeps its status)
         asked = [jobs.resolve_job(registry, name, job_id)] if job_id is not None else target
         output.emit("cancel", {"ok": True, "cluster": name, "cancelled": [j.job_id for j in target],
+                               "leftovers_stopped": stopped,
                                "jobs": [output.job_doc(row) for j in asked
                                         if (row := registry.job(name, j.job_id)) is not None]})
+
+
+def _describe_leftovers(inv: Inventory, report: LeftoverReport) -> str:
+    """What the nodes' agents found of a job: stopped leftovers, nothing, or nodes not reached."""
+    names = {n.rank: f"{n.name} (rank {n.rank})" for n in inv.nodes}
+    parts = []
+    if report.stopped:
+        parts.append("stopped what still ran of it on " + ", ".join(names.get(r, str(r)) for r in report.stopped))
+    if report.unreachable:
+        parts.append("could not reach " + ", ".join(names.get(r, str(r)) for r in report.unreachable)
+                     + " to stop what may still run there")
+    return "; ".join(parts) or "nothing of it was running on its nodes"
 
 
 @app.command("ssh-config")

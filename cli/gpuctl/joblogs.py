@@ -78,9 +78,11 @@ class LogWriter:
         self.files.clear()
 
 
-def fetch(inv: Inventory, job_id: int | str, *, control_dir: Path | None, timeout: float = 300) -> Outcome | None:
-    """Rebuild the job's local logs from the head's events.log; the outcome if the job ended."""
-    argv = ssh.ssh_argv(inv.head, f"cat -- {ssh.job_dir(str(job_id))}/events.log", control_dir=control_dir)
+def fetch(inv: Inventory, job_id: int | str, node_job: str, *, control_dir: Path | None,
+          timeout: float = 300) -> Outcome | None:
+    """Rebuild job `job_id`'s local logs from the head's events.log (of `node_job`, its name on the
+    nodes: JobRecord.node_job); the outcome if the job ended."""
+    argv = ssh.ssh_argv(inv.head, f"cat -- {ssh.job_dir(node_job)}/events.log", control_dir=control_dir)
     try:  # bytes: the ranks' output may be anything but a newline
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:

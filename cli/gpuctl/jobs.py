@@ -53,9 +53,10 @@ class StageStatus:
     reachable: bool
 
 
-def node_status(nodes: Sequence[Node], job_id: int, stage: str, control_dir: Path) -> dict[int, StageStatus]:
-    """Ask every node's agent about one stage of a job, all at once (when the head cannot say)."""
-    results = ssh.run_on_all(nodes, ssh.agent_command("status", str(job_id), stage), control_dir=control_dir,
+def node_status(nodes: Sequence[Node], node_job: str, stage: str, control_dir: Path) -> dict[int, StageStatus]:
+    """Ask every node's agent about one stage of a job (its name on the nodes), all at once (when the
+    head cannot say)."""
+    results = ssh.run_on_all(nodes, ssh.agent_command("status", node_job, stage), control_dir=control_dir,
                              timeout=30)
     out: dict[int, StageStatus] = {}
     for rank, proc in results.items():
@@ -76,7 +77,7 @@ def refresh(runner: JobRunner, job: JobRecord) -> JobRecord:
     """Bring an unwatched, unfinished job's state up to date from the head (one call)."""
     if job.status in TERMINAL_JOB_STATES or joblogs.is_watched(job.cluster, job.job_id):
         return job
-    answer = client.job_status_on_head(runner.inv.head, job.job_id, runner.control_dir)
+    answer = client.job_status_on_head(runner.inv.head, job.node_job, runner.control_dir)
     if answer is None:  # head unreachable: nothing can be said
         return job
     status = answer.get("status")
@@ -84,7 +85,7 @@ def refresh(runner: JobRunner, job: JobRecord) -> JobRecord:
         return job
     if status in ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "UNPREPARED"):
         outcome = Outcome.from_data(status, answer)
-        joblogs.fetch(runner.inv, job.job_id, control_dir=runner.control_dir)
+        joblogs.fetch(runner.inv, job.job_id, job.node_job, control_dir=runner.control_dir)
         _record(runner, job, outcome)
     elif status == "UNKNOWN" and job.status == "PENDING":
         if job.submitted_at and time.time() - job.submitted_at > PENDING_STALE_S:
@@ -101,18 +102,24 @@ def _record(runner: JobRunner, job: JobRecord, outcome: Outcome) -> None:
 
 
 def _refresh_from_nodes(runner: JobRunner, job: JobRecord) -> None:
-    """The head's coordinator is gone without an outcome: ask each node's agent."""
+    """The head's coordinator is gone without an outcome: ask each node's agent.
+
+    Once no stage has a supervisor left, what still runs of the job has nobody
+    to answer for it (the head's whole agent may have died): it is stopped
+    before the job is recorded as ended."""
     nodes = job_nodes(runner.inv, job)
     stage = "setup" if job.status == "SETTING_UP" else "run"
-    status = node_status(nodes, job.job_id, stage, runner.control_dir)
+    status = node_status(nodes, job.node_job, stage, runner.control_dir)
     if any(s.running for s in status.values()) or not all(s.reachable for s in status.values()):
         return
+    report = runner.stop_leftovers(job.job_id, nodes)
+    stopped = [f"stopped what still ran of it on rank {r}" for r in report.stopped]
     codes = {rank: s.exit for rank, s in status.items()}
     if stage == "setup":
-        runner.record_outcome(job.job_id, "FAILED_SETUP", codes, describe_codes(codes, runner.by_rank))
+        runner.record_outcome(job.job_id, "FAILED_SETUP", codes, describe_codes(codes, runner.by_rank) + stopped)
     else:
         failed = describe_codes(codes, runner.by_rank)
-        runner.record_outcome(job.job_id, "FAILED" if failed else "SUCCEEDED", codes, failed)
+        runner.record_outcome(job.job_id, "FAILED" if failed else "SUCCEEDED", codes, failed + stopped)
 
 
 def follow_job(runner: JobRunner, job: JobRecord, nodes: Sequence[Node]) -> JobRecord:

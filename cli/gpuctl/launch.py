@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -56,6 +56,15 @@ class JobSpec:
     gpus_per_node: int = 0
     bucket_mounts: Sequence[BucketMount] = ()  # cloud buckets fetched (COPY) or mounted before setup
     container_image: str | None = None  # `image_id: docker:IMAGE`: setup and run inside this image
+
+
+@dataclass(frozen=True)
+class LeftoverReport:
+    """What `cancel` found on the nodes: ranks where something of the job still ran (now stopped),
+    and ranks whose agent could not be asked."""
+
+    stopped: tuple[int, ...] = ()
+    unreachable: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -222,14 +231,14 @@ class JobRunner:
                         if ssh.host_key_changed(str(exc)):
                             raise UserError(ssh.host_key_error(inv.head)) from None
                         raise JobFailed(f"job {job.job_id}: {exc}") from None
-            body = self._payload(job.job_id, task, spec, job_nodes, fingerprint, items, run_setup, container,
+            body = self._payload(job.node_job, task, spec, job_nodes, fingerprint, items, run_setup, container,
                                  rules)
             secrets_text = jobenv.secrets_script(spec.secrets)
             for line in buckets.describe(spec.bucket_mounts):
                 self.reporter.info(f"Bucket {line}")
             view = _JobView(self, job.job_id, job_nodes, task, echo=not detach)  # detached: `gpuctl logs` shows it
             for attempt in (1, 2):
-                session = client.Session(inv.head, job.job_id, self.control_dir, view.on_event)
+                session = client.Session(inv.head, job.node_job, self.control_dir, view.on_event)
                 try:
                     outcome = session.submit(body, secrets_text, stop=(lambda: view.running) if detach else
                                              (lambda: False))
@@ -265,7 +274,7 @@ class JobRunner:
         finally:
             joblogs.unmark_watching(inv.cluster, job.job_id)
 
-    def _payload(self, job_id: int, task: str, spec: JobSpec, job_nodes: Sequence[Node], fingerprint: str,
+    def _payload(self, node_job: str, task: str, spec: JobSpec, job_nodes: Sequence[Node], fingerprint: str,
                  items: Sequence[upload.Item], run_setup: bool, container: dict | None = None,
                  rules: WorkdirFilter = WorkdirFilter()) -> dict:
         inv = self.inv
@@ -275,7 +284,7 @@ class JobRunner:
                   "rsync_args": payload.workdir_rsync_args(rules) if i.dest == payload.WORKDIR_DEST else []}
                  for i in items]
         return payload.build_payload(
-            inv, job_id=job_id, fingerprint=fingerprint, job_nodes=len(job_nodes),
+            inv, job_id=node_job, fingerprint=fingerprint, job_nodes=len(job_nodes),
             setup=payload.stage_plan(spec.setup if run_setup else None, setup_env,
                                      jobenv.hostfile_lines(inv.nodes)),
             run=payload.stage_plan(spec.run, run_env, jobenv.hostfile_lines(job_nodes)),
@@ -348,6 +357,13 @@ class JobRunner:
             self.record_outcome(job_id, status, codes, detail, first_failed=first)
             return JobOutcome(job_id, status, dict(codes), first)
 
+        if outcome.status == "FAILED" and outcome.detail == client.COORDINATOR_GONE:
+            # Whatever killed it may have killed the head's supervisors too: nothing there stops
+            # what of the job still runs, so its nodes' agents are asked to.
+            report = self.stop_leftovers(job_id, job_nodes)
+            if report.stopped:
+                names = ", ".join(f"{self.by_rank[r].name} (rank {r})" for r in report.stopped if r in self.by_rank)
+                outcome = replace(outcome, detail=f"{outcome.detail}; stopped what still ran of it on {names}")
         current = self.registry.job(self.inv.cluster, job_id)
         if outcome.status == "CANCELLED" or (current is not None and current.status == "CANCELLED"):
             return record("CANCELLED", outcome.run, ["cancelled"]), JobFailed(f"job {job_id} was cancelled")
@@ -380,14 +396,21 @@ class JobRunner:
                 JobFailed(f"job {job_id} failed: rank {first} ({node.name}, {node.address}) {what}; "
                           f"return codes: {rc_list}"))
 
-    def cancel(self, job_id: int, job_nodes: Sequence[Node], *, session: client.Session | None = None) -> None:
-        """End the job on every node (through the head's coordinator) and record it CANCELLED."""
+    def node_job(self, job_id: int) -> str:
+        """The job's name on the nodes (JobRecord.node_job)."""
+        job = self.registry.job(self.inv.cluster, job_id)
+        return job.node_job if job is not None else str(job_id)
+
+    def cancel(self, job_id: int, job_nodes: Sequence[Node], *,
+               session: client.Session | None = None) -> LeftoverReport:
+        """End the job on every node (through the head's coordinator, then each node's agent) and
+        record it CANCELLED; what the nodes' agents still found running and stopped."""
         self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED", ended_at=time.time())
-        answer = client.cancel_on_head(self.inv.head, job_id, self.control_dir, wait=KILL_GRACE_S + 20)
-        if answer is None or answer.get("status") in ("RUNNING", "LOST", "UNKNOWN", None):
-            # No coordinator to ask (it died, or the head is gone): stop each node's stages directly.
-            ssh.kill_stage(job_nodes, job_id=str(job_id), stage=("setup", "run"), control_dir=self.control_dir,
-                           grace=KILL_GRACE_S)
+        node_job = self.node_job(job_id)
+        answer = client.cancel_on_head(self.inv.head, node_job, self.control_dir, wait=KILL_GRACE_S + 20)
+        # Whatever the coordinator answered (it may be dead, or may not reach a node whose relay
+        # died): each node's agent stops what of the job is left there.
+        report = self.stop_leftovers(job_id, job_nodes)
         if session is not None:
             session.close()
         current = self.registry.job(self.inv.cluster, job_id)
@@ -396,7 +419,27 @@ class JobRunner:
             self.registry.update_job(self.inv.cluster, job_id, returncodes=codes)
         if current is not None and current.status != "CANCELLED":
             self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED")
-        joblogs.fetch(self.inv, job_id, control_dir=self.control_dir)
+        joblogs.fetch(self.inv, job_id, node_job, control_dir=self.control_dir)
+        return report
+
+    def stop_leftovers(self, job_id: int, job_nodes: Sequence[Node]) -> LeftoverReport:
+        """Stop every stage of the job still running on its nodes, whatever the job's recorded state
+        (a record can say FAILED while a rank whose owner was killed still runs); secrets go too."""
+        results = ssh.kill_stage(job_nodes, job_id=self.node_job(job_id), stage=("setup", "run"),
+                                 control_dir=self.control_dir, grace=KILL_GRACE_S)
+        stopped, unreachable = [], []
+        for rank, proc in sorted(results.items()):
+            if proc.returncode != 0:
+                unreachable.append(rank)
+                continue
+            for line in proc.stdout.splitlines():
+                try:
+                    if json.loads(line).get("stopped"):
+                        stopped.append(rank)
+                        break
+                except (ValueError, AttributeError):
+                    continue
+        return LeftoverReport(stopped=tuple(stopped), unreachable=tuple(unreachable))
 
     def record_outcome(self, job_id: int, status: str, codes: Mapping[int, int | None], detail: list[str],
                        *, first_failed: int | None = None) -> None:
@@ -412,7 +455,7 @@ class JobRunner:
                ranks: Sequence[int] | None = None) -> Outcome:
         """Follow a submitted job from its first event to its end (logs saved as they come)."""
         view = _JobView(self, job_id, job_nodes, None, echo=echo, ranks=ranks, quiet=True)
-        session = client.Session(self.inv.head, job_id, self.control_dir, view.on_event)
+        session = client.Session(self.inv.head, self.node_job(job_id), self.control_dir, view.on_event)
         outcome = session.attach(0)
         assert outcome is not None
         return outcome

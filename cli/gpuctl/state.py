@@ -5,6 +5,11 @@ without corrupting the file; job ids are allocated inside `BEGIN IMMEDIATE`
 so concurrent submissions never get the same id. The schema carries a version
 so later releases can migrate it.
 
+Job ids are this state's own (1, 2, 3...): another state dir using the same
+nodes counts from 1 too. So each job also gets a random token, and the nodes
+know it by `<id>-<token>` (JobRecord.node_job): no other controller can name,
+read, cancel or overwrite it.
+
 With shared state (gpuctl.remotestate) the database stays this runner's
 working copy: cluster and job rows are written through to the state bucket,
 job ids are allocated there (an id is taken by creating its object, so two
@@ -15,6 +20,7 @@ what other runners wrote.
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -29,7 +35,7 @@ if TYPE_CHECKING:
 
 _CONFIGURED: Any = object()  # Registry(remote=...) default: the configured remote state, if any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: jobs.token
 
 JOB_STATES = ("PENDING", "SETTING_UP", "RUNNING", "SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
 TERMINAL_JOB_STATES = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
@@ -60,6 +66,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     returncodes  TEXT,
     failed_rank  INTEGER,
     detail       TEXT,
+    token        TEXT,
     PRIMARY KEY (cluster, job_id)
 );
 """
@@ -92,6 +99,13 @@ class JobRecord:
     returncodes: dict[int, int | None] = field(default_factory=dict)
     failed_rank: int | None = None
     detail: str | None = None
+    token: str | None = None  # random, per job: see node_job
+
+    @property
+    def node_job(self) -> str:
+        """The job's name on the nodes (its directory ~/.gpuctl/jobs/NAME there): the id and the
+        job's random token, which no other controller has. A job recorded before tokens: its id."""
+        return f"{self.job_id}-{self.token}" if self.token else str(self.job_id)
 
 
 class Registry:
@@ -107,10 +121,12 @@ class Registry:
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 db.execute(statement)
             row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
                 raise RuntimeError(f"{self.path} was written by a newer gpuctl (schema {row[0]})")
+            columns = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+            if "token" not in columns:  # schema 1: its jobs keep their plain ids on the nodes
+                db.execute("ALTER TABLE jobs ADD COLUMN token TEXT")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -160,11 +176,11 @@ class Registry:
         with self._connect() as db:
             for row in rows:
                 codes = row.get("returncodes") or {}
-                db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                            (cluster, int(row["job_id"]), row.get("name"), row["status"], row.get("task_id"),
                             int(row["num_nodes"]), float(row["submitted_at"]), row.get("started_at"),
                             row.get("ended_at"), json.dumps({str(k): v for k, v in codes.items()}),
-                            row.get("failed_rank"), row.get("detail")))
+                            row.get("failed_rank"), row.get("detail"), row.get("token")))
 
     def _publish_cluster(self, name: str) -> None:
         if self.remote is None:
@@ -200,6 +216,7 @@ class Registry:
     # jobs
     def new_job(self, cluster: str, *, name: str | None, num_nodes: int) -> JobRecord:
         now = time.time()
+        token = secrets.token_hex(8)
         taken = 0
         if self.remote is not None:
             from gpuctl.remotestate import sync
@@ -211,8 +228,9 @@ class Registry:
                                      (cluster,)).fetchone()
                 job_id = max(last, taken) + 1
                 db.execute(
-                    "INSERT INTO jobs (cluster, job_id, name, status, num_nodes, submitted_at) VALUES (?,?,?,?,?,?)",
-                    (cluster, job_id, name, "PENDING", num_nodes, now),
+                    "INSERT INTO jobs (cluster, job_id, name, status, num_nodes, submitted_at, token) "
+                    "VALUES (?,?,?,?,?,?,?)",
+                    (cluster, job_id, name, "PENDING", num_nodes, now, token),
                 )
             if self._publish_job(cluster, job_id, new=True):
                 break
@@ -220,7 +238,7 @@ class Registry:
             with self._connect() as db:
                 db.execute("DELETE FROM jobs WHERE cluster=? AND job_id=?", (cluster, job_id))
         return JobRecord(cluster=cluster, job_id=job_id, name=name, status="PENDING", task_id=None,
-                         num_nodes=num_nodes, submitted_at=now)
+                         num_nodes=num_nodes, submitted_at=now, token=token)
 
     def update_job(self, cluster: str, job_id: int, **fields: Any) -> None:
         if "status" in fields and fields["status"] not in JOB_STATES:
@@ -253,7 +271,8 @@ def _cluster(row: tuple[Any, ...]) -> ClusterRecord:
 
 
 def _job(row: tuple[Any, ...]) -> JobRecord:
-    (cluster, job_id, name, status, task_id, num_nodes, submitted, started, ended, rcs, failed_rank, detail) = row
+    (cluster, job_id, name, status, task_id, num_nodes, submitted, started, ended, rcs, failed_rank, detail,
+     token) = row
     codes = {int(k): v for k, v in json.loads(rcs).items()} if rcs else {}
     return JobRecord(cluster, job_id, name, status, task_id, num_nodes, submitted, started, ended, codes,
-                     failed_rank, detail)
+                     failed_rank, detail, token)

@@ -100,7 +100,8 @@ class BK:
         """Each node's B event of the job (what it copied, shared, mounted, reused)."""
         job = re.search(r"^Job (\d+) running", res.stdout, re.M)
         assert job, res.describe()
-        text = self.cluster.read(self.cluster.nodes()[0], f"~/.gpuctl/jobs/{job.group(1)}/events.log")
+        text = self.cluster.read(self.cluster.nodes()[0],
+                                 f"~/.gpuctl/jobs/{self.cluster.node_job(job.group(1))}/events.log")
         return {int(m.group(1)): json.loads(m.group(2)) for m in re.finditer(r"^B (\d+) 0 (\{.*\})$", text, re.M)}
 
     def keys(self, bucket: str) -> dict[str, bytes]:

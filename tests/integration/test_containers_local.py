@@ -226,7 +226,7 @@ def test_missing_runtime_is_one_line_and_nothing_runs(ctr: Ctr):
     assert m, res.describe()
     assert "still there" not in res.stdout and "Running setup" not in res.stdout, res.describe()
     for n in ctr.nodes:
-        assert not ctr.cluster.exists_on(n, f"~/.gpuctl/jobs/{m.group(1)}/run.log")
+        assert not ctr.cluster.exists_on(n, f"~/.gpuctl/jobs/{ctr.cluster.node_job(m.group(1))}/run.log")
 
 
 def test_down_removes_the_clusters_containers_and_no_other(ctr: Ctr):

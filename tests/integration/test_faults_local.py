@@ -6,14 +6,22 @@
 - a worker dies mid-run (its sshd and every process in it killed): gpuctl
   names the lost rank, stops the others, exits non-zero, `queue` says FAILED;
 - the controller's gpuctl is SIGKILLed mid-job: the head still fails fast,
-  and a later `queue` / `logs` show the true outcome and the output.
+  and a later `queue` / `logs` show the true outcome and the output;
+- the head's coordinator or a worker's relay is SIGKILLed: no rank and no
+  secrets file of the job is left on any node; with the head's whole agent
+  killed, the watcher or `queue` stops its rank there, and `cancel` of a job
+  recorded as ended still stops what is left of it;
+- two controllers (state dirs) on the same nodes both have a job N: neither
+  touches, shows or cancels the other's.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -23,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended
+from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended, wait_for
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -232,3 +240,177 @@ def test_full_disk_while_logs_are_saved_keeps_the_outcome(ft, tmp_path: Path):
     logs = cluster.gpuctl("logs", NAME, job.group(1)).check().stdout.splitlines()
     for rank, name in enumerate(("head", "worker1", "worker2")):
         assert f"({name}, rank={rank}) line 20000 of a job whose logs no longer fit" in logs
+
+
+# -- nothing of a job outlives whoever answers for it (issue 20, item 1) ---------------------
+
+
+def _detached_sleeper(cluster: Cluster, marker: str, secret: str) -> tuple[int, str]:
+    """A detached job whose every rank runs a `sleep` named `marker` (a grandchild of the stage, as
+    a launcher's workers are), with a secret; (job id, its name on the nodes) once all run."""
+    script = f'echo "rank $GPUCTL_NODE_RANK up"; (exec -a {marker} sleep 300); echo survived'
+    res = cluster.gpuctl("exec", NAME, "-d", "--secret", f"FT_TOKEN={secret}", "--env", f"FT_SCRIPT={script}",
+                         "--", "bash", "-c", 'eval "$FT_SCRIPT"').check()
+    m = re.search(r"^Job (\d+) detached", res.stdout, re.M)
+    assert m, res.describe()
+    wait_for("every rank to start", lambda: len(pids_matching(marker)) == 3, 60)
+    return int(m.group(1)), cluster.node_job(m.group(1))
+
+
+def _owner_pid(cluster: Cluster, rank: int, node_job: str) -> int:
+    """The process that answers for the job on the node: the head's coordinator, a worker's relay
+    (a stage's supervisor is a fork of it, with its command line: told apart by its recorded pid)."""
+    node = cluster.nodes()[rank]
+    if rank == 0:
+        return int(cluster.read(node, f"~/.gpuctl/jobs/{node_job}/events.supervisor"))
+    supervisor = int(cluster.read(node, f"~/.gpuctl/jobs/{node_job}/run.supervisor"))
+    found = []
+    for pid in subprocess.run(["ip", "netns", "pids", netns_of(cluster, rank)], capture_output=True,
+                              text=True).stdout.split():
+        try:
+            if b"gpuctl-node\0relay" in Path(f"/proc/{pid}/cmdline").read_bytes() and int(pid) != supervisor:
+                found.append(int(pid))
+        except OSError:
+            continue
+    assert len(found) == 1, (rank, found)
+    return found[0]
+
+
+def _secrets_left(cluster: Cluster, node_job: str) -> list[str]:
+    return [n.name for n in cluster.nodes() if cluster.exists_on(n, f"~/.gpuctl/jobs/{node_job}/secrets.sh")]
+
+
+@pytest.mark.parametrize("victim", ["the head's coordinator", "a worker's relay"])
+def test_a_killed_owner_leaves_no_rank_and_no_secret_on_any_node(ft, victim: str):
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-owner{victim.split()[-1]}"
+    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+    assert len(_secrets_left(cluster, node_job)) == 3  # there while the ranks run
+    os.kill(_owner_pid(cluster, 0 if "coordinator" in victim else 1, node_job), signal.SIGKILL)
+    try:
+        wait_for("every rank of the job to be stopped", lambda: not pids_matching(marker), 20)
+        wait_for("the job's secrets to leave every node", lambda: not _secrets_left(cluster, node_job), 10)
+        row = queue_row_once_ended(lambda: cluster.gpuctl("queue", NAME), job)
+        assert row[2] == "FAILED", row
+    finally:
+        cluster.gpuctl("cancel", NAME, str(job))
+
+
+def _kill_heads_agent(cluster: Cluster, node_job: str) -> None:
+    """SIGKILL the job's coordinator and its rank's supervisor on the head at once: nothing there
+    watches rank 0 any more (the workers' relays still stop their ranks)."""
+    supervisor = int(cluster.read(cluster.nodes()[0], f"~/.gpuctl/jobs/{node_job}/run.supervisor"))
+    coordinator = _owner_pid(cluster, 0, node_job)
+    os.kill(supervisor, signal.SIGKILL)
+    os.kill(coordinator, signal.SIGKILL)
+
+
+def test_the_watcher_stops_what_the_heads_killed_agent_left(ft):
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-watched"
+    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+    _kill_heads_agent(cluster, node_job)
+    try:
+        wait_for("the watcher to stop rank 0", lambda: not pids_matching(marker), 30)
+        assert not _secrets_left(cluster, node_job)
+        row = queue_row_once_ended(lambda: cluster.gpuctl("queue", NAME), job)
+        assert row[2] == "FAILED", row
+    finally:
+        for pid in pids_matching(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _without_watcher(cluster: Cluster, job: int) -> None:
+    """Kill the detached job's watcher here: nobody on the controller follows the job any more."""
+    watcher = f"_watch\0{NAME}\0{job}\0"
+    for pid in pids_matching(watcher):
+        os.kill(pid, signal.SIGKILL)
+    wait_for("the watcher to be gone", lambda: not pids_matching(watcher), 10)
+
+
+def test_queue_stops_what_the_heads_killed_agent_left(ft):
+    """The head's whole agent and the job's watcher killed: the `queue` that finds the
+    coordinator gone stops rank 0 before it records the job as ended."""
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-queued"
+    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+    _without_watcher(cluster, job)
+    _kill_heads_agent(cluster, node_job)
+    try:
+        row = queue_row_once_ended(lambda: cluster.gpuctl("queue", NAME), job)
+        assert row[2] == "FAILED", row
+        wait_for("rank 0 to be stopped", lambda: not pids_matching(marker), 10)
+        assert not _secrets_left(cluster, node_job)
+    finally:
+        for pid in pids_matching(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_cancel_stops_what_is_left_of_a_job_recorded_as_ended(ft):
+    """A job recorded FAILED while its rank 0 still runs (as an older gpuctl's watcher recorded
+    it, 3 s after the head's coordinator was killed): `cancel` of it still stops the rank, and
+    says so; a second `cancel` finds nothing."""
+    cluster, _, _, _ = ft
+    marker = f"{MOD}-leftover"
+    job, node_job = _detached_sleeper(cluster, marker, f"s3cr3t-{uuid.uuid4().hex}")
+    _without_watcher(cluster, job)
+    _kill_heads_agent(cluster, node_job)
+    with sqlite3.connect(cluster.state_dir / "state.db") as db:
+        db.execute("UPDATE jobs SET status='FAILED' WHERE cluster=? AND job_id=?", (NAME, job))
+    try:
+        wait_for("the workers' ranks to be stopped by their relays", lambda: len(pids_matching(marker)) == 1, 20)
+        res = cluster.gpuctl("cancel", NAME, str(job)).check()
+        assert res.stdout.splitlines() == [
+            f"Job {job} already ended: FAILED; stopped what still ran of it on head (rank 0)"], res.describe()
+        wait_for("rank 0 to be stopped", lambda: not pids_matching(marker), 10)
+        assert not _secrets_left(cluster, node_job)
+        again = cluster.gpuctl("cancel", NAME, str(job)).check()
+        assert again.stdout.splitlines() == [
+            f"Job {job} already ended: FAILED; nothing of it was running on its nodes"], again.describe()
+    finally:
+        for pid in pids_matching(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- two controllers on the same nodes (issue 20, item 8) -------------------------------------
+
+
+def _second_controller(cluster: Cluster, root: Path) -> Cluster:
+    """Another gpuctl state dir for the same nodes, its registry at the same job id: a second
+    controller (a colleague's laptop) that has run as many jobs there."""
+    other = root / f"state-{uuid.uuid4().hex[:6]}"
+    shutil.copytree(cluster.cdir, other / "clusters" / NAME, symlinks=True,
+                    ignore=shutil.ignore_patterns("cm", "jobs", "*.lock", "*.sock"))
+    with sqlite3.connect(cluster.state_dir / "state.db") as src, sqlite3.connect(other / "state.db") as dst:
+        src.backup(dst)
+    return Cluster(NAME, other)
+
+
+def _queue_status(cluster: Cluster, job: int) -> str:
+    rows = [line.split() for line in cluster.gpuctl("queue", NAME).check().stdout.splitlines()[1:]]
+    return next(r[2] for r in rows if r and r[0] == str(job))
+
+
+def test_two_controllers_on_the_same_nodes_never_touch_each_others_job(ft):
+    cluster, root, _, _ = ft
+    other = _second_controller(cluster, root)
+    mine, theirs = f"{MOD}-mine", f"{MOD}-theirs"
+    try:
+        job, node_job = _detached_sleeper(cluster, mine, "a")
+        their_job, their_node_job = _detached_sleeper(other, theirs, "b")
+        assert job == their_job  # the same id on both controllers
+        assert len(pids_matching(mine)) == 3, "the other controller's submit touched this job"
+        assert _queue_status(cluster, job) == _queue_status(other, job) == "RUNNING"
+        res = cluster.gpuctl("cancel", NAME, str(job)).check()
+        assert res.stdout.splitlines() == [f"Job {job} cancelled on 3 node(s)."], res.describe()
+        wait_for("this controller's job to stop", lambda: not pids_matching(mine), 15)
+        assert len(pids_matching(theirs)) == 3, "cancelling a job stopped the other controller's job"
+        assert _queue_status(other, job) == "RUNNING" and _queue_status(cluster, job) == "CANCELLED"
+        assert node_job != their_node_job
+        for node in cluster.nodes():  # both jobs' directories are there, each its own
+            assert [cluster.exists_on(node, f"~/.gpuctl/jobs/{d}/run.log") for d in (node_job, their_node_job)] \
+                == [True, True], node.name
+    finally:
+        other.gpuctl("cancel", NAME, "--all")
+        for pid in pids_matching(mine) + pids_matching(theirs):
+            os.kill(pid, signal.SIGKILL)

@@ -148,7 +148,9 @@ def test_fanout_tree_has_depth_two(jp: JP):
     res = jp.gpuctl("exec", NAME, "--", "true").check()
     job = job_id_of(res)
     head, w1, w2, w3, w4 = jp.nodes
-    parent = {n.name: jp.cluster.read(n, f"~/.gpuctl/jobs/{job}/relay.from").split()[0] for n in (w1, w2, w3, w4)}
+    node_job = jp.cluster.node_job(job)
+    parent = {n.name: jp.cluster.read(n, f"~/.gpuctl/jobs/{node_job}/relay.from").split()[0]
+              for n in (w1, w2, w3, w4)}
     assert parent == {"worker1": head.address, "worker2": w1.address, "worker3": head.address,
                       "worker4": w3.address}, parent
 

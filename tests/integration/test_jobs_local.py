@@ -121,9 +121,10 @@ def parse_queue(res: Result) -> dict[int, QueueRow]:
     return rows
 
 
-def job_paths(job: int) -> tuple[str, str]:
-    """How a job's node-side processes name it: the agent (`.../jobs/N run`) and bash (`.../jobs/N/run.sh`)."""
-    return f"/.gpuctl/jobs/{job} ", f"/.gpuctl/jobs/{job}/"
+def job_paths(node_job: str) -> tuple[str, str]:
+    """How a job's node-side processes name it (`node_job`: Cluster.node_job): the agent
+    (`.../jobs/N-TOKEN run`) and bash (`.../jobs/N-TOKEN/run.sh`)."""
+    return f"/.gpuctl/jobs/{node_job} ", f"/.gpuctl/jobs/{node_job}/"
 
 
 def cmdline(pid: int) -> str | None:
@@ -399,7 +400,8 @@ def test_subset_run_gets_its_ranks_ips_and_env(jl: JobsCluster, subset: SubsetJo
         f"({n.name}, rank={n.rank}) rank={n.rank} n=2 sky_n=2 ips={ips} hosts={ips} master={head.address} "
         f"k={subset.value} ifname=eth0 fi=unset" for n in (head, w1)), res.describe()  # fabric.env: socket nodes
     assert "(worker2" not in res.stdout
-    job_files = [f"~/.gpuctl/jobs/{job}/{name}" for name in ("run.sh", "run.log", "run.pid", "run.exit")]
+    job_files = [f"~/.gpuctl/jobs/{jl.cluster.node_job(job)}/{name}" for name in ("run.sh", "run.log", "run.pid",
+                                                                                 "run.exit")]
     for n in (head, w1):
         assert jl.exist(n, subset.touched, *job_files) == [True] * 5, f"{n.name} did not run the job"
     assert jl.exist(w2, subset.touched, *job_files) == [False] * 5, "the subset job ran on worker2"
@@ -527,7 +529,8 @@ def test_cancel_one_job_stops_it_everywhere(jl: JobsCluster, sleepers: dict[int,
     assert res.stdout.splitlines() == [f"Job {job} cancelled on 3 node(s)."], res.stdout
     jl.assert_no_process(marker)
     # nothing of the job is left on the nodes (its agents), nor its watcher here
-    wait_for(f"job {job}'s processes on the nodes to end", lambda: not jl.on_nodes(*job_paths(job)), timeout=10)
+    paths = job_paths(jl.cluster.node_job(job))
+    wait_for(f"job {job}'s processes on the nodes to end", lambda: not jl.on_nodes(*paths), timeout=10)
     wait_for(f"the watcher of job {job} to exit",
              lambda: not pids_matching(f"_watch\0{NAME}\0{job}\0"), timeout=15)
     rows = jl.queue()
@@ -554,7 +557,8 @@ def test_cancel_all_stops_every_unfinished_job(jl: JobsCluster, sleepers: dict[i
     assert {j: r for j, r in after.items() if j not in jobs} == {j: r for j, r in before.items() if j not in jobs}
     for job in jobs:
         jl.assert_no_process(sleepers[job])
-        wait_for(f"job {job}'s processes on the nodes to end", lambda: not jl.on_nodes(*job_paths(job)), timeout=10)
+        paths = job_paths(jl.cluster.node_job(job))
+        wait_for(f"job {job}'s processes on the nodes to end", lambda: not jl.on_nodes(*paths), timeout=10)
     none_left = jl.gpuctl("cancel", NAME, "--all").check()
     assert "No unfinished jobs" in none_left.stdout
 
@@ -582,7 +586,8 @@ def test_ctrl_c_cancels_the_attached_job(jl: JobsCluster):
     job = int(m.group(1))
     assert any(f"job {job} cancelled (Ctrl-C)" in line for line in err), text
     jl.assert_no_process(marker)
-    wait_for(f"job {job}'s processes on the nodes to end", lambda: not jl.on_nodes(*job_paths(job)), timeout=10)
+    paths = job_paths(jl.cluster.node_job(job))
+    wait_for(f"job {job}'s processes on the nodes to end", lambda: not jl.on_nodes(*paths), timeout=10)
     assert jl.queue()[job].status == "CANCELLED"
 
 
@@ -686,7 +691,7 @@ def test_logs_after_the_job_from_the_saved_copy(jl: JobsCluster, pair: Pair):
 
     check_logs()
     # The nodes lose the job's directory: the saved copy still serves.
-    node_dir = f"~/.gpuctl/jobs/{job}"
+    node_dir = f"~/.gpuctl/jobs/{jl.cluster.node_job(job)}"
     for n in jl.nodes:
         jl.cluster.ssh(n, f"test -f {node_dir}/run.log && rm -rf {node_dir} && ! test -e {node_dir}")
     check_logs()

@@ -12,17 +12,21 @@ import os
 import random
 import select
 import shlex
+import signal
 import subprocess
 import sys
+import uuid
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from e2e import pids_matching, wait_for
 from gpuctl import joblogs
 from gpuctl.inventory import Inventory, Node
 from gpuctl.jobplane import client
 from gpuctl.jobplane.events import PIECE, Event, LineJoiner, Outcome, encode, parse_event
+from gpuctl.stream import LineSplitter
 
 AGENT_PATH = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "agent.py"
 
@@ -384,3 +388,111 @@ def test_submit_to_a_full_head_fails_the_job_in_one_line(node_home: Path):
     assert [(e.kind, e.text) for e in events] == [("H", f"problem {why}"), ("D", "FAILED")]
     assert Outcome.from_data("FAILED", events[-1].data).detail == f"head: {why}"
     assert not jobdir.exists()
+
+
+# -- nothing of a job outlives whoever answers for it (issue 20, item 1) -------------------
+
+
+def start_job(home: Path, body: dict, secrets_text: str) -> subprocess.Popen:
+    """`submit` in the background, returned once the run stage printed its first line."""
+    data = json.dumps(body) + "\n" + json.dumps(secrets_text) + "\n"
+    proc = subprocess.Popen([sys.executable, str(AGENT_PATH), "submit"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env={**os.environ, "HOME": str(home)})
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(data.encode())
+    proc.stdin.close()
+    proc.stdin = None
+    seen = b""
+    while b"started" not in seen:
+        line = proc.stdout.readline()
+        assert line, seen.decode(errors="replace")
+        seen += line
+    return proc
+
+
+@pytest.mark.parametrize("victim", ["coordinator", "run.supervisor", "none (a background process)"])
+@pytest.mark.parametrize("session", ["the stage's", "its own"])
+def test_no_rank_or_secret_outlives_a_dead_owner(node_home: Path, victim: str, session: str):
+    """kill -9 of the job's coordinator or of the stage's supervisor, or a script that leaves a
+    process behind and exits 0: within a bounded wait no process of the job is left and no file
+    holds its secret. The process is a grandchild of the stage, in the stage's process group or
+    in a session of its own (as torchrun starts its workers)."""
+    marker = f"gpuctl-orphan-{uuid.uuid4().hex[:10]}"
+    secret = f"tok-{uuid.uuid4().hex}"
+    grandchild = f"(exec -a {marker} sleep 300)" if session == "the stage's" else \
+        f"setsid bash -c 'exec -a {marker} sleep 300'"
+    # the background variant's stage ends at once
+    script = (f"{grandchild} & echo started" if victim.startswith("none") else f"{grandchild} & echo started; wait")
+    proc = start_job(node_home, payload("31", script), f"export TOKEN={agent.shell_quote(secret)}\n")
+    job = node_home / ".gpuctl" / "jobs" / "31"
+    try:
+        if not victim.startswith("none"):  # (the background process may be gone already: the job ended)
+            wait_for("the rank to start", lambda: pids_matching(marker), 10)
+            name = "events.supervisor" if victim == "coordinator" else victim
+            os.kill(int((job / name).read_text()), signal.SIGKILL)
+        wait_for("the rank to be stopped", lambda: not pids_matching(marker), 20)
+        wait_for("the secrets file to go", lambda: not (job / "secrets.sh").exists(), 10)
+        for path in job.rglob("*"):
+            assert secret not in path.read_text(errors="replace"), path
+    finally:
+        for pid in pids_matching(marker):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+
+
+# -- a job directory is only ever its own submission's (issue 20, item 8) ------------------
+
+
+def _foreign_dir(home: Path, name: str, made_by: str | None) -> dict[str, bytes]:
+    """A job directory another submission made (`made_by`: its nonce; None: no record, as an older
+    agent left it); what it holds, to compare with afterwards."""
+    jobdir = home / ".gpuctl" / "jobs" / name
+    jobdir.mkdir(parents=True)
+    (jobdir / "run.log").write_text("the other controller's output\n")
+    (jobdir / "job.json").write_text('{"status": "RUNNING"}')
+    if made_by is not None:
+        (jobdir / agent.SUBMISSION_FILE).write_text(made_by)
+    return {p.name: p.read_bytes() for p in jobdir.iterdir()}
+
+
+@pytest.mark.parametrize("made_by", ["other-nonce", None])
+def test_submit_refuses_a_job_dir_another_submission_made(node_home: Path, made_by: str | None):
+    before = _foreign_dir(node_home, "1-aaaa", made_by)
+    events, outcome, _ = submit(node_home, payload("1-aaaa", "touch ~/ran", nonce="mine"))
+    assert outcome is not None and outcome.status == "FAILED" and "another submission made it" in outcome.detail
+    jobdir = node_home / ".gpuctl" / "jobs" / "1-aaaa"
+    assert {p.name: p.read_bytes() for p in jobdir.iterdir()} == before  # not removed, not written
+    assert not (node_home / "ran").exists()
+
+
+def test_a_retry_of_the_same_submission_takes_its_dir_back_once_it_ended(node_home: Path):
+    body = payload("2-bbbb", "echo try", nonce="same")
+    _, first, _ = submit(node_home, body)
+    _, second, _ = submit(node_home, body)  # e.g. after `prepare` answered UNPREPARED
+    assert first is not None and second is not None and (first.status, second.status) == ("SUCCEEDED",) * 2
+    proc = start_job(node_home, dict(body, stages={"setup": None, "run": payload("x", "echo started; sleep 60")
+                                                   ["stages"]["run"]}), "")
+    try:
+        _, third, _ = submit(node_home, body)  # the same submission while its coordinator runs
+        assert third is not None and third.status == "FAILED" and "already running" in third.detail
+    finally:
+        subprocess.run([sys.executable, str(AGENT_PATH), "cancel", "2-bbbb", "--wait", "20"],
+                       env={**os.environ, "HOME": str(node_home)}, capture_output=True, timeout=60)
+        proc.communicate(timeout=30)
+
+
+def test_a_worker_refuses_a_job_dir_another_submission_made(node_home: Path):
+    before = _foreign_dir(node_home, "3-cccc", "theirs")
+    body = dict(payload("3-cccc", "touch ~/ran", nonce="mine"), subtree=[1], job_ranks=2,
+                peers=[{"rank": 0, "name": "head", "host": "127.0.0.1", "ssh": []},
+                       {"rank": 1, "name": "worker1", "host": "127.0.0.1", "ssh": []}])
+    data = json.dumps(body) + "\n" + json.dumps("export T='x'\n") + "\nstart run\nend\n"
+    proc = subprocess.run([sys.executable, str(AGENT_PATH), "relay"], input=data.encode(), capture_output=True,
+                          timeout=60, env={**os.environ, "HOME": str(node_home)})
+    events = [e for e in map(parse_event, LineSplitter().feed(proc.stdout)) if e is not None]
+    hello = [e for e in events if e.kind == "H"]
+    assert len(hello) == 1 and hello[0].rank == 1 and "another submission made it" in hello[0].text, proc.stdout
+    jobdir = node_home / ".gpuctl" / "jobs" / "3-cccc"
+    assert {p.name: p.read_bytes() for p in jobdir.iterdir()} == before
+    assert not (node_home / "ran").exists()

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import re
+import sqlite3
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,53 @@ def test_concurrent_processes_never_share_or_lose_a_job_id(tmp_path: Path):
         ids = sum(pool.starmap(_submit, [(path, 25)] * 4), [])
     assert sorted(ids) == list(range(1, 101))
     assert len(Registry(Path(path)).jobs("c1")) == 100
+
+
+# -- a job's name on the nodes (issue 20, item 8) --------------------------------------------
+
+
+def test_two_state_dirs_count_from_1_but_name_their_jobs_apart_on_the_nodes(tmp_path: Path):
+    """Two controllers using the same nodes: each shows its own job 1, 2, ...; on the nodes they
+    never share a name (the node name carries a random per-job token)."""
+    a, b = Registry(tmp_path / "a.db", remote=None), Registry(tmp_path / "b.db", remote=None)
+    jobs_a = [a.new_job("c1", name=None, num_nodes=2) for _ in range(3)]
+    jobs_b = [b.new_job("c1", name=None, num_nodes=2) for _ in range(3)]
+    assert [j.job_id for j in jobs_a] == [j.job_id for j in jobs_b] == [1, 2, 3]
+    names = [j.node_job for j in jobs_a + jobs_b]
+    assert len(set(names)) == 6, names
+    for job in jobs_a + jobs_b:
+        assert re.fullmatch(rf"{job.job_id}-[0-9a-f]{{16}}", job.node_job), job.node_job
+        assert a.job("c1", job.job_id) is not None
+    assert [a.job("c1", j.job_id).node_job for j in jobs_a] == [j.node_job for j in jobs_a]  # type: ignore[union-attr]
+
+
+def test_runners_sharing_state_share_the_job_name_on_the_nodes(tmp_path: Path):
+    """Shared (remote) state: another runner imports the job row, token included, and so reaches
+    the same job directory on the nodes (cancel, logs)."""
+    mine, theirs = Registry(tmp_path / "a.db", remote=None), Registry(tmp_path / "b.db", remote=None)
+    job = mine.new_job("c1", name="t", num_nodes=1)
+    theirs.import_jobs("c1", [asdict(mine.job("c1", job.job_id))])  # type: ignore[arg-type]
+    assert theirs.job("c1", job.job_id).node_job == job.node_job  # type: ignore[union-attr]
+    theirs.import_jobs("c1", [{k: v for k, v in asdict(job).items() if k != "token"}])  # an older runner's row
+    assert theirs.job("c1", job.job_id).node_job == str(job.job_id)  # type: ignore[union-attr]
+
+
+def test_a_schema_1_database_keeps_its_jobs_and_gains_tokens(tmp_path: Path):
+    path = tmp_path / "s.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('schema_version', '1');
+        CREATE TABLE jobs (cluster TEXT NOT NULL, job_id INTEGER NOT NULL, name TEXT, status TEXT NOT NULL,
+            task_id TEXT, num_nodes INTEGER NOT NULL, submitted_at REAL NOT NULL, started_at REAL, ended_at REAL,
+            returncodes TEXT, failed_rank INTEGER, detail TEXT, PRIMARY KEY (cluster, job_id));
+        INSERT INTO jobs (cluster, job_id, status, num_nodes, submitted_at) VALUES ('c1', 1, 'SUCCEEDED', 1, 0);
+    """)
+    db.close()
+    reg = Registry(path, remote=None)
+    assert reg.job("c1", 1).node_job == "1"  # type: ignore[union-attr]  # what its agent was given then
+    new = reg.new_job("c1", name=None, num_nodes=1)
+    assert new.job_id == 2 and new.node_job.startswith("2-")
+    assert reg.job("c1", 2).node_job == new.node_job  # type: ignore[union-attr]
+    with sqlite3.connect(path) as check:
+        assert check.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (str(SCHEMA_VERSION),)

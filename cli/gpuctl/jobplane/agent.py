@@ -13,12 +13,16 @@ controller's cost does not grow with the number of nodes. Every rank's output
 lines and exit code flow up the tree into JOBDIR/events.log on the head, which
 `submit` (and later `attach`) streams to the controller. Fail-fast is decided
 by the coordinator, which sees every exit first: it keeps working when the
-controller detaches or goes away.
+controller detaches or goes away. Nothing of a job outlives the process that
+answers for it on a node (the coordinator, or a worker's relay): each stage's
+supervisor stops the stage's process group and removes the secrets when that
+owner dies (see _supervise), and the owner stops a stage whose supervisor died.
 
-Per stage STAGE (setup, run), files in JOBDIR (~/.gpuctl/jobs/<job_id>):
+Per stage STAGE (setup, run), files in JOBDIR (~/.gpuctl/jobs/<job>, <job> being
+the controller's `<id>-<token>`; JOBDIR/submission names the submission that made it):
   STAGE.sh         the user's script (run under bash, in the workdir)
   STAGE.env.sh     exported variables of the stage (env.sh: older layout)
-  secrets.sh       exported secrets (0600), removed when the job ends
+  secrets.sh       exported secrets (0600), there only while a stage of the job runs
   STAGE.log        the script's stdout and stderr, appended as written
   STAGE.pid        process-group id of the stage (bash is the group leader)
   STAGE.supervisor pid of the supervisor that waits for the stage
@@ -207,6 +211,86 @@ def killpg(pgid, sig):
         pass
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper():
+    """Make this process the one a descendant is re-parented to when its parent dies (Linux), so
+    what a stage starts in a session of its own (torchrun's workers) stays findable under it."""
+    try:
+        import ctypes  # only here: a node without it still runs stages, as before
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (ImportError, OSError, AttributeError):
+        pass
+
+
+def process_table():
+    """{pid: (state letter, parent pid, process group)} of every process, from /proc."""
+    table = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(")") + 2:].split()
+        table[int(entry)] = (fields[0], int(fields[1]), int(fields[2]))
+    return table
+
+
+def stage_processes(pgid, root=None):
+    """The live processes of a stage: its process group, everything below a member of it (a
+    session of its own does not leave the tree), and everything below `root` (its supervisor,
+    a subreaper: where what lost its parent went)."""
+    table = process_table()
+    children = {}
+    for pid, (_, ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found = set(pid for pid, (_, _, group) in table.items() if pgid and group == pgid)
+    todo = list(found) + ([root] if root else [])
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return sorted(pid for pid in found if table[pid][0] != "Z")
+
+
+def descendants(pid):
+    """The live (non-zombie) processes below `pid` in the process tree."""
+    return stage_processes(None, pid)
+
+
+def kill_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stage_supervisor(st):
+    """The stage's supervisor while it lives (its command line is this agent's), else None."""
+    pid = read_int(st.supervisor)
+    if pid is None or not pid_alive(pid):
+        return None
+    if pid == os.getpid():
+        return pid
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            ours = os.path.basename(os.path.abspath(__file__)).encode() in fh.read()
+    except OSError:
+        return None
+    return pid if ours else None
+
+
 def status_of(st):
     return {
         "pid": st.pgid(),
@@ -219,14 +303,24 @@ def status_of(st):
 # --------------------------------------------------------------------- launch
 
 
-def _supervise(st, cwd, notify_fd):
-    """Runs in the detached grandchild: start the stage, wait, record its exit."""
+def _supervise(st, cwd, notify_fd, lifeline=None, grace=3.0):
+    """Runs in the detached grandchild: start the stage, wait, record its exit.
+
+    With `lifeline` (a job-plane stage: the read end of a pipe whose only
+    writer is the relay or coordinator that owns the job on this node), the
+    owner's death -- SIGKILL included -- closes the pipe, and the supervisor
+    then stops the stage's whole process group and removes the job's secrets:
+    nothing of a job outlives the process that answers for it.
+    """
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    in_container = os.path.exists(os.path.join(st.jobdir, CONTAINER_FILE))  # image_id: docker:IMAGE
+    if not in_container:  # (a container runtime's monitors would be re-parented here too)
+        become_subreaper()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)  # hold none of the SSH session's pipes
     log_fd = os.open(st.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    keep = sorted({notify_fd, log_fd, devnull})
+    keep = sorted({notify_fd, log_fd, devnull} | ({lifeline} if lifeline is not None else set()))
     low = 3
     for fd in keep:
         if fd > low:
@@ -242,10 +336,11 @@ def _supervise(st, cwd, notify_fd):
 
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # live logs from Python ranks
-    if os.path.exists(os.path.join(st.jobdir, CONTAINER_FILE)):  # image_id: docker:IMAGE
+    if in_container:
         argv = [sys.executable, os.path.abspath(__file__), "container-stage", st.jobdir, st.name]
     else:
         argv = ["bash", "-c", WRAPPER, "gpuctl-" + st.name, FABRIC_ENV, st.env, st.secrets, st.script]
+    wake = _child_wakeup() if lifeline is not None else None  # before the child: its exit cannot be missed
     try:
         child = subprocess.Popen(
             argv, cwd=cwd, env=env, stdin=devnull, stdout=log_fd, stderr=log_fd,
@@ -260,20 +355,96 @@ def _supervise(st, cwd, notify_fd):
     write_atomic(st.supervisor, str(os.getpid()))
     write_atomic(st.pid, str(child.pid))
     notify("started %d\n" % child.pid)
-    rc = child.wait()
+    rc = child.wait() if lifeline is None else _wait_or_owner_gone(st, child, lifeline, wake, grace)
     code = rc if rc >= 0 else 128 - rc
     killed = read_int(st.killed)
     if killed:
         code = 128 + killed
+    if lifeline is not None:  # job plane: the secrets live only while one of the job's stages runs here
+        remove(st.secrets)
     write_atomic(st.exit, str(code))
     notify("exit %d\n" % code)
+    if lifeline is not None and not in_container:
+        _outlive_leftovers(lifeline, wake, grace)
 
 
-def start_stage(st, workdir, wait=False):
+def _outlive_leftovers(lifeline, wake, grace):
+    """After the stage's exit: what it left running in a session of its own (re-parented here,
+    a subreaper) may serve the job's next stage, but not outlive the job: wait for the owner's
+    end, then stop it. Returns at once when nothing was left."""
+    poller = select.poll()
+    poller.register(lifeline, select.POLLIN)
+    poller.register(wake, select.POLLIN)  # a process re-parented here ended
+    while True:
+        _reap_adopted()
+        if not descendants(os.getpid()):
+            return
+        if any(fd == lifeline for fd, _ in poller.poll()):
+            break
+        _drain(wake)
+    kill_all(descendants(os.getpid()), signal.SIGTERM)
+    deadline = time.time() + grace
+    while descendants(os.getpid()) and time.time() < deadline:
+        time.sleep(0.1)
+    kill_all(descendants(os.getpid()), signal.SIGKILL)
+
+
+def _reap_adopted():
+    """Collect every ended child (processes re-parented here included): no zombie is kept."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _drain(fd):
+    try:
+        os.read(fd, 512)
+    except OSError:
+        pass
+
+
+def _child_wakeup():
+    """A pipe that becomes readable when a child exits (SIGCHLD through the signal wakeup fd)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    return read_fd
+
+
+def _wait_or_owner_gone(st, child, lifeline, wake, grace):
+    """The stage's wait status; if the job's owner on this node dies first, stop the stage's group.
+
+    The owner never writes to the lifeline: it reads as EOF (or hang-up) only
+    once every copy of the write end is closed, i.e. when the owner process has
+    ended, however it ended. A parent-death signal would not do: this process is
+    detached from the owner (its parent is the intermediate that left at once),
+    and such a signal would reach only the stage's first process, never its
+    grandchildren -- those in its process group, nor those in sessions of their
+    own (torchrun's workers), which stop_group finds below this subreaper.
+    """
+    poller = select.poll()
+    poller.register(lifeline, select.POLLIN)
+    poller.register(wake, select.POLLIN)
+    while True:
+        rc = child.poll()
+        if rc is not None:
+            return rc
+        for fd, _ in poller.poll():
+            if fd == wake:
+                _drain(wake)
+            elif fd == lifeline:
+                poller.unregister(lifeline)
+                stop_group(st, st.pgid(), grace)  # the leader stays a zombie until child.poll() reaps it
+
+
+def start_stage(st, workdir, wait=False, lifeline=None, grace=3.0):
     """Start STAGE.sh detached in its own session; (exit status for the caller, error text).
 
     Without `wait` the status is 0 once the stage's process group exists;
-    with it, the stage's exit code.
+    with it, the stage's exit code. `lifeline`: see _supervise.
     """
     if not os.path.isfile(st.script):
         return 2, "%s does not exist" % st.script
@@ -296,7 +467,7 @@ def start_stage(st, workdir, wait=False):
             os.setsid()
             if os.fork() == 0:
                 try:
-                    _supervise(st, cwd, write_fd)
+                    _supervise(st, cwd, write_fd, lifeline, grace)
                 finally:
                     os._exit(0)
         except BaseException:  # noqa: BLE001 - never return into the launcher's code
@@ -436,41 +607,70 @@ def follow_stage(st, out, offset=None, tail=None, print_offset=False):
 
 def cmd_kill(args):
     st = Stage(args.jobdir, args.stage)
-    kill_stage(st, args.grace)
-    print(json.dumps(status_of(st)))
+    stopped = kill_stage(st, args.grace)
+    remove(st.secrets)  # whoever kills a stage ends the job here: its secrets go with it
+    print(json.dumps(dict(status_of(st), stopped=stopped)))
     return 0
 
 
 def kill_stage(st, grace):
-    """SIGTERM the stage's process group, SIGKILL after `grace` s; record the exit."""
+    """SIGTERM the stage's process group, SIGKILL after `grace` s; record the exit.
+
+    True when something of the stage was still running (it was stopped)."""
     pgid = st.pgid()
     if pgid is None:
-        return
-    box = stage_container(st)  # in a container the signals go to the stage's group there
+        return False
     if st.exit_code() is None or group_alive(pgid):
-        sig = signal.SIGTERM
-        if st.exit_code() is None:
-            write_atomic(st.killed, str(int(sig)))
-        if not (box and signal_in_container(box, st, sig)):
-            killpg(pgid, sig)
-        deadline = time.time() + max(grace, 0)
-        while group_alive(pgid) and time.time() < deadline:
-            time.sleep(0.1)
-        if group_alive(pgid):
-            sig = signal.SIGKILL
-            if st.exit_code() is None:
-                write_atomic(st.killed, str(int(sig)))
-            killpg(pgid, sig)
-            deadline = time.time() + 5
-            while group_alive(pgid) and time.time() < deadline:
-                time.sleep(0.1)
-        if box:  # whatever of the stage's group is left in the container (`exec` ended with its first process)
-            signal_in_container(box, st, signal.SIGKILL)
+        sig = stop_group(st, pgid, grace)
         deadline = time.time() + 5  # the supervisor records the exit
         while st.exit_code() is None and st.supervisor_alive() and time.time() < deadline:
             time.sleep(0.05)
         if st.exit_code() is None:
             write_atomic(st.exit, str(128 + int(sig)))
+        return True
+    return False
+
+
+def stop_group(st, pgid, grace):
+    """SIGTERM the stage's process group (in its container, where it runs in one), SIGKILL
+    whatever is left after `grace` s; the last signal sent (recorded in STAGE.killed).
+
+    What the stage started in a session of its own (torchrun's workers) is not in
+    its group, but stays under its supervisor (a subreaper): it is signalled too.
+    Not in a container: there the runtime's own monitors live under the supervisor."""
+    box = stage_container(st)  # in a container the signals go to the stage's group there
+    supervisor = None if box else stage_supervisor(st)
+
+    def others():
+        return [] if box else [p for p in stage_processes(pgid, supervisor) if p != pgid]
+
+    def alive():
+        return group_alive(pgid) or bool(others())
+
+    def send(sig, inside):
+        tree = others()  # before its parents die: what they leave goes to init
+        if not (inside and box and signal_in_container(box, st, sig)):
+            killpg(pgid, sig)
+        kill_all(tree, sig)
+
+    sig = signal.SIGTERM
+    if st.exit_code() is None:
+        write_atomic(st.killed, str(int(sig)))
+    send(sig, True)
+    deadline = time.time() + max(grace, 0)
+    while alive() and time.time() < deadline:
+        time.sleep(0.1)
+    if alive():
+        sig = signal.SIGKILL
+        if st.exit_code() is None:
+            write_atomic(st.killed, str(int(sig)))
+        send(sig, False)
+        deadline = time.time() + 5
+        while alive() and time.time() < deadline:
+            time.sleep(0.1)
+    if box:  # whatever of the stage's group is left in the container (`exec` ended with its first process)
+        signal_in_container(box, st, signal.SIGKILL)
+    return sig
 
 
 def cmd_status(args):
@@ -511,6 +711,38 @@ def job_dir(job_id):
     if not JOB_ID_RE.fullmatch(job_id or ""):
         raise SystemExit("gpuctl-node: invalid job id %r" % job_id)
     return os.path.join(JOBS_DIR, job_id)
+
+
+SUBMISSION_FILE = "submission"  # in JOBDIR: the payload's nonce, i.e. which submission made the directory
+
+
+def take_job_dir(jobdir, nonce, reset=False):
+    """Make the job's directory on this node; None, or why it cannot be this job's.
+
+    A directory that is already there is taken only when this very submission
+    made it (an earlier try of it, or a node sharing the filesystem): the job's
+    name (`<id>-<token>`) is the controller's own, but nothing here deletes or
+    writes into a directory another submission made. `reset`: the head starts
+    the job's event stream again (an earlier try's coordinator must be gone).
+    """
+    os.makedirs(JOBS_DIR, 0o700, exist_ok=True)
+    try:
+        os.mkdir(jobdir, 0o700)
+    except FileExistsError:
+        made_by = (read_text(os.path.join(jobdir, SUBMISSION_FILE)) or "").strip()
+        if not nonce or made_by != nonce:
+            return ("%s exists and another submission made it (job ids of another gpuctl state on the same "
+                    "nodes?); it was left as it is" % jobdir)
+        if reset:
+            if pid_alive(read_int(os.path.join(jobdir, "events.supervisor"))):
+                return "%s: this job is already running here" % jobdir
+            shutil.rmtree(jobdir)  # an earlier try of this submission: ours
+            os.mkdir(jobdir, 0o700)
+        else:
+            return None
+    if nonce:
+        write_private(os.path.join(jobdir, SUBMISSION_FILE), nonce)
+    return None
 
 
 def prepared_problem(expected):
@@ -967,6 +1199,12 @@ class LocalStage(object):
             if time.time() - self.lost_since < 3.0:
                 return
             code = "?"
+            # Its supervisor died without recording an exit: nobody else would stop what is left.
+            pgid = self.st.pgid()
+            if pgid is not None:
+                tree = [] if stage_container(self.st) else stage_processes(pgid)  # before its parents die
+                killpg(pgid, signal.SIGKILL)
+                kill_all(tree, signal.SIGKILL)
         elif code is None:
             return
         chunk = self.fh.read(CHUNK)  # written before the exit was recorded
@@ -1720,6 +1958,9 @@ class Relay(object):
         self.ok = False
         self.closing = False  # `end` was sent: children closing now are not lost
         self.node_buckets = None  # this node's part of the bucket fetch (NodeBuckets)
+        # Held open (never written) for as long as this process lives: each stage's supervisor
+        # stops its stage when it reads EOF here (see _supervise). Not inherited across exec.
+        self.lifeline, self._lifeline_w = os.pipe()
 
     # -- setup ---------------------------------------------------------------
     def prepare_local(self):
@@ -1735,13 +1976,12 @@ class Relay(object):
         if problem:
             self.emit(ev("H", self.rank, "unprepared", problem))
             return False
-        if self.rank != 0:  # the head's submit already wrote its job directory
-            if os.path.isdir(self.jobdir):
-                shutil.rmtree(self.jobdir, ignore_errors=True)
-            os.makedirs(self.jobdir, 0o700)
+        if self.rank != 0:  # the head's submit already made its job directory
+            problem = take_job_dir(self.jobdir, self.payload.get("nonce"))
+            if problem:
+                self.emit(ev("H", self.rank, "problem", problem))
+                return False
         os.chmod(self.jobdir, 0o700)
-        if self.secrets:
-            write_private(os.path.join(self.jobdir, "secrets.sh"), self.secrets)
         stages = self.payload.get("stages") or {}
         for stage, spec in stages.items():
             if not spec or stage not in ("setup", "run"):
@@ -1887,7 +2127,10 @@ class Relay(object):
         if spec.get("hostfile") is not None:
             self.write_hostfile(spec)
         st = Stage(self.jobdir, stage)
-        code, err = start_stage(st, self.payload.get("workdir") or "~/gpuctl_workdir")
+        if self.secrets:  # written for the stage; its supervisor removes it when the stage ends
+            write_private(st.secrets, self.secrets)
+        code, err = start_stage(st, self.payload.get("workdir") or "~/gpuctl_workdir", lifeline=self.lifeline,
+                                grace=float(self.payload.get("grace") or 3.0))
         if code != 0:
             self.emit(ev("O", self.rank, stage, "gpuctl-node: %s" % err))
             self.emit(ev("X", self.rank, stage, 127))
@@ -2010,8 +2253,12 @@ class Relay(object):
         child.open_ranks.clear()
 
     def close(self, grace=3.0):
-        """End of the job on this node: stop what still runs, drop secrets, close the children."""
-        self.kill_local(grace, [s for s, ls in self.stages.items() if not ls.done])
+        """End of the job on this node: stop what still runs, drop secrets, close the children.
+
+        Every stage started here is stopped, also one that was seen to end: what
+        its script left running in the background, or what a dead supervisor
+        left behind, is still in its process group."""
+        self.kill_local(grace, list(self.stages))
         remove(os.path.join(self.jobdir, "secrets.sh"))
         for child in self.children:
             child.close_stdin()
@@ -2395,14 +2642,21 @@ def cmd_submit(args):
         return answer_without_job(out, ev("H", 0, "unprepared", problem),
                                   {"status": "UNPREPARED", "ranks": [0], "detail": problem})
     jobdir = job_dir(payload["job"])
-    if os.path.isdir(jobdir):
-        shutil.rmtree(jobdir, ignore_errors=True)
+    nonce = payload.get("nonce")
+    ours = not os.path.lexists(jobdir)  # made here, or an earlier try of this submission (below)
     try:
-        os.makedirs(jobdir, 0o700)
+        problem = take_job_dir(jobdir, nonce, reset=True)
+        if problem:  # nothing of the job was started; the directory there stays as it is
+            out.write(("%s 0\n" % OFFSET_HEADER).encode())
+            out.write(ev("D", "FAILED", json.dumps({"status": "FAILED", "ranks": [], "detail": problem})))
+            out.write(("%s 3\n" % SENTINEL).encode())
+            return 0
+        ours = True
         write_private(os.path.join(jobdir, "payload.json"), json.dumps(payload))
         os.close(os.open(os.path.join(jobdir, "events.log"), os.O_WRONLY | os.O_CREAT, 0o600))
     except OSError as exc:  # a full disk: the job fails here and now (it is no unprepared node)
-        shutil.rmtree(jobdir, ignore_errors=True)
+        if ours:
+            shutil.rmtree(jobdir, ignore_errors=True)
         problem = cannot_write(exc, jobdir)
         return answer_without_job(out, ev("H", 0, "problem", problem), {
             "status": "FAILED", "ranks": [0], "detail": describe_by_node(payload["peers"], {0: problem})})

@@ -30,6 +30,10 @@ from gpuctl.stream import LineSplitter
 _AGENT_MISSING = (2, 126, 127)
 
 
+# The outcome of a job whose coordinator ended without writing one (killed, or the head's agent with it).
+COORDINATOR_GONE = "the job's coordinator on the head ended without an outcome"
+
+
 class HeadUnreachable(Exception):
     """ssh to the head failed before the agent answered."""
 
@@ -43,7 +47,7 @@ class Session:
     """One job's event stream from the head."""
 
     head: Node
-    job_id: int
+    job: str  # the job's name on the nodes (JobRecord.node_job)
     control_dir: Path
     on_event: Callable[[Event], None]
     offset: int | None = None
@@ -77,7 +81,7 @@ class Session:
     def attach(self, offset: int = 0, stop: Callable[[], bool] = lambda: False) -> Outcome | None:
         """Stream a submitted job's events from `offset` (0: all of them again)."""
         self.offset = offset
-        self._start(f"{ssh.AGENT} attach {self.job_id} --offset {offset}", None)
+        self._start(f"{ssh.AGENT} attach {_word(self.job)} --offset {offset}", None)
         return self._pump(stop, first=True)
 
     def _pump(self, stop: Callable[[], bool], *, first: bool) -> Outcome | None:
@@ -87,7 +91,7 @@ class Session:
             if self.outcome is not None:
                 return self.outcome
             if ended:
-                self.outcome = Outcome("FAILED", detail="the job's coordinator on the head ended without an outcome")
+                self.outcome = Outcome("FAILED", detail=COORDINATOR_GONE)
                 return self.outcome
             if stop():
                 return None
@@ -103,7 +107,7 @@ class Session:
             if failures > 3:
                 raise HeadUnreachable(f"the connection to the head dropped {failures} times: {why}")
             time.sleep(min(2.0 ** (failures - 1), 8.0))
-            self._start(f"{ssh.AGENT} attach {self.job_id} --offset {self.offset or 0}", None)
+            self._start(f"{ssh.AGENT} attach {_word(self.job)} --offset {self.offset or 0}", None)
 
     def _read_connection(self, stop: Callable[[], bool]) -> bool:
         """Read one connection to its end; True when the stream ended with the agent's sentinel."""
@@ -197,9 +201,15 @@ def event_splitter(offset: int | None) -> LineSplitter:
     return LineSplitter(offset=offset, max_line=MAX_EVENT, frames=True)
 
 
-def cancel_on_head(head: Node, job_id: int, control_dir: Path, wait: float = 30.0) -> dict[str, Any] | None:
+def _word(job: str) -> str:
+    """A job's node name as one shell word that cannot be an option (ssh.job_dir checks it)."""
+    ssh.job_dir(job)
+    return job
+
+
+def cancel_on_head(head: Node, job: str, control_dir: Path, wait: float = 30.0) -> dict[str, Any] | None:
     """Ask the head's coordinator to end the job everywhere; its outcome, or None if unreachable."""
-    proc = ssh.run_ssh(head, f"{ssh.AGENT} cancel {job_id} --wait {wait:g}", control_dir, timeout=wait + 30)
+    proc = ssh.run_ssh(head, f"{ssh.AGENT} cancel {_word(job)} --wait {wait:g}", control_dir, timeout=wait + 30)
     if proc.returncode != 0:
         return None
     try:
@@ -208,9 +218,9 @@ def cancel_on_head(head: Node, job_id: int, control_dir: Path, wait: float = 30.
         return None
 
 
-def job_status_on_head(head: Node, job_id: int, control_dir: Path) -> dict[str, Any] | None:
+def job_status_on_head(head: Node, job: str, control_dir: Path) -> dict[str, Any] | None:
     """The head's record of a job (job.json), {"status": "RUNNING"|"LOST"|"UNKNOWN"}, or None if unreachable."""
-    proc = ssh.run_ssh(head, f"{ssh.AGENT} job-status {job_id}", control_dir, timeout=30)
+    proc = ssh.run_ssh(head, f"{ssh.AGENT} job-status {_word(job)}", control_dir, timeout=30)
     if proc.returncode != 0:
         return None
     try:

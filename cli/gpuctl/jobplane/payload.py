@@ -119,7 +119,7 @@ def stage_plan(script: str | None, env: jobenv.StageEnv, hostfile: Sequence[str]
 def build_payload(
     inv: Inventory,
     *,
-    job_id: int,
+    job_id: int | str,
     fingerprint: str,
     job_nodes: int,
     setup: dict[str, Any] | None,
