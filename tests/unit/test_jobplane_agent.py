@@ -277,7 +277,7 @@ def test_output_round_trips_through_the_head_byte_for_byte(node_home: Path, tmp_
     joblogs.local_log("c", 20, "run", 0).unlink()
     monkeypatch.setattr(joblogs.ssh, "ssh_argv", lambda node, command, control_dir=None: ["cat", "--", str(log)])
     node = Node("head", 0, "n0", "127.0.0.1", "127.0.0.1", 22, "u", "/k", 0)
-    fetched = joblogs.fetch(Inventory(cluster="c", cloud="local", region=None, zone=None, nodes=(node,)), 20,
+    fetched = joblogs.fetch(Inventory(cluster="c", cloud="local", region=None, zone=None, nodes=(node,)), 20, "20",
                             control_dir=None)
     assert fetched is not None and fetched.status == "SUCCEEDED"
     assert joblogs.local_log("c", 20, "run", 0).read_bytes() == data
@@ -335,7 +335,7 @@ def test_a_resumed_stream_loses_and_repeats_no_byte(node_home: Path, monkeypatch
     monkeypatch.setattr(client.Session, "_start", start)
     monkeypatch.setattr(client.time, "sleep", lambda seconds: None)  # the reconnection back-off
     seen: list[Event] = []
-    session = client.Session(Node("head", 0, "n0", "h", "h", 22, "u", "/k", 0), 22, node_home, seen.append)
+    session = client.Session(Node("head", 0, "n0", "h", "h", 22, "u", "/k", 0), "22", node_home, seen.append)
     resumed = session.attach(0)
     assert next(cuts, None) is None  # both drops happened
     assert resumed is not None and resumed.status == "SUCCEEDED"
@@ -360,12 +360,14 @@ def test_a_node_that_cannot_write_the_job_is_a_problem_not_unprepared(node_home:
     monkeypatch.setattr(agent, "write_private", disk_full)
     body = payload("30", "echo never")
     body["peers"].append({"rank": 1, "name": "worker1", "host": "127.0.0.2", "ssh": []})
-    os.makedirs(agent.job_dir("30"), 0o700)  # the head's submit made it
+    if rank == 0:
+        os.makedirs(agent.job_dir("30"), 0o700)  # the head's submit made it; a worker makes its own
     sent: list[bytes] = []
     relay = agent.Relay(body, "export S=1\n", rank, sent.append)
     assert relay.prepare_local() is False
-    secrets = node_home / ".gpuctl" / "jobs" / "30" / "secrets.sh"  # the first file it writes
-    assert sent == [f"H {rank} problem cannot write {secrets}: No space left on device\n".encode()]
+    jobdir = node_home / ".gpuctl" / "jobs" / "30"  # the first file it writes there
+    assert len(sent) == 1 and sent[0].startswith(f"H {rank} problem cannot write {jobdir}/".encode()), sent
+    assert sent[0].endswith(b": No space left on device\n"), sent
 
 
 def test_submit_to_a_full_head_fails_the_job_in_one_line(node_home: Path):
