@@ -362,7 +362,7 @@ def test_a_full_disk_fails_the_job_at_once_naming_the_node_and_path(jp: JP, rank
         jp.cluster.ssh(node, f'umount "{jobs}"')
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.describe()
     errors = [line for line in res.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and re.search(rf"\b{node.name}: cannot write /\S+/\.gpuctl/jobs/\d+(/\S+)?: "
+    assert len(errors) == 1 and re.search(rf"\b{node.name}: cannot write /\S+/\.gpuctl/jobs/\d+-\w+(/\S+)?: "
                                           r"No space left on device$", errors[0]), res.describe()
     assert "Preparing" not in res.stdout, res.describe()
     job = int(re.search(r"job (\d+):", errors[0]).group(1))  # type: ignore[union-attr]
