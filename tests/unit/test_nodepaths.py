@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.api.cluster import CALLS_DIR
+from gpuctl.healthcheck.command import NODE_DIR as CHECK_DIR
 from gpuctl.errors import UserError
 from gpuctl.jobplane import buckets, nodepaths, payload
 from gpuctl.jobplane.buckets import BucketMount
@@ -100,7 +101,7 @@ def test_the_workdir_is_the_payloads():
 def test_the_agent_checks_the_same_places():
     assert agent.RESERVED_TREES == nodepaths.RESERVED_TREES and agent.RESERVED_DIRS == nodepaths.RESERVED_DIRS
     assert agent.WORKDIR == nodepaths.WORKDIR
-    assert agent.GPUCTL_COPIES == (CALLS_DIR,)  # the only reserved place gpuctl copies into itself
+    assert agent.GPUCTL_COPIES == (CALLS_DIR, CHECK_DIR)  # the only reserved places gpuctl copies into itself
 
 
 def test_buckets_check_names_the_field():

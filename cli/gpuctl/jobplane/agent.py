@@ -1385,9 +1385,9 @@ RESERVED_DIRS = (
 )
 
 
-# Where gpuctl itself copies into a reserved tree (the Python API's call files; the spec
+# Where gpuctl itself copies into a reserved tree (the Python API's call files, gpuctl check's probes; the spec
 # refuses these places to file_mounts, so only gpuctl's own JobSpecs name them).
-GPUCTL_COPIES = ("~/.gpuctl/calls",)
+GPUCTL_COPIES = ("~/.gpuctl/calls", "~/.gpuctl/check")
 
 
 def real_path(path):
