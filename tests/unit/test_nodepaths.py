@@ -52,6 +52,11 @@ RESERVED_EVERYWHERE = [
     "/", "//", "/.", "~", "~/", "$HOME", "/root", "/root/", "/home/ubuntu/", "/home", "/etc", "/etc/", "/usr/../etc",
     "/usr", "/usr/local/bin", "/tmp", "/var", "/etc/ssh/sshd_config.d/50-gpuctl.conf", "/etc/sudoers.d/x",
     "/etc/passwd", "/proc/sys/kernel", "/sys", "/dev/shm/x", "/run/gpuctl", "/var/run/docker.sock", "/boot/x",
+    # the login shell's startup files, what resolves names and loads libraries, the programs gpuctl runs
+    "~/.bashrc", "$HOME/.profile", "/root/.bash_profile", "/home/ubuntu/.zshenv", "~/x/../.bashrc",
+    "/etc/hosts", "/etc/nsswitch.conf", "/etc/profile.d/gpu.sh", "/etc/ld.so.preload", "/etc//environment",
+    "/usr/bin/python3", "/usr/bin/rsync", "/usr/sbin/sshd", "/bin/bash", "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    "/lib64/ld-linux-x86-64.so.2", "/usr/local/../bin/ssh",
 ]
 
 

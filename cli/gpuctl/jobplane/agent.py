@@ -1374,13 +1374,21 @@ def bucket_tools_problem(buckets, which=shutil.which, exists=os.path.exists):
 WORKDIR = "~/gpuctl_workdir"
 RESERVED_TREES = (
     "~/.ssh", "~/.gpuctl",
+    # the login shell's startup files: sshd runs every command of gpuctl's through them, and one that
+    # prints or exits breaks rsync and the agent for every later job (as a bad authorized_keys would)
+    "~/.bashrc", "~/.bash_profile", "~/.bash_login", "~/.bash_logout", "~/.profile", "~/.zshenv", "~/.zprofile",
+    "~/.zshrc", "~/.cshrc", "~/.tcshrc",
     "/etc/ssh", "/etc/sudoers", "/etc/sudoers.d", "/etc/pam.d", "/etc/passwd", "/etc/shadow", "/etc/group",
-    "/etc/gshadow", "/etc/fuse.conf",
+    "/etc/gshadow", "/etc/fuse.conf", "/etc/security", "/etc/profile", "/etc/profile.d", "/etc/bash.bashrc",
+    "/etc/environment", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/nsswitch.conf",
+    "/etc/ld.so.preload", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ld.so.cache",
+    # the programs and libraries gpuctl runs (python3, rsync, ssh, bash): never replaced by a copy
+    "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32",
+    "/usr/lib64", "/usr/libx32", "/usr/libexec",
     "/proc", "/sys", "/dev", "/run", "/var/run", "/boot",
 )
 RESERVED_DIRS = (
-    "/", "~", "/bin", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt", "/opt", "/root",
-    "/sbin", "/srv", "/tmp", "/usr", "/var", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib64", "/usr/local",
+    "/", "~", "/etc", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/usr", "/var", "/usr/local",
     "/usr/local/bin", "/usr/share", "/var/lib", "/var/log", "/var/tmp",
 )
 

@@ -10,9 +10,12 @@ controller does not know which user the nodes log in as) whether it is reserved.
 Reserved (`destination_problem`), for every destination, copied or mounted:
 - a place gpuctl needs, and anything in it: ~/.ssh (the cluster's login keys:
   a file there locks gpuctl out of its own nodes), ~/.gpuctl (the agent, the
-  jobs' files and secrets), sshd's and the accounts' configuration in /etc;
-- a place the system needs, and anything in it: /proc, /sys, /dev, /run,
-  /var/run, /boot;
+  jobs' files and secrets), the login shell's startup files (~/.bashrc,
+  ~/.profile...: sshd runs every gpuctl command through them), sshd's, the
+  accounts', the name resolver's and the dynamic loader's configuration in /etc;
+- a place the system needs, and anything in it: the programs and libraries
+  (/bin, /usr/bin, /lib, /usr/lib...: python3, rsync, ssh and bash live
+  there), /proc, /sys, /dev, /run, /var/run, /boot;
 - a directory the system or the user needs whole, itself (a copy into a new
   directory below it is fine): /, the home, /etc, /usr, /tmp, /home, ...;
 the workdir ~/gpuctl_workdir itself for a copy (the workdir copy and the
@@ -38,14 +41,22 @@ MOUNT_MODES = ("MOUNT", "MOUNT_CACHED")
 # Never a destination, nor anything in them (agent.py: RESERVED_TREES, kept equal by a test).
 RESERVED_TREES = (
     "~/.ssh", "~/.gpuctl",
+    # the login shell's startup files: sshd runs every command of gpuctl's through them, and one that
+    # prints or exits breaks rsync and the agent for every later job (as a bad authorized_keys would)
+    "~/.bashrc", "~/.bash_profile", "~/.bash_login", "~/.bash_logout", "~/.profile", "~/.zshenv", "~/.zprofile",
+    "~/.zshrc", "~/.cshrc", "~/.tcshrc",
     "/etc/ssh", "/etc/sudoers", "/etc/sudoers.d", "/etc/pam.d", "/etc/passwd", "/etc/shadow", "/etc/group",
-    "/etc/gshadow", "/etc/fuse.conf",
+    "/etc/gshadow", "/etc/fuse.conf", "/etc/security", "/etc/profile", "/etc/profile.d", "/etc/bash.bashrc",
+    "/etc/environment", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/nsswitch.conf",
+    "/etc/ld.so.preload", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ld.so.cache",
+    # the programs and libraries gpuctl runs (python3, rsync, ssh, bash): never replaced by a copy
+    "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32",
+    "/usr/lib64", "/usr/libx32", "/usr/libexec",
     "/proc", "/sys", "/dev", "/run", "/var/run", "/boot",
 )
 # Never a destination themselves; a new directory below them is fine (agent.py: RESERVED_DIRS).
 RESERVED_DIRS = (
-    "/", "~", "/bin", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt", "/opt", "/root",
-    "/sbin", "/srv", "/tmp", "/usr", "/var", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib64", "/usr/local",
+    "/", "~", "/etc", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/usr", "/var", "/usr/local",
     "/usr/local/bin", "/usr/share", "/var/lib", "/var/log", "/var/tmp",
 )
 # A home on the nodes: /root, or /home/NAME (the controller does not know the login user's).
