@@ -101,6 +101,9 @@ def fetch(inv: Inventory, job_id: int | str, node_job: str, *, control_dir: Path
                     writer.write(whole.stage or "run", whole.rank, whole.text, whole.eol)
                 elif whole.kind == "D":
                     outcome = Outcome.from_data(whole.text, whole.data)
+        for held in joiner.flush_all():  # a line still being written, or cut by a killed coordinator
+            if held.rank in ranks:
+                writer.write(held.stage or "run", held.rank, held.text, held.eol)
     finally:
         writer.close()
     return outcome

@@ -283,6 +283,20 @@ def test_output_round_trips_through_the_head_byte_for_byte(node_home: Path, tmp_
     assert joblogs.local_log("c", 20, "run", 0).read_bytes() == data
 
 
+def test_a_line_cut_by_a_killed_coordinator_keeps_its_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """events.log ends mid-line, with no X or D (the coordinator was killed while a rank wrote a
+    long line): `gpuctl logs`' rebuild keeps every byte that reached the head."""
+    data = bytes(range(256)).replace(b"\n", b"") * 700  # several pieces, none of them a newline
+    log = tmp_path / "events.log"
+    log.write_bytes(b"__GPUCTL_OFFSET__ 0\n" + agent.out_events(b"0 run ", b"whole", True)
+                    + agent.out_events(b"0 run ", data, False))
+    monkeypatch.setattr(joblogs.ssh, "ssh_argv", lambda node, command, control_dir=None: ["cat", "--", str(log)])
+    node = Node("head", 0, "n0", "127.0.0.1", "127.0.0.1", 22, "u", "/k", 0)
+    inv = Inventory(cluster="c", cloud="local", region=None, zone=None, nodes=(node,))
+    assert joblogs.fetch(inv, 21, "21", control_dir=None) is None  # no outcome: the job never said
+    assert joblogs.local_log("c", 21, "run", 0).read_bytes() == b"whole\n" + data
+
+
 def test_relay_passes_output_on_unchanged(tmp_path: Path):
     """A worker's frames, read by its parent relay (LineReader) and passed up (_from_child)."""
     data = awkward_output(3)

@@ -319,6 +319,15 @@ def test_joiner_hands_on_an_unfinished_line_at_the_stage_end_without_a_newline()
     assert j.feed(done) == [Event("O", 2, stage="run", text="cut", eol=False), done]
 
 
+def test_joiner_hands_on_what_it_holds_when_the_stream_ends_without_an_end() -> None:
+    j = LineJoiner()
+    j.feed(ev_o("o", 0, "cut by a killed coordinator"))
+    j.feed(ev_o("o", 1, "so was this", stage="setup"))
+    assert j.flush_all() == [Event("O", 0, stage="run", text="cut by a killed coordinator", eol=False),
+                             Event("O", 1, stage="setup", text="so was this", eol=False)]
+    assert j.held == 0 and not j.pending and j.flush_all() == []
+
+
 def test_joiner_memory_is_bounded_and_every_character_stays_in_order() -> None:
     j = LineJoiner(limit=10, total=15)
     out = [e for piece in ("abcd", "efgh", "ijkl", "mn") for e in j.feed(ev_o("o", 0, piece))]

@@ -91,6 +91,8 @@ class Session:
             if self.outcome is not None:
                 return self.outcome
             if ended:
+                for held in self.lines.flush_all():  # the coordinator died mid-line: its bytes so far
+                    self.on_event(held)
                 self.outcome = Outcome("FAILED", detail=COORDINATOR_GONE)
                 return self.outcome
             if stop():

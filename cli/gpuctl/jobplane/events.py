@@ -84,7 +84,8 @@ class LineJoiner:
     as an O event with `eol=False` and the rest of the line follows in further
     parts, so a log written from the parts still has every byte in order.
     The stage's X (its end), an L of the rank or the job's D hands on whatever
-    of a line is still held, also with `eol=False`.
+    of a line is still held, also with `eol=False`; so does `flush_all` when the
+    stream ends without them.
     """
 
     def __init__(self, limit: int = JOIN_LIMIT, total: int = JOIN_TOTAL) -> None:
@@ -117,6 +118,11 @@ class LineJoiner:
         else:
             return [event]
         return [self._flush(k) for k in ended] + [event]
+
+    def flush_all(self) -> list[Event]:
+        """Whatever of a line is still held, as O events with `eol=False`: for a stream that ends
+        without an X, L or D (the coordinator killed mid-line, a rebuild of a running job's log)."""
+        return [self._flush(k) for k in list(self.pending)]
 
     def _flush(self, key: tuple[int | None, str | None]) -> Event:
         parts = self.pending.pop(key)
