@@ -24,6 +24,7 @@ MAX_DEPTH = 100
 # Nodes that aliases and merge keys may add to what is written: plenty for anchors of
 # shared settings, far below the millions of a "billion laughs" document.
 MAX_ALIAS_NODES = 100_000
+MAX_ALIAS_BYTES = 16 << 20  # characters of scalars that aliases may add: one long string aliased 10^5 times
 
 
 def check_printable(text: str, source: str) -> None:
@@ -98,13 +99,17 @@ def check_expansion(root: yaml.Node, source: str) -> None:
     """Refuse a composed document whose aliases would expand past the bounds.
 
     Composing keeps one node per anchor, so this walk is linear in the file:
-    each distinct node once (iteratively, no recursion), its size and depth as
-    the expanded tree would have them. Refused: an alias inside its own anchor,
-    an expanded depth over MAX_DEPTH (chains of anchors), and more than
-    MAX_ALIAS_NODES nodes added by aliases and merge keys (`<<: *a`).
+    each distinct node once (iteratively, no recursion), its size, depth and
+    characters as the expanded tree would have them. Refused: an alias inside
+    its own anchor, an expanded depth over MAX_DEPTH (chains of anchors), more
+    than MAX_ALIAS_NODES nodes or MAX_ALIAS_BYTES characters of scalars added by
+    aliases and merge keys (`<<: *a`): loading shares them, but every later step
+    that writes the values out (env exports, the job's JSON) would not.
     """
     sizes: dict[int, int] = {}
     depths: dict[int, int] = {}
+    chars: dict[int, int] = {}
+    written = 0  # characters of the distinct scalars seen so far
     entered: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
@@ -114,6 +119,9 @@ def check_expansion(root: yaml.Node, source: str) -> None:
             kids = _children(node)
             sizes[key] = 1 + sum(sizes[id(kid)] for kid in kids)
             depths[key] = 1 + max((depths[id(kid)] for kid in kids), default=0)
+            own = len(node.value) if isinstance(node, yaml.ScalarNode) else 0
+            written += own
+            chars[key] = own + sum(chars[id(kid)] for kid in kids)
             entered.discard(key)
             if depths[key] > MAX_DEPTH:
                 raise UserError(f"{_at(source, node.start_mark)}: YAML aliases nest deeper than {MAX_DEPTH} levels "
@@ -122,6 +130,10 @@ def check_expansion(root: yaml.Node, source: str) -> None:
                 raise UserError(f"{_at(source, node.start_mark)}: YAML aliases expand to more than "
                                 f"{MAX_ALIAS_NODES:,} nodes (an alias bomb?); use fewer aliases or write the "
                                 "values out")
+            if chars[key] > written + MAX_ALIAS_BYTES:
+                raise UserError(f"{_at(source, node.start_mark)}: YAML aliases expand to more than "
+                                f"{MAX_ALIAS_BYTES >> 20} MiB of text (an alias bomb?); use fewer aliases or write "
+                                "the values out")
             continue
         if key in sizes:
             continue

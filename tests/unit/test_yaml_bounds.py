@@ -46,6 +46,14 @@ def _anchor_chain(length: int) -> str:
     return "a0: &a0 [x]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}]\n" for i in range(1, length))
 
 
+def _long_string_aliased(nested: bool) -> str:
+    """Few nodes, much text: a 200 KiB string aliased 100 times (flat, or 10 x 10 through anchors)."""
+    head = "s: &s " + "x" * (200 << 10) + "\n"
+    if nested:
+        return head + "t: &t [" + ", ".join(["*s"] * 10) + "]\nenvs: [" + ", ".join(["*t"] * 10) + "]\n"
+    return head + "envs: [" + ", ".join(["*s"] * 100) + "]\n"
+
+
 CASES = {
     # name: (document, fragment of the one line)
     "laughs-list": (_laughs(9, 9, "list"), "aliases expand to more than"),
@@ -53,6 +61,8 @@ CASES = {
     "laughs-mapping": (_laughs(9, 9, "mapping"), "aliases expand to more than"),
     "laughs-merge-keys": (_laughs(9, 9, "merge"), "aliases expand to more than"),
     "laughs-in-key": (_key_bomb(), "aliases expand to more than"),
+    "long-string-aliased": (_long_string_aliased(False), "MiB of text"),
+    "long-string-aliased-nested": (_long_string_aliased(True), "MiB of text"),
     "anchor-chain": (_anchor_chain(3000), "nest deeper than"),
     "alias-to-itself": ("a: &a [x, *a]\n", "refers to itself"),
     "deep-brackets": ("[" * 100_000, "nested deeper than"),
