@@ -201,6 +201,45 @@ def test_the_mounts_daemon_ends_with_it(tmp_path: Path, monkeypatch: pytest.Monk
             proc.wait()
 
 
+OWNER = """
+import importlib.util, os, sys, time, types
+spec = importlib.util.spec_from_file_location("agent", sys.argv[1])
+agent = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(agent)
+lifeline, _keep = os.pipe()  # as a Relay holds it: never written, EOF once this process is gone
+held = agent.hold_mount(os.path.join(agent.MOUNTS_DIR, agent.mount_key("/data")))
+agent.NodeBuckets._watch(types.SimpleNamespace(relay=types.SimpleNamespace(lifeline=lifeline)), "/data")
+print("holding", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_mount_with_the_jobs_credentials_goes_when_its_owner_is_killed(node_home: Path):
+    """The job's owner on the node (coordinator or relay) is killed -9 while it holds a mount made
+    with the job's credentials: the mount's watcher, started with the mount, still ends its
+    daemon (and with it the credentials); while the owner lives, the daemon stays."""
+    home_env = {**os.environ, "HOME": str(node_home)}
+    base = node_home / ".gpuctl" / "mounts" / agent.mount_key("/data")
+    base.parent.mkdir(parents=True)
+    sleeper = "import time; time.sleep(120)"
+    daemon = subprocess.Popen(["bash", "-c", f'exec -a rclone "$0" -c "{sleeper}" mount --cache-dir {base}.cache',
+                               sys.executable])
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(agent.__file__)], env=home_env,
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "holding"
+        assert daemon.poll() is None  # the owner lives: its watcher waits
+        owner.kill()
+        owner.wait()
+        wait_for("the mount's daemon to end with its killed owner", lambda: daemon.poll() is not None, timeout=20)
+        assert daemon.returncode == -signal.SIGTERM
+    finally:
+        for proc in (owner, daemon):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 # -- one-node jobs with a stand-in rclone ----------------------------------------------
 
 

@@ -1710,17 +1710,22 @@ def mount_daemons(base):
     return found
 
 
-def unmount_bucket(path, wait_s=UPLOAD_WAIT_S):
+def unmount_bucket(path, wait_s=UPLOAD_WAIT_S, settle_s=0.0):
     """Unmount what gpuctl mounted at `path` with a job's own credentials once no job holds it:
     after its uploads (up to `wait_s`), lazily if something outside the jobs still has it open.
-    Why it stayed, or None."""
+    `settle_s`: how long the job that just ended may take to let go of it. Why it stayed, or None."""
     base = os.path.join(MOUNTS_DIR, mount_key(path))
     fd = os.open(base + ".use", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return "in use by another job, which unmounts it when it ends"
+        settled = time.time() + settle_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.time() >= settled:
+                    return "in use by another job, which unmounts it when it ends"
+                time.sleep(0.1)
         deadline = time.time() + wait_s
         while mount_dirty(base + ".cache") and path in mount_table() and answers(path) and time.time() < deadline:
             time.sleep(0.5)  # a dead mount uploads nothing more: it is unmounted at once
@@ -1739,7 +1744,15 @@ def unmount_bucket(path, wait_s=UPLOAD_WAIT_S):
 
 
 def cmd_unmount_bucket(args):
-    why = unmount_bucket(args.path)
+    if args.lifeline_fd is not None:  # started when the mount was taken: wait for the job's owner here to end
+        while True:
+            try:
+                if not os.read(args.lifeline_fd, 1):
+                    break
+            except InterruptedError:
+                continue
+        os.close(args.lifeline_fd)
+    why = unmount_bucket(args.path, settle_s=5.0 if args.lifeline_fd is not None else 0.0)
     if why:
         sys.stderr.write("gpuctl-node: %s: %s\n" % (args.path, why))
     return 0
@@ -1821,15 +1834,21 @@ class NodeBuckets(object):
                 proc.kill()
 
     def end(self):
-        """The job ended here: each mount it held with its own credentials is unmounted once no
-        other job holds it, after its uploads, by a detached `unmount-bucket` (the job's end does
-        not wait for the uploads), so the credentials leave with the job."""
-        for fd, path in self.held:
+        """The job ended here: let go of the mounts it held with its own credentials; each one's
+        watcher (`_watch`) unmounts it once this process is gone and no other job holds it."""
+        for fd, _ in self.held:
             os.close(fd)
-            subprocess.Popen([sys.executable, os.path.abspath(__file__), "unmount-bucket", path],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             close_fds=True, cwd="/", start_new_session=True)
         self.held = []
+
+    def _watch(self, path):
+        """A detached `unmount-bucket` for a mount held with the job's credentials, started as the
+        mount is taken: it waits on this process's lifeline, so the mount and the credentials in
+        its rclone daemon go when the job ends here, however its owner ends (kill -9 included),
+        after its uploads, unless another job still holds it (that job's watcher then does it)."""
+        subprocess.Popen([sys.executable, os.path.abspath(__file__), "unmount-bucket",
+                          "--lifeline-fd", str(self.relay.lifeline), "--", path],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         close_fds=True, pass_fds=(self.relay.lifeline,), cwd="/", start_new_session=True)
 
     def _work(self):
         owned = dict((i, owner == self.rank) for (i, _), owner in zip(self.claims, self.owners))
@@ -1892,6 +1911,7 @@ class NodeBuckets(object):
             if fd is None:
                 return "cancelled", None
             self.held.append((fd, path))
+            self._watch(path)
         why = self._release_mount(b, path, ident)
         if why:
             return why, None
@@ -2760,6 +2780,7 @@ def main(argv=None):
 
     p = sub.add_parser("unmount-bucket", help="unmount a job's bucket mount at PATH once unused and uploaded")
     p.add_argument("path")
+    p.add_argument("--lifeline-fd", type=int, help="first wait for EOF on this inherited descriptor")
     p.set_defaults(func=cmd_unmount_bucket)
     p = sub.add_parser("check-dest", help="exit 2 with one line if nothing may be copied to DEST here")
     p.add_argument("dest")
