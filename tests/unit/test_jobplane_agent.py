@@ -457,6 +457,36 @@ def test_no_rank_or_secret_outlives_a_dead_owner(node_home: Path, victim: str, s
         proc.communicate()
 
 
+def test_kill_finds_what_escaped_both_the_group_and_a_dead_supervisor(node_home: Path):
+    """A stage leaves a daemon in a session of its own and exits; then its supervisor and the
+    coordinator are both killed -9, so the daemon is re-parented to init, outside any tree of the
+    job's. `gpuctl-node kill` (what cancel runs on every node) still stops it: every process of a
+    stage carries the stage's tag in its environment."""
+    marker = f"gpuctl-escaped-{uuid.uuid4().hex[:10]}"
+    setup = f"setsid bash -c 'exec -a {marker} sleep 300' &"  # setup leaves it and ends; run goes on
+    proc = start_job(node_home, payload("32", "echo started; sleep 300", setup=setup), "")
+    job = node_home / ".gpuctl" / "jobs" / "32"
+    try:
+        wait_for("the daemon to start", lambda: pids_matching(marker), 10)
+        assert (job / "setup.exit").read_text().strip() == "0"
+        for name in ("setup.supervisor", "events.supervisor"):
+            os.kill(int((job / name).read_text()), signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+        assert pids_matching(marker)  # nothing of the job's is left to stop it
+        killed = subprocess.run([sys.executable, str(AGENT_PATH), "kill", str(job), "setup", "--grace", "1"],
+                                env={**os.environ, "HOME": str(node_home)}, capture_output=True, text=True,
+                                timeout=30)
+        assert killed.returncode == 0 and json.loads(killed.stdout)["stopped"] is True, killed.stderr
+        wait_for("the escaped daemon to be stopped", lambda: not pids_matching(marker), 10)
+    finally:
+        for pid in pids_matching(marker):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 # -- a job directory is only ever its own submission's (issue 20, item 8) ------------------
 
 

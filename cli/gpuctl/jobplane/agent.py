@@ -263,6 +263,32 @@ def stage_processes(pgid, root=None):
     return sorted(pid for pid in found if table[pid][0] != "Z")
 
 
+STAGE_TAG = "GPUCTL_NODE_STAGE"  # in every process of a stage's environment: JOBDIR/STAGE
+
+
+def stage_tag(st):
+    return os.path.join(st.jobdir, st.name)
+
+
+def tagged_processes(tag):
+    """This user's live processes whose environment carries STAGE_TAG=`tag`: a stage's processes
+    that left its group and its supervisor's tree both (a daemon that double-forked to init, or
+    a session leader whose supervisor died), found wherever they went."""
+    want = ("\0%s=%s\0" % (STAGE_TAG, tag)).encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as fh:
+                environ = fh.read()
+        except OSError:  # gone, or another user's
+            continue
+        if want in b"\0" + environ + b"\0":
+            found.append(int(name))
+    return found
+
+
 def descendants(pid):
     """The live (non-zombie) processes below `pid` in the process tree."""
     return stage_processes(None, pid)
@@ -336,6 +362,7 @@ def _supervise(st, cwd, notify_fd, lifeline=None, grace=3.0):
 
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # live logs from Python ranks
+    env[STAGE_TAG] = stage_tag(st)  # stop_group finds the stage's processes wherever they went
     if in_container:
         argv = [sys.executable, os.path.abspath(__file__), "container-stage", st.jobdir, st.name]
     else:
@@ -620,7 +647,8 @@ def kill_stage(st, grace):
     pgid = st.pgid()
     if pgid is None:
         return False
-    if st.exit_code() is None or group_alive(pgid):
+    box = stage_container(st)
+    if st.exit_code() is None or group_alive(pgid) or (not box and tagged_processes(stage_tag(st))):
         sig = stop_group(st, pgid, grace)
         deadline = time.time() + 5  # the supervisor records the exit
         while st.exit_code() is None and st.supervisor_alive() and time.time() < deadline:
@@ -636,13 +664,18 @@ def stop_group(st, pgid, grace):
     whatever is left after `grace` s; the last signal sent (recorded in STAGE.killed).
 
     What the stage started in a session of its own (torchrun's workers) is not in
-    its group, but stays under its supervisor (a subreaper): it is signalled too.
-    Not in a container: there the runtime's own monitors live under the supervisor."""
+    its group, but stays under its supervisor (a subreaper), and every process of
+    the stage carries its tag in its environment (STAGE_TAG, for what escaped both):
+    they are signalled too. Not in a container: there the runtime's own monitors
+    live under the supervisor."""
     box = stage_container(st)  # in a container the signals go to the stage's group there
     supervisor = None if box else stage_supervisor(st)
 
     def others():
-        return [] if box else [p for p in stage_processes(pgid, supervisor) if p != pgid]
+        if box:
+            return []
+        return sorted(p for p in set(stage_processes(pgid, supervisor)) | set(tagged_processes(stage_tag(st)))
+                      if p != pgid and p != supervisor)
 
     def alive():
         return group_alive(pgid) or bool(others())
