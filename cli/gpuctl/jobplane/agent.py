@@ -63,6 +63,7 @@ node's container, started by the stage's supervisor).
 """
 
 import argparse
+import binascii
 import errno
 import fcntl
 import hashlib
@@ -116,6 +117,7 @@ class Stage(object):
         self.exit = base + ".exit"
         self.killed = base + ".killed"
         self.cpid = base + ".cpid"  # in a container: the stage's process group there
+        self.tag = base + ".tag"  # the value of STAGE_TAG in the environment of the stage's processes
         self.env = base + ".env.sh"
         if not os.path.exists(self.env):
             self.env = os.path.join(self.jobdir, "env.sh")  # written by the Ansible env role
@@ -263,17 +265,22 @@ def stage_processes(pgid, root=None):
     return sorted(pid for pid in found if table[pid][0] != "Z")
 
 
-STAGE_TAG = "GPUCTL_NODE_STAGE"  # in every process of a stage's environment: JOBDIR/STAGE
+STAGE_TAG = "GPUCTL_NODE_STAGE"  # in the environment of every process of a stage: a random value (STAGE.tag)
 
 
 def stage_tag(st):
-    return os.path.join(st.jobdir, st.name)
+    """The stage's tag on this node, or None. Random per stage and node, not derived from the job:
+    nodes that share one process table (local nodes) or one home path must not see each other's."""
+    text = (read_text(st.tag) or "").strip()
+    return text if re.match(r"^[0-9a-f]{32}$", text) else None
 
 
 def tagged_processes(tag):
     """This user's live processes whose environment carries STAGE_TAG=`tag`: a stage's processes
     that left its group and its supervisor's tree both (a daemon that double-forked to init, or
     a session leader whose supervisor died), found wherever they went."""
+    if not tag:
+        return []
     want = ("\0%s=%s\0" % (STAGE_TAG, tag)).encode()
     found = []
     for name in os.listdir("/proc"):
@@ -362,7 +369,8 @@ def _supervise(st, cwd, notify_fd, lifeline=None, grace=3.0):
 
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # live logs from Python ranks
-    env[STAGE_TAG] = stage_tag(st)  # stop_group finds the stage's processes wherever they went
+    env[STAGE_TAG] = binascii.hexlify(os.urandom(16)).decode()  # stop_group finds them wherever they went
+    write_atomic(st.tag, env[STAGE_TAG])
     if in_container:
         argv = [sys.executable, os.path.abspath(__file__), "container-stage", st.jobdir, st.name]
     else:
