@@ -118,6 +118,7 @@ class Stage(object):
         self.killed = base + ".killed"
         self.cpid = base + ".cpid"  # in a container: the stage's process group there
         self.tag = base + ".tag"  # the value of STAGE_TAG in the environment of the stage's processes
+        self.clean = base + ".clean"  # its supervisor left with nothing of the stage below it
         self.env = base + ".env.sh"
         if not os.path.exists(self.env):
             self.env = os.path.join(self.jobdir, "env.sh")  # written by the Ansible env role
@@ -190,6 +191,12 @@ def group_alive(pgid):
     """Whether any live (non-zombie) process is in process group `pgid`."""
     if not pgid or pgid <= 1:
         return False
+    try:
+        os.killpg(pgid, 0)  # no such group: nothing to look for (every job's end asks, on every node)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
     if not os.path.isdir("/proc/self"):
         try:
             os.killpg(pgid, 0)
@@ -397,10 +404,15 @@ def _supervise(st, cwd, notify_fd, lifeline=None, grace=3.0):
         code = 128 + killed
     if lifeline is not None:  # job plane: the secrets live only while one of the job's stages runs here
         remove(st.secrets)
+    watch = lifeline is not None and not in_container
+    left = watch and _has_children()
+    if watch and not left:  # before the exit is seen: the job's end then kills without looking for leftovers
+        write_atomic(st.clean, "1")
     write_atomic(st.exit, str(code))
     notify("exit %d\n" % code)
-    if lifeline is not None and not in_container:
+    if left:
         _outlive_leftovers(lifeline, wake, grace)
+        write_atomic(st.clean, "1")  # nothing of the stage is left: a later kill need not look for it
 
 
 def _outlive_leftovers(lifeline, wake, grace):
@@ -411,8 +423,7 @@ def _outlive_leftovers(lifeline, wake, grace):
     poller.register(lifeline, select.POLLIN)
     poller.register(wake, select.POLLIN)  # a process re-parented here ended
     while True:
-        _reap_adopted()
-        if not descendants(os.getpid()):
+        if not _has_children():  # one waitpid, no /proc scan: the common case of a stage that left nothing
             return
         if any(fd == lifeline for fd, _ in poller.poll()):
             break
@@ -424,13 +435,15 @@ def _outlive_leftovers(lifeline, wake, grace):
     kill_all(descendants(os.getpid()), signal.SIGKILL)
 
 
-def _reap_adopted():
-    """Collect every ended child (processes re-parented here included): no zombie is kept."""
+def _has_children():
+    """Whether a live process is still below this one, collecting the ended ones. A subreaper's
+    leftovers are all below its children (orphans are re-parented to it), so waitpid tells."""
     try:
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
+        return True
     except ChildProcessError:
-        pass
+        return False
 
 
 def _drain(fd):
@@ -656,7 +669,8 @@ def kill_stage(st, grace):
     if pgid is None:
         return False
     box = stage_container(st)
-    if st.exit_code() is None or group_alive(pgid) or (not box and tagged_processes(stage_tag(st))):
+    escaped = not box and not os.path.exists(st.clean)  # its supervisor did not see the end of it all
+    if st.exit_code() is None or group_alive(pgid) or (escaped and tagged_processes(stage_tag(st))):
         sig = stop_group(st, pgid, grace)
         deadline = time.time() + 5  # the supervisor records the exit
         while st.exit_code() is None and st.supervisor_alive() and time.time() < deadline:
