@@ -2001,7 +2001,7 @@ def cannot_write(exc, path):
 
 
 def answer_without_job(out, hello, outcome):
-    """`submit`'s whole answer when the head takes no job: its H, the outcome, the stream's end."""
+    """`submit`'s whole answer when the head takes no job: its H (b"": none), the outcome, the stream's end."""
     out.write(("%s 0\n" % OFFSET_HEADER).encode())
     out.write(hello)
     out.write(ev("D", outcome["status"], json.dumps(outcome)))
@@ -2730,10 +2730,7 @@ def cmd_submit(args):
     try:
         problem = take_job_dir(jobdir, nonce, reset=True)
         if problem:  # nothing of the job was started; the directory there stays as it is
-            out.write(("%s 0\n" % OFFSET_HEADER).encode())
-            out.write(ev("D", "FAILED", json.dumps({"status": "FAILED", "ranks": [], "detail": problem})))
-            out.write(("%s 3\n" % SENTINEL).encode())
-            return 0
+            return answer_without_job(out, b"", {"status": "FAILED", "ranks": [], "detail": problem})
         ours = True
         write_private(os.path.join(jobdir, "payload.json"), json.dumps(payload))
         os.close(os.open(os.path.join(jobdir, "events.log"), os.O_WRONLY | os.O_CREAT, 0o600))
