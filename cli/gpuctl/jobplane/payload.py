@@ -193,14 +193,3 @@ def remove_containers_command(names: Sequence[str]) -> str:
             f"if docker container inspect -- \"$c\" >/dev/null 2>&1; then docker rm --force -- \"$c\" >/dev/null "
             f"|| rc=1; fi; done; fi; if command -v podman >/dev/null 2>&1; then "
             f"podman rm --force --ignore -- {words} >/dev/null || rc=1; fi; exit $rc")
-
-
-def sync_destinations(has_workdir: bool, file_mounts: Mapping[str, str], mount_is_dir: Mapping[str, bool],
-                      rules: WorkdirFilter = WorkdirFilter()) -> list[dict[str, Any]]:
-    """What the head copies on to the workers once it holds it: workdir first, then file_mounts."""
-    out: list[dict[str, Any]] = []
-    if has_workdir:
-        out.append({"path": WORKDIR_DEST, "dir": True, "rsync_args": workdir_rsync_args(rules)})
-    for dest in file_mounts:
-        out.append({"path": dest, "dir": bool(mount_is_dir[dest]), "rsync_args": []})
-    return out
