@@ -200,7 +200,7 @@ def queue_row_once_ended(queue: Callable[[], Result], job: int | None = None, ti
     """The job's `gpuctl queue` row (the newest job's without `job`), once its
     status is final. Its ranks can be gone while the head still collects their
     exits and writes the record: until then the job is rightly RUNNING."""
-    final = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")  # gpuctl.state's, not imported here
+    final = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")  # gpuctl.state.registry's, not imported here
 
     def ended() -> list[str] | None:
         rows = [line.split() for line in queue().check().stdout.splitlines()[1:] if line.strip()]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from gpuctl.inventory import Inventory, Node, node_name
+from gpuctl.provision.inventory import Inventory, Node, node_name
 
 SSHD = "/usr/sbin/sshd"
 SUBNET_PREFIX = "10.214"  # 10.214.X.0/24, X picked free at start

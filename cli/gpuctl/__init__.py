@@ -28,8 +28,8 @@ _API = {
     "stderr": ("gpuctl.api.runtime", "stderr"),
     "silent": ("gpuctl.api.runtime", "silent"),
     "plugins": ("gpuctl.api.plugins", None),
-    "JobFailed": ("gpuctl.errors", "JobFailed"),
-    "UserError": ("gpuctl.errors", "UserError"),
+    "JobFailed": ("gpuctl.common.errors", "JobFailed"),
+    "UserError": ("gpuctl.common.errors", "UserError"),
 }
 __all__ = ["__version__", *_API]
 

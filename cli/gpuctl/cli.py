@@ -21,17 +21,31 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
-from gpuctl import gitworkdir, joblogs, jobs, lifecycle, output, ssh, sshconfig, usage
-from gpuctl.cluster import ClusterRequest, check_cluster_name, request_from_task
-from gpuctl.console import Reporter
-from gpuctl.envargs import parse_env_assignments
-from gpuctl.errors import JobCancelled, JobFailed, ProvisionError, UserError
-from gpuctl.inventory import Inventory, load_inventory
-from gpuctl.launch import JobRunner, JobSpec, LeftoverReport
-from gpuctl.lifecycle import write_ssh_config
-from gpuctl.output import OutputOption, wants_json
-from gpuctl.paths import cluster_dir, state_root
-from gpuctl.state import TERMINAL_JOB_STATES, Registry
+from gpuctl import usage
+
+from gpuctl.jobplane import gitworkdir
+
+from gpuctl.jobplane import joblogs
+
+from gpuctl.jobplane import jobs
+
+from gpuctl.provision import lifecycle
+
+from gpuctl.common import output
+
+from gpuctl.provision import ssh
+
+from gpuctl.provision import sshconfig
+from gpuctl.spec.request import ClusterRequest, check_cluster_name, request_from_task
+from gpuctl.common.console import Reporter
+from gpuctl.common.envargs import parse_env_assignments
+from gpuctl.common.errors import JobCancelled, JobFailed, ProvisionError, UserError
+from gpuctl.provision.inventory import Inventory, load_inventory
+from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
+from gpuctl.provision.lifecycle import write_ssh_config
+from gpuctl.common.output import OutputOption, wants_json
+from gpuctl.common.paths import cluster_dir, state_root
+from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
 
 if TYPE_CHECKING:
     from gpuctl.spec import Task
@@ -76,7 +90,7 @@ def _warn(task: Task, req: ClusterRequest) -> list[str]:
     lines = [f"warning: {w}" for w in task.warnings]
     if req.cloud == "local":
         res = task.resources
-        from gpuctl.providers.local import local_gpus_present
+        from gpuctl.providers.local.provider import local_gpus_present
 
         if req.accelerator and not local_gpus_present():
             lines.append(f"warning: {task.where('resources', 'accelerators')}: resources.accelerators: the local "
@@ -121,8 +135,8 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
              secret: Optional[List[str]] = SecretOption, infra: Optional[str] = InfraOption,
              output_format: str = OutputOption) -> None:
     """Check a cluster.yaml as apply would, offline: nothing is provisioned or contacted."""
-    from gpuctl.catalog import resolve_instance_type
-    from gpuctl.taskchecks import check_task, ssh_reach_problem
+    from gpuctl.providers.aws.catalog import resolve_instance_type
+    from gpuctl.provision.taskchecks import check_task, ssh_reach_problem
 
     as_json = wants_json(output_format)
     task = _load(file, env, secret, require_values=False, infra=infra)
@@ -172,8 +186,8 @@ def apply(
     output_format: str = OutputOption,
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
-    from gpuctl import provision
-    from gpuctl.taskchecks import check_task
+    from gpuctl.provision import provisioner
+    from gpuctl.provision.taskchecks import check_task
 
     as_json = wants_json(output_format)
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
@@ -182,7 +196,7 @@ def apply(
     check_task(task, req)  # as validate does, before anything is written or provisioned
     _warn(task, req)
     if dry_run:
-        summary = provision.plan(req)
+        summary = provisioner.plan(req)
         for line in summary.describe():
             reporter.info(line)
         if as_json:
@@ -191,14 +205,14 @@ def apply(
                                   "lines": summary.describe()})
         return
     if req.cloud == "aws" and not provision_only and (task.run or task.setup):
-        from gpuctl.providers.aws import require_ssh_reach
+        from gpuctl.providers.aws.provider import require_ssh_reach
 
         require_ssh_reach()
     registry = Registry()
     inv = lifecycle.bring_up(req, reporter=reporter, registry=registry, workdir=task.workdir,
                              container_image=task.container_image)
     if provision_only or not task.run and not task.setup:
-        reporter.info(f"Cluster '{req.name}' is up; inventory: {provision.inventory_path(req.name)}")
+        reporter.info(f"Cluster '{req.name}' is up; inventory: {provisioner.inventory_path(req.name)}")
         if as_json:
             _emit_apply(registry, req.name, inv, job_id=None)
         return
@@ -269,8 +283,8 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
                                         help="Check Terraform state and whether each node answers over SSH."),
            output_format: str = OutputOption) -> None:
     """Show clusters, their nodes and addresses, the fabric prepare found on each, and their last jobs."""
-    from gpuctl import provision
-    from gpuctl.configplane import fabric
+    from gpuctl.provision import provisioner
+    from gpuctl.configplane import fabricrecord
 
     as_json = wants_json(output_format)
     registry = Registry()
@@ -285,19 +299,19 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
         docs = []
         for rec in records:
             assert rec is not None
-            inv = provision.load_inventory_of(rec.name)
+            inv = provisioner.load_inventory_of(rec.name)
             doc = output.cluster_doc(rec, inv, (registry.jobs(rec.name) or [None])[-1])
-            detected = fabric.load_fabric(cluster_dir(rec.name)) or {}
+            detected = fabricrecord.load_fabric(cluster_dir(rec.name)) or {}
             by_rank = {n.get("rank"): n for n in detected.get("nodes", []) if isinstance(n, dict)}
             doc["fabric"] = detected.get("kind")
             for node in doc["nodes"]:
                 found = by_rank.get(node["rank"])
                 node["fabric"] = None if found is None else {
                     "kind": found.get("kind"), "interface": found.get("interface"),
-                    "active_ports": found.get("active_ports") or [], "summary": fabric.node_line(found)}
+                    "active_ports": found.get("active_ports") or [], "summary": fabricrecord.node_line(found)}
             if refresh and inv is not None:
                 health = _node_health(inv)
-                doc["terraform"] = provision.state_drift(rec.name)
+                doc["terraform"] = provisioner.state_drift(rec.name)
                 for node in doc["nodes"]:
                     node["health"] = health.get(node["rank"])
             docs.append(doc)
@@ -310,13 +324,13 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
         assert rec is not None
         where = "/".join(p for p in (rec.cloud, rec.region, rec.zone) if p)
         typer.echo(f"{rec.name}: {rec.status}, {rec.num_nodes} node(s) on {where}")
-        inv = provision.load_inventory_of(rec.name)
+        inv = provisioner.load_inventory_of(rec.name)
         health: dict[int, str] = {}
         if inv is not None and refresh:
             health = _node_health(inv)
-            typer.echo(f"  terraform: {provision.state_drift(rec.name)}")
+            typer.echo(f"  terraform: {provisioner.state_drift(rec.name)}")
         if inv is not None:
-            fabrics = fabric.status_lines(cluster_dir(rec.name))
+            fabrics = fabricrecord.status_lines(cluster_dir(rec.name))
             for node in inv.nodes:
                 typer.echo(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} "
                            f"ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}"
@@ -544,7 +558,7 @@ def inventory_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
                fmt: str = typer.Option("ansible", "--format", "-f", metavar="FORMAT",
                                        help="ansible (YAML), json, hostfile (MPI/DeepSpeed) or ssh-config.")) -> None:
     """Print the cluster's inventory for your own tools: Ansible, MPI, DeepSpeed, ssh."""
-    from gpuctl import inventoryexport
+    from gpuctl.provision import inventoryexport
 
     if fmt.strip().lower() not in inventoryexport.FORMATS:
         raise UserError(f"--format {fmt}: use one of {', '.join(inventoryexport.FORMATS)}")
@@ -590,7 +604,7 @@ def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluste
 @app.command("force-unlock")
 def force_unlock(name: str = typer.Argument(..., metavar="NAME", help="Cluster whose lock to remove.")) -> None:
     """Remove a cluster's lock in the shared state bucket, left by a runner that died (as `terraform force-unlock`)."""
-    from gpuctl.remotestate.store import break_lock, holder_text
+    from gpuctl.state.remotestate.store import break_lock, holder_text
 
     check_cluster_name(name)
     registry = Registry()
@@ -661,14 +675,14 @@ def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear d
          yes: bool = typer.Option(True, "-y", "--yes", hidden=True),
          output_format: str = OutputOption) -> None:
     """Destroy a cluster (terraform destroy) and forget it."""
-    from gpuctl import provision
+    from gpuctl.provision import provisioner
 
     as_json = wants_json(output_format)
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     check_cluster_name(name)
     registry = Registry()
     lifecycle.adopt(name, registry)
-    if registry.cluster(name) is None and not provision.cluster_exists(name):
+    if registry.cluster(name) is None and not provisioner.cluster_exists(name):
         raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
     destroyed = lifecycle.tear_down(name, reporter=reporter, registry=registry)
     if as_json:  # destroyed: false when the record had nothing provisioned behind it

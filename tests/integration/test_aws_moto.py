@@ -32,7 +32,7 @@ import pytest
 import yaml
 from mototest import CapacityShortage, MotoServer, fake_aws_env, isolated_aws_env
 
-from gpuctl.state import Registry
+from gpuctl.state.registry import Registry
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +133,7 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
     s3.create_bucket(Bucket="gpuctl-team-state")
     shared = {"GPUCTL_STATE_BUCKET": "gpuctl-team-state", "GPUCTL_STATE_ENDPOINT_URL": moto.url}
     with CapacityShortage(moto.url, zones=["us-east-1a"]) as proxy:
-        # one provider retry, so the capacity error surfaces at once (gpuctl.config)
+        # one provider retry, so the capacity error surfaces at once (gpuctl.common.config)
         env = {**aws_env, **shared, "GPUCTL_AWS_ENDPOINT_URL": proxy.url, "GPUCTL_AWS_MAX_RETRIES": "1",
                "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
         up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
@@ -153,7 +153,7 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
 def check_module_inventory(cdir: Path, env: dict[str, str], tmp_path: Path) -> None:
     """The module's ansible_inventory output, from the real apply: what gpuctl's own inventory says,
     and an inventory Ansible and gpuctl (`infra: ssh/FILE`) both read."""
-    from gpuctl.inventory import load_inventory
+    from gpuctl.provision.inventory import load_inventory
 
     out = subprocess.run(["terraform", "output", "-raw", "ansible_inventory"], cwd=cdir / "terraform", env=env,
                          capture_output=True, text=True, timeout=120)

@@ -196,7 +196,7 @@ def test_refused_apply_leaves_no_cluster_behind(nodes: str, tmp_path: Path, _iso
 @pytest.mark.parametrize("left", ["INIT", "STOPPING"])
 def test_down_forgets_a_record_with_nothing_provisioned(left: str, tmp_path: Path, _isolated_state: Path):
     """A row an older gpuctl left behind (or an apply killed before it made anything) is removed, exit 0."""
-    from gpuctl.state import Registry
+    from gpuctl.state.registry import Registry
 
     registry = Registry(remote=None)
     registry.upsert_cluster("ghost", cloud="local", region=None, zone=None, num_nodes=1_000_000_000, status=left,

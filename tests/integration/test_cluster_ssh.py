@@ -27,10 +27,10 @@ from typing import Iterator
 import pytest
 import testhosts
 
-from gpuctl import ssh
+from gpuctl.provision import ssh
 from gpuctl.configplane import playbooks
-from gpuctl.inventory import Node, write_inventory
-from gpuctl.sshkeys import ensure_internal_key
+from gpuctl.provision.inventory import Node, write_inventory
+from gpuctl.provision.sshkeys import ensure_internal_key
 
 pytestmark = pytest.mark.integration
 
@@ -211,7 +211,7 @@ def gpuctl(*args: str, timeout: int = 300, cwd: Path = REPO) -> subprocess.Compl
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("terraform"),
                     reason="netns local nodes need root, iproute2 and terraform")
 def test_head_launcher_example_reaches_every_worker(_isolated_state: Path) -> None:
-    from gpuctl import provision
+    from gpuctl.provision import provisioner
 
     name = "head-launcher"
     t = time.monotonic()
@@ -219,7 +219,7 @@ def test_head_launcher_example_reaches_every_worker(_isolated_state: Path) -> No
         proc = gpuctl("apply", "cluster.yaml", cwd=REPO / "examples" / "head-launcher")  # workdir: . is the cwd
         print(f"gpuctl apply examples/head-launcher: {time.monotonic() - t:.1f}s")
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        inv = provision.load_inventory_of(name)
+        inv = provisioner.load_inventory_of(name)
         assert inv is not None and len(inv.nodes) == 2
         out = proc.stdout + proc.stderr
         world = len(inv.nodes)

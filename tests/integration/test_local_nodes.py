@@ -22,12 +22,12 @@ import pytest
 from e2e import pids_with_env, running
 from mototest import free_port
 
-from gpuctl import provision
-from gpuctl.cluster import ClusterRequest
-from gpuctl.errors import ProvisionError
-from gpuctl.inventory import Inventory, Node
-from gpuctl.paths import cluster_dir
-from gpuctl.providers import local
+from gpuctl.provision import provisioner
+from gpuctl.spec.request import ClusterRequest
+from gpuctl.common.errors import ProvisionError
+from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.common.paths import cluster_dir
+from gpuctl.providers.local import provider as local_provider
 
 pytestmark = pytest.mark.integration
 
@@ -135,23 +135,23 @@ def cleanup_clusters():
     names: list[str] = []
     yield names
     for name in names:
-        if provision.cluster_exists(name):
-            provision.destroy(name)
+        if provisioner.cluster_exists(name):
+            provisioner.destroy(name)
 
 
 @needs_tools
 @needs_netns
 def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(local.MODE_ENV, raising=False)
+    monkeypatch.delenv(local_provider.MODE_ENV, raising=False)
     req = ClusterRequest(name="it-two", num_nodes=2, cloud="local")
     cleanup_clusters.append(req.name)
     progress: list[str] = []
-    inv = provision.provision(req, on_progress=progress.append)
+    inv = provisioner.provision(req, on_progress=progress.append)
     head, worker = inv.nodes
     assert [n.rank for n in inv.nodes] == [0, 1] and [n.name for n in inv.nodes] == ["head", "worker1"]
     assert any("terraform apply" in p for p in progress)
     assert (cluster_dir(req.name) / "inventory.yml").is_file()
-    assert provision.load_cluster(req.name)[0]["num_nodes"] == 2
+    assert provisioner.load_cluster(req.name)[0]["num_nodes"] == 2
 
     # Distinct addresses, each on the node's own eth0 in the cluster's /24.
     assert head.address != worker.address
@@ -174,8 +174,8 @@ def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[st
     assert out == [os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "python3"), sys.prefix]
 
     # Re-apply: nothing to change, same nodes, same ranks.
-    assert not provision.plan(req).changed
-    again = provision.provision(req)
+    assert not provisioner.plan(req).changed
+    again = provisioner.provision(req)
     assert [(n.rank, n.node_id, n.address) for n in again.nodes] == [(n.rank, n.node_id, n.address) for n in inv.nodes]
 
     # A rank that detached from its session (new session, parent gone) must die with the cluster.
@@ -186,7 +186,7 @@ def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[st
     envs, sshd = node_envs(req.name), recorded_sshd(req.name)
     bridge = (cluster_dir(req.name) / "nodes" / "bridge.env").read_text().split("LN_BRIDGE=")[1].split()[0]
     assert link_exists(bridge)
-    provision.destroy(req.name)
+    provisioner.destroy(req.name)
     assert_gone(req.name, envs, sshd, [detached, escaped])
     assert not link_exists(bridge)
     # Only the node's own directory under /run/gpuctl goes: other clusters'
@@ -200,20 +200,20 @@ def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[st
 def test_three_nodes_then_scale_down_keeps_ranks(cleanup_clusters: list[str]) -> None:
     req = ClusterRequest(name="it-three", num_nodes=3, cloud="local")
     cleanup_clusters.append(req.name)
-    inv = provision.provision(req)
+    inv = provisioner.provision(req)
     assert len({n.address for n in inv.nodes}) == 3
     for node in inv.nodes:
         assert ssh(node, "echo $GPUCTL_NODE_TAG").stdout.strip().endswith(f"-{node.rank}")
     envs = node_envs(req.name)
     many_sessions(inv.nodes[2])
 
-    smaller = provision.provision(ClusterRequest(name="it-three", num_nodes=2, cloud="local"))
+    smaller = provisioner.provision(ClusterRequest(name="it-three", num_nodes=2, cloud="local"))
     assert [(n.rank, n.node_id) for n in smaller.nodes] == [(n.rank, n.node_id) for n in inv.nodes[:2]]
     assert envs[2]["LN_NETNS"] not in netns_list() and not Path(envs[2]["LN_DIR"]).exists()
     ssh(smaller.nodes[1], "true")
 
     sshd = recorded_sshd(req.name)
-    provision.destroy(req.name)
+    provisioner.destroy(req.name)
     assert_gone(req.name, envs[:2], sshd, [])
 
 
@@ -224,19 +224,19 @@ def test_down_removes_nodes_terraform_lost_track_of(cleanup_clusters: list[str])
     record; `down` still removes it (from the node.env each node writes first)."""
     req = ClusterRequest(name="it-lost", num_nodes=1, cloud="local")
     cleanup_clusters.append(req.name)
-    provision.provision(req)
+    provisioner.provision(req)
     envs, sshd = node_envs(req.name), recorded_sshd(req.name)
     (cluster_dir(req.name) / "terraform" / "terraform.tfstate").unlink()  # Terraform forgets everything
-    provision.destroy(req.name)
+    provisioner.destroy(req.name)
     assert_gone(req.name, envs, sshd, [])
 
 
 @needs_tools
 def test_loopback_nodes(cleanup_clusters: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(local.MODE_ENV, "loopback")
+    monkeypatch.setenv(local_provider.MODE_ENV, "loopback")
     req = ClusterRequest(name="it-loop", num_nodes=2, cloud="local")
     cleanup_clusters.append(req.name)
-    inv: Inventory = provision.provision(req)
+    inv: Inventory = provisioner.provision(req)
     head, worker = inv.nodes
     assert head.ssh_host == worker.ssh_host == "127.0.0.1" and head.ssh_port + 1 == worker.ssh_port
     homes = [ssh(n, "echo $HOME; pwd").stdout.split() for n in inv.nodes]
@@ -244,16 +244,16 @@ def test_loopback_nodes(cleanup_clusters: list[str], monkeypatch: pytest.MonkeyP
     assert homes[0][0] != homes[1][0]
     ssh(head, "echo x > ~/mine")
     assert ssh(worker, "test ! -e ~/mine && echo absent").stdout.strip() == "absent"
-    assert not provision.plan(req).changed
+    assert not provisioner.plan(req).changed
 
     detached = int(ssh(worker, "setsid nohup sleep 1002 </dev/null >/dev/null 2>&1 & echo $!").stdout.strip())
     envs, sshd = node_envs(req.name), recorded_sshd(req.name)
-    provision.destroy(req.name)
+    provisioner.destroy(req.name)
     assert_gone(req.name, envs, sshd, [detached])
 
 
 def run_node_script(command: str, env: dict[str, str], path_prefix: str = "") -> subprocess.CompletedProcess[str]:
-    script = local.LocalProvider().module_dir() / "scripts" / "node.sh"
+    script = local_provider.LocalProvider().module_dir() / "scripts" / "node.sh"
     full = {**os.environ, **env, "PATH": path_prefix + os.environ["PATH"]}
     return subprocess.run(["bash", str(script), command], env=full, capture_output=True, text=True, timeout=60)
 
@@ -324,7 +324,7 @@ def test_failed_destroy_keeps_host_files_and_can_be_rerun(cleanup_clusters: list
     would delete through it); after unmounting, destroy runs again and finishes."""
     req = ClusterRequest(name="it-rerun", num_nodes=2, cloud="local")
     cleanup_clusters.append(req.name)
-    provision.provision(req)
+    provisioner.provision(req)
     envs, sshd = node_envs(req.name), recorded_sshd(req.name)
     precious = tmp_path / "precious"
     precious.mkdir()
@@ -334,12 +334,12 @@ def test_failed_destroy_keeps_host_files_and_can_be_rerun(cleanup_clusters: list
     subprocess.run(["mount", "--bind", str(precious), str(target)], check=True)
     try:
         with pytest.raises(ProvisionError, match="is mounted on this machine; unmount it"):
-            provision.destroy(req.name)
+            provisioner.destroy(req.name)
         assert (precious / "keep.txt").read_text() == "mine"
-        assert provision.cluster_exists(req.name)
+        assert provisioner.cluster_exists(req.name)
         assert not Path(envs[0]["LN_DIR"]).exists()  # the other node is already gone
     finally:
         subprocess.run(["umount", str(target)], check=True)
-    provision.destroy(req.name)
+    provisioner.destroy(req.name)
     assert_gone(req.name, envs, sshd, [])
     assert (precious / "keep.txt").read_text() == "mine"

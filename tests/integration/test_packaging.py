@@ -35,7 +35,7 @@ def test_installed_wheel_finds_its_terraform_and_ansible_trees(tmp_path: Path):
                    check=True, capture_output=True, text=True, timeout=300)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    probe = ("import gpuctl.paths as p; print(p.terraform_dir()); print(p.ansible_dir())")
+    probe = ("import gpuctl.common.paths as p; print(p.terraform_dir()); print(p.ansible_dir())")
     out = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(target)}).stdout.split()
     assert out == [str(target / "gpuctl" / "terraform"), str(target / "gpuctl" / "ansible")]

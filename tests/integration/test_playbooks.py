@@ -21,9 +21,11 @@ from typing import Any, Iterator
 import pytest
 import testhosts
 
-from gpuctl import ssh, stream
+from gpuctl.provision import ssh
+
+from gpuctl.jobplane import stream
 from gpuctl.configplane import playbooks
-from gpuctl.inventory import Node, write_inventory
+from gpuctl.provision.inventory import Node, write_inventory
 from gpuctl.jobplane import gitignore, payload
 
 pytestmark = pytest.mark.integration

@@ -79,8 +79,8 @@ def ok(res: subprocess.CompletedProcess[str]) -> str:
 
 HOLD = """
 import sys, time
-from gpuctl import remotestate
-from gpuctl.remotestate.store import cluster_lock
+from gpuctl.state import remotestate
+from gpuctl.state.remotestate.store import cluster_lock
 remote = remotestate.current()
 with cluster_lock(remote.store, sys.argv[1], command="gpuctl apply", on_wait=print):
     print("held", flush=True)

@@ -22,8 +22,8 @@ import gpuctl
 from gpuctl.api import plugins, remote, runtime, wire
 from gpuctl.api.cluster import Cluster, _by_value_modules, dumps_call, run_script
 from gpuctl.configplane import prepare
-from gpuctl.errors import UserError
-from gpuctl.inventory import Inventory, Node
+from gpuctl.common.errors import UserError
+from gpuctl.provision.inventory import Inventory, Node
 
 INFO = json.dumps({"cluster_name": "c", "cloud": "local", "region": None, "zone": None, "num_nodes": 3,
                    "ips": ["10.0.0.1", "10.0.0.2", "10.0.0.3"]})
@@ -354,8 +354,8 @@ def test_cluster_refuses_bad_arguments():
 
 @pytest.mark.parametrize("nodes", [254, 10**9])
 def test_cluster_beyond_the_provider_leaves_no_record(nodes: int):
-    from gpuctl.paths import cluster_dir
-    from gpuctl.state import Registry
+    from gpuctl.common.paths import cluster_dir
+    from gpuctl.state.registry import Registry
 
     with pytest.raises(UserError, match="infra local supports 1 to 253"):
         Cluster(name="big", infra="local", num_nodes=nodes).up()

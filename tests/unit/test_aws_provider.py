@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.cluster import ClusterRequest
-from gpuctl.config import AwsSettings
-from gpuctl.errors import ProvisionError, UserError
-from gpuctl.paths import terraform_dir
-from gpuctl.providers import aws
-from gpuctl.providers.aws import AwsProvider, describe, render_root, retry_zone, with_capacity_failover
+from gpuctl.spec.request import ClusterRequest
+from gpuctl.common.config import AwsSettings
+from gpuctl.common.errors import ProvisionError, UserError
+from gpuctl.common.paths import terraform_dir
+from gpuctl.providers.aws import provider as aws_provider
+from gpuctl.providers.aws.provider import AwsProvider, describe, render_root, retry_zone, with_capacity_failover
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEXAMPLEEXAMPLEEXAMPLEEXAMPLEEXAMPLEEXAMP gpuctl\n"
 OFFERED = "us-east-1a,us-east-1b,us-east-1c,us-east-1d"
@@ -23,19 +23,19 @@ def p5_request(**kw: object) -> ClusterRequest:
     base = ClusterRequest(
         name="llm", num_nodes=4, cloud="aws", region="us-east-1", zone="us-east-1a",
         instance_type="p5.48xlarge", accelerator="H100", gpus_per_node=8, network_tier="best",
-        extra={aws.X_EFA_INTERFACES: "32", aws.X_OFFERED_ZONES: OFFERED, aws.X_ZONE_PINNED: "0",
-               aws.X_TRIED_ZONES: "us-east-1a"},
+        extra={aws_provider.X_EFA_INTERFACES: "32", aws_provider.X_OFFERED_ZONES: OFFERED, aws_provider.X_ZONE_PINNED: "0",
+               aws_provider.X_TRIED_ZONES: "us-east-1a"},
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
 def module_variables() -> set[str]:
-    text = "".join(p.read_text() for p in (terraform_dir() / "modules" / aws.MODULE_NAME).glob("*.tf"))
+    text = "".join(p.read_text() for p in (terraform_dir() / "modules" / aws_provider.MODULE_NAME).glob("*.tf"))
     return set(re.findall(r'^variable\s+"([^"]+)"', text, flags=re.M))
 
 
 def module_outputs() -> set[str]:
-    text = "".join(p.read_text() for p in (terraform_dir() / "modules" / aws.MODULE_NAME).glob("*.tf"))
+    text = "".join(p.read_text() for p in (terraform_dir() / "modules" / aws_provider.MODULE_NAME).glob("*.tf"))
     return set(re.findall(r'^output\s+"([^"]+)"', text, flags=re.M))
 
 
@@ -81,7 +81,7 @@ def test_root_inputs_are_module_variables_and_outputs_exist() -> None:
 
 def test_standard_tier_has_no_efa_and_no_placement_group() -> None:
     req = p5_request(instance_type="t3.micro", network_tier="standard", accelerator=None, gpus_per_node=0,
-                     extra={aws.X_EFA_INTERFACES: "0"})
+                     extra={aws_provider.X_EFA_INTERFACES: "0"})
     mod = render_root(req, AwsSettings(ssh_ingress_cidrs=("10.0.0.0/8",)), ssh_public_key=KEY)["module"]["cluster"]
     assert mod["efa"] is False
     assert mod["placement_group"] == {"mode": "none"}
@@ -181,7 +181,7 @@ def test_retry_zone_moves_to_next_zone_and_counts_attempts() -> None:
 def test_retry_zone_ignores_other_failures_and_pinned_zones() -> None:
     assert retry_zone(p5_request(), ProvisionError("InvalidParameterCombination")) == (None, None)
     assert retry_zone(p5_request(), RuntimeError("boom")) == (None, None)
-    pinned = p5_request(extra={**p5_request().extra, aws.X_ZONE_PINNED: aws.PINNED_BY_INFRA})
+    pinned = p5_request(extra={**p5_request().extra, aws_provider.X_ZONE_PINNED: aws_provider.PINNED_BY_INFRA})
     req, line = retry_zone(pinned, capacity_error())
     assert req is None and line is not None and "pins that zone" in line
 
@@ -234,7 +234,7 @@ def write_state(name: str, zones: list[str]) -> Path:
     """A Terraform state as the module leaves it: node instances (plus other resources)."""
     import json
 
-    path = aws.state_file_of(name)
+    path = aws_provider.state_file_of(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"version": 4, "resources": [
         {"module": "module.cluster", "mode": "managed", "type": "aws_subnet", "name": "this",
@@ -247,9 +247,9 @@ def write_state(name: str, zones: list[str]) -> Path:
 
 
 def test_node_zones_in_state_reads_only_node_instances() -> None:
-    assert aws.node_zones_in_state(write_state("llm", ["us-east-1b", "us-east-1b"])) == {"us-east-1b"}
-    assert aws.node_zones_in_state(write_state("empty", [])) == set()
-    assert aws.node_zones_in_state(aws.state_file_of("never-made")) == set()
+    assert aws_provider.node_zones_in_state(write_state("llm", ["us-east-1b", "us-east-1b"])) == {"us-east-1b"}
+    assert aws_provider.node_zones_in_state(write_state("empty", [])) == set()
+    assert aws_provider.node_zones_in_state(aws_provider.state_file_of("never-made")) == set()
 
 
 def test_existing_nodes_refuse_a_different_zone_before_any_aws_call() -> None:
@@ -263,7 +263,7 @@ def test_existing_nodes_refuse_a_different_zone_before_any_aws_call() -> None:
 
 
 def test_no_failover_for_a_cluster_with_nodes() -> None:
-    req = p5_request(extra={**p5_request().extra, aws.X_ZONE_PINNED: aws.PINNED_BY_NODES})
+    req = p5_request(extra={**p5_request().extra, aws_provider.X_ZONE_PINNED: aws_provider.PINNED_BY_NODES})
     nxt, line = retry_zone(req, capacity_error())
     assert nxt is None
     assert line == "us-east-1a has no p5.48xlarge capacity; the cluster's nodes are in that zone, so no failover"

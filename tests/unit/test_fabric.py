@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl import jobenv
-from gpuctl.configplane import fabric, fabricprobe, playbooks, prepare
-from gpuctl.inventory import Inventory, Node
-from gpuctl.paths import ansible_dir
+from gpuctl.jobplane import jobenv
+from gpuctl.configplane import fabricprobe, playbooks, prepare
+from gpuctl.configplane import fabricrecord
+from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.common.paths import ansible_dir
 
 HEAD = "10.0.0.2"
 SHIPPED = ansible_dir() / "roles" / "gpuctl_node" / "files" / "gpuctl-fabric-probe"
@@ -359,25 +360,25 @@ def test_the_probe_is_part_of_the_prepare_fingerprint():
     names = dict(prepare._tree_bytes())
     assert names["roles/gpuctl_node/files/gpuctl-fabric-probe"] == Path(fabricprobe.__file__).read_bytes()
     inv = _inv()
-    settings = fabric.probe_settings("aws", {"network_tier": "best", "instance_type": "p5.48xlarge"})
+    settings = fabricrecord.probe_settings("aws", {"network_tier": "best", "instance_type": "p5.48xlarge"})
     assert settings == {"instance_type": "p5.48xlarge",
                         "fallback_env": jobenv.fabric_env("aws", efa=True, instance_type="p5.48xlarge")}
     base = prepare.fingerprint(inv, internal_public_key="k", fabric_env=settings)
-    other = fabric.probe_settings("aws", {"network_tier": "best", "instance_type": "p4d.24xlarge"})
+    other = fabricrecord.probe_settings("aws", {"network_tier": "best", "instance_type": "p4d.24xlarge"})
     assert prepare.fingerprint(inv, internal_public_key="k", fabric_env=other) != base
 
 
 def test_run_prepare_passes_the_probe_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     seen = {}
     monkeypatch.setattr(playbooks, "run_playbook", lambda name, **kw: seen.update(name=name, **kw))
-    settings = fabric.probe_settings("aws", {"network_tier": "best", "instance_type": "p5.48xlarge"})
+    settings = fabricrecord.probe_settings("aws", {"network_tier": "best", "instance_type": "p5.48xlarge"})
     prepare.run_prepare(tmp_path / "inventory.yml", private_data_dir=tmp_path, control_dir=tmp_path,
                         fingerprint_value="f", internal_key=tmp_path / "k", fabric_env=settings,
-                        fabric_head="10.0.0.2", fabric_record=tmp_path / fabric.RAW_FILE)
+                        fabric_head="10.0.0.2", fabric_record=tmp_path / fabricrecord.RAW_FILE)
     ev = seen["extravars"]
     assert (ev["gpuctl_fabric_head"], ev["gpuctl_fabric_instance_type"]) == ("10.0.0.2", "p5.48xlarge")
     assert ev["gpuctl_fabric_env"] == settings["fallback_env"]
-    assert ev["gpuctl_fabric_record"] == str(tmp_path / fabric.RAW_FILE)
+    assert ev["gpuctl_fabric_record"] == str(tmp_path / fabricrecord.RAW_FILE)
 
 
 # -- the controller's record and status ---------------------------------------------------------
@@ -399,9 +400,9 @@ def _raw(tmp_path: Path) -> dict[str, str]:
 def test_record_writes_fabric_json_with_the_contract_keys(tmp_path: Path):
     cdir = tmp_path / "cluster"
     cdir.mkdir()
-    (cdir / fabric.RAW_FILE).write_text(json.dumps(_raw(tmp_path)))
-    doc = fabric.record(cdir, _inv())
-    assert not (cdir / fabric.RAW_FILE).exists() and fabric.load_fabric(cdir) == doc
+    (cdir / fabricrecord.RAW_FILE).write_text(json.dumps(_raw(tmp_path)))
+    doc = fabricrecord.record(cdir, _inv())
+    assert not (cdir / fabricrecord.RAW_FILE).exists() and fabricrecord.load_fabric(cdir) == doc
     assert doc["kind"] == "socket"  # the weakest: one node has no fabric
     assert [(n["rank"], n["name"], n["kind"]) for n in doc["nodes"]] == [(0, "head", "efa"), (1, "worker1", "ib"),
                                                                          (2, "worker2", "socket")]
@@ -410,11 +411,11 @@ def test_record_writes_fabric_json_with_the_contract_keys(tmp_path: Path):
     assert doc["nodes"][1]["active_ports"][:2] == ["mlx5_0:1", "mlx5_1:1"]
     assert doc["nodes"][2]["env"] == {"NCCL_SOCKET_IFNAME": "eth0"}
 
-    lines = fabric.status_lines(cdir)
+    lines = fabricrecord.status_lines(cdir)
     assert lines == {0: "efa x32 (ens32) gdr",
                      1: "ib mlx5_0:1,mlx5_1:1,… (ib0) 7/8 ports active; port(s) not ACTIVE: mlx5_3:1 (DOWN)",
                      2: "socket (eth0)"}
-    warned = fabric.warnings(doc, expected="efa")
+    warned = fabricrecord.warnings(doc, expected="efa")
     assert warned[0] == ("worker1, worker2: no EFA device found although the cluster was provisioned with EFA: "
                          "NCCL will use TCP sockets there")
     assert warned[1].startswith("the nodes have different fabrics (efa: head, ib: worker1, socket: worker2)")
@@ -425,19 +426,19 @@ def test_a_limited_prepare_keeps_the_other_nodes_and_all_alike_is_their_kind(tmp
     cdir = tmp_path / "cluster"
     cdir.mkdir()
     raw = _raw(tmp_path)
-    (cdir / fabric.RAW_FILE).write_text(json.dumps({"head": raw["head"], "worker1": raw["head"]}))
-    assert fabric.record(cdir, _inv(2))["kind"] == "efa"
-    (cdir / fabric.RAW_FILE).write_text(json.dumps({"worker1": "not json"}))
-    doc = fabric.record(cdir, _inv(3))  # worker2 joined but was not probed: not listed
+    (cdir / fabricrecord.RAW_FILE).write_text(json.dumps({"head": raw["head"], "worker1": raw["head"]}))
+    assert fabricrecord.record(cdir, _inv(2))["kind"] == "efa"
+    (cdir / fabricrecord.RAW_FILE).write_text(json.dumps({"worker1": "not json"}))
+    doc = fabricrecord.record(cdir, _inv(3))  # worker2 joined but was not probed: not listed
     assert [(n["name"], n["kind"]) for n in doc["nodes"]] == [("head", "efa"), ("worker1", "socket")]
     assert doc["nodes"][1]["warnings"] == ["the fabric probe gave no result"] and doc["kind"] == "socket"
-    assert fabric.record(cdir, _inv(3)) is None and fabric.load_fabric(cdir) == doc  # no new record: kept
+    assert fabricrecord.record(cdir, _inv(3)) is None and fabricrecord.load_fabric(cdir) == doc  # no new record: kept
 
 
 def test_status_before_any_prepare_and_with_a_broken_file(tmp_path: Path):
-    assert fabric.status_lines(tmp_path) == {} and fabric.load_fabric(tmp_path) is None
-    (tmp_path / fabric.FABRIC_FILE).write_text("{")
-    assert fabric.status_lines(tmp_path) == {}
+    assert fabricrecord.status_lines(tmp_path) == {} and fabricrecord.load_fabric(tmp_path) is None
+    (tmp_path / fabricrecord.FABRIC_FILE).write_text("{")
+    assert fabricrecord.status_lines(tmp_path) == {}
     roce_node = {"rank": 0, "kind": "roce", "interface": "ens1f0", "active_ports": ["mlx5_0:1", "mlx5_1:1"],
                  "gid_index": 3, "devices": [{"kind": "roce", "ports": [{}]}, {"kind": "roce", "ports": [{}]}]}
-    assert fabric.node_line(roce_node) == "roce mlx5_0:1,mlx5_1:1 (ens1f0) 2/2 ports active gid 3"
+    assert fabricrecord.node_line(roce_node) == "roce mlx5_0:1,mlx5_1:1 (ens1f0) 2/2 ports active gid 3"

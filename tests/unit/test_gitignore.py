@@ -214,11 +214,11 @@ def test_workdir_filter_without_git_on_the_path(tmp_path: Path, monkeypatch: pyt
 def test_exec_leaves_alone_what_an_earlier_apply_mounted_inside_the_workdir(tmp_path: Path) -> None:
     """`exec` has no file_mounts of its own: the workdir copy still leaves out the destinations
     inside the workdir that an earlier job of the cluster placed there (file_mounts and buckets)."""
-    from gpuctl.console import Reporter
-    from gpuctl.inventory import Inventory, Node
-    from gpuctl.jobplane.buckets import BucketMount
-    from gpuctl.launch import JobRunner, JobSpec
-    from gpuctl.state import Registry
+    from gpuctl.common.console import Reporter
+    from gpuctl.provision.inventory import Inventory, Node
+    from gpuctl.spec.buckets import BucketMount
+    from gpuctl.jobplane.runner import JobRunner, JobSpec
+    from gpuctl.state.registry import Registry
 
     def runner() -> JobRunner:
         node = Node(name="head", rank=0, node_id="n0", address="10.0.0.2", ssh_host="10.0.0.2")

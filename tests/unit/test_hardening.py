@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuctl import sshconfig
-from gpuctl.cluster import check_cluster_name
-from gpuctl.config import aws_settings
-from gpuctl.envargs import parse_env_assignments
-from gpuctl.errors import UserError
-from gpuctl.inventory import Inventory, Node, load_inventory
-from gpuctl.launch import JobSpec
-from gpuctl.providers import local
+from gpuctl.provision import sshconfig
+from gpuctl.spec.request import check_cluster_name
+from gpuctl.common.config import aws_settings
+from gpuctl.common.envargs import parse_env_assignments
+from gpuctl.common.errors import UserError
+from gpuctl.provision.inventory import Inventory, Node, load_inventory
+from gpuctl.jobplane.runner import JobSpec
+from gpuctl.providers.local import provider as local_provider
 from gpuctl.spec import load_task
-from gpuctl.ssh import proxy_command, ssh_argv
+from gpuctl.provision.ssh import proxy_command, ssh_argv
 
 # -- 3. names match in full ---------------------------------------------------------
 
@@ -167,7 +167,7 @@ def test_registry_refuses_a_planted_symlink(tmp_path: Path):
     planted = tmp_path / "gpuctl-alloc-0"
     planted.symlink_to(target)
     with pytest.raises(UserError, match="not a directory"):
-        with local._locked(planted):
+        with local_provider._locked(planted):
             pass
     assert not (target / ".lock").exists()
 
@@ -179,13 +179,13 @@ def test_registry_refuses_a_directory_of_another_user(tmp_path: Path):
     other.mkdir()
     os.chown(other, 65534, 65534)
     with pytest.raises(UserError, match="another user"):
-        with local._locked(other):
+        with local_provider._locked(other):
             pass
 
 
 def test_registry_made_private(tmp_path: Path):
     reg = tmp_path / "reg"
-    with local._locked(reg):
+    with local_provider._locked(reg):
         pass
     assert stat.S_IMODE(reg.stat().st_mode) == 0o700
 
@@ -221,7 +221,7 @@ def test_controller_ssh_learns_then_verifies_under_the_node_id(tmp_path: Path):
 
 
 def test_ansible_inventory_carries_the_host_key_options(tmp_path: Path):
-    from gpuctl.inventory import to_ansible
+    from gpuctl.provision.inventory import to_ansible
 
     inv = Inventory(cluster="c", cloud="aws", nodes=(pinned_node(tmp_path, rank=0, name="head"),))
     host = to_ansible(inv)["all"]["children"]["gpuctl_nodes"]["hosts"]["head"]
@@ -244,7 +244,7 @@ def test_ssh_config_pins_host_keys(tmp_path: Path):
 
 
 def test_forget_host_keys_drops_only_the_named_or_the_stale(tmp_path: Path):
-    from gpuctl.ssh import forget_host_keys
+    from gpuctl.provision.ssh import forget_host_keys
 
     kh = tmp_path / "known_hosts"
     kh.write_text("gpuctl-i-1 ssh-ed25519 AAAA1\ngpuctl-i-2 ssh-ed25519 AAAA2\n"
@@ -256,7 +256,7 @@ def test_forget_host_keys_drops_only_the_named_or_the_stale(tmp_path: Path):
 
 
 def test_a_changed_key_message_names_the_node_and_the_fix(tmp_path: Path):
-    from gpuctl.ssh import host_key_changed, host_key_error
+    from gpuctl.provision.ssh import host_key_changed, host_key_error
 
     assert host_key_changed("@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@\nHost key verification failed.")
     assert not host_key_changed("Connection refused")
@@ -278,7 +278,7 @@ ec2: #############################################################
 
 
 def test_console_fingerprints_match_the_learned_key(tmp_path: Path):
-    from gpuctl import hostkeys
+    from gpuctl.providers.aws import hostkeys
 
     key = tmp_path / "k"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -299,10 +299,10 @@ def test_console_fingerprints_match_the_learned_key(tmp_path: Path):
 
 def test_a_key_the_console_does_not_list_stops_gpuctl_and_is_forgotten(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch):
-    from gpuctl import hostkeys
-    from gpuctl.console import Reporter
-    from gpuctl.launch import JobRunner
-    from gpuctl.state import Registry
+    from gpuctl.providers.aws import hostkeys
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.state.registry import Registry
 
     key = tmp_path / "k"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.errors import UserError
-from gpuctl.healthcheck import bandwidth, command, fabric, nccllog, ncclperf
-from gpuctl.inventory import Inventory, Node
+from gpuctl.common.errors import UserError
+from gpuctl.healthcheck import bandwidth, command, nccllog, ncclperf
+from gpuctl.healthcheck import fabriccheck
+from gpuctl.provision.inventory import Inventory, Node
 
 PROBE = Path(command.__file__).resolve().parent / "probe.py"
 
@@ -186,7 +187,7 @@ def test_socket_fallback_infiniband_roce_and_ofi_over_tcp() -> None:
     assert (roce.kind, roce.ib_devices, roce.gdr, roce.rank) == ("roce", ["mlx5_10:1/RoCE", "mlx5_11:1/RoCE"], False, 1)
     tcp = nccllog.parse(lines(OFI_TCP))[0]
     assert (tcp.kind, tcp.transport, tcp.rank) == ("ofi-tcp;ofi_rxm", "NET/OFI (tcp;ofi_rxm)", 0)
-    assert not fabric.satisfies(tcp.kind, "efa")
+    assert not fabriccheck.satisfies(tcp.kind, "efa")
 
 
 def test_a_single_node_shows_the_network_nccl_picked_and_prefixes_are_skipped() -> None:
@@ -243,32 +244,32 @@ def test_mpirun_line_for_every_gpu_of_every_node() -> None:
 
 def test_where_the_expected_fabric_comes_from(tmp_path: Path) -> None:
     best = {"network_tier": "best"}
-    assert fabric.expected_fabric(override="ib", fabric_file={"kind": "efa"}, cloud="aws", request=best) == \
-        fabric.Expected("ib", "--expect-fabric")
+    assert fabriccheck.expected_fabric(override="ib", fabric_file={"kind": "efa"}, cloud="aws", request=best) == \
+        fabriccheck.Expected("ib", "--expect-fabric")
     (tmp_path / "fabric.json").write_text(json.dumps(
         {"kind": "efa", "nodes": [{"rank": 0, "kind": "efa", "devices": 32}, {"rank": 1, "kind": "socket"}]}))
-    detected = fabric.expected_fabric(override=None, fabric_file=fabric.read_fabric_file(tmp_path), cloud="aws",
+    detected = fabriccheck.expected_fabric(override=None, fabric_file=fabriccheck.read_fabric_file(tmp_path), cloud="aws",
                                       request={})
     # a node that came up without its EFA devices does not lower the bar: every node must use efa
     assert (detected.kind, detected.source, detected.for_rank(1), detected.for_rank(0), detected.per_rank) == \
         ("efa", "detected by prepare", "efa", "efa", {0: "efa", 1: "socket"})
-    provisioned = fabric.expected_fabric(override=None, fabric_file={"nodes": [{"rank": 0, "kind": "socket"}]},
+    provisioned = fabriccheck.expected_fabric(override=None, fabric_file={"nodes": [{"rank": 0, "kind": "socket"}]},
                                          cloud="aws", request=best)
     assert (provisioned.kind, provisioned.source) == ("efa", "provisioned with network_tier: best")
-    nodes_only = fabric.expected_fabric(override=None, fabric_file={"nodes": [{"rank": 0, "kind": "IB"}]},
+    nodes_only = fabriccheck.expected_fabric(override=None, fabric_file={"nodes": [{"rank": 0, "kind": "IB"}]},
                                         cloud="ssh", request=None)
     assert nodes_only.kind == "ib"
-    assert fabric.expected_fabric(override=None, fabric_file=None, cloud="aws", request=best).kind == "efa"
-    assert fabric.expected_fabric(override=None, fabric_file=None, cloud="aws", request={}).kind == "socket"
-    assert fabric.expected_fabric(override=None, fabric_file=None, cloud="local", request=None) == \
-        fabric.Expected("socket", "local nodes")
+    assert fabriccheck.expected_fabric(override=None, fabric_file=None, cloud="aws", request=best).kind == "efa"
+    assert fabriccheck.expected_fabric(override=None, fabric_file=None, cloud="aws", request={}).kind == "socket"
+    assert fabriccheck.expected_fabric(override=None, fabric_file=None, cloud="local", request=None) == \
+        fabriccheck.Expected("socket", "local nodes")
     (tmp_path / "fabric.json").write_text("{not json")
-    assert fabric.read_fabric_file(tmp_path) is None and fabric.read_fabric_file(tmp_path / "none") is None
-    assert fabric.satisfies("efa", "socket") and fabric.satisfies("socket", "socket")
-    assert not fabric.satisfies("socket", "efa") and not fabric.satisfies("ib", "roce")
+    assert fabriccheck.read_fabric_file(tmp_path) is None and fabriccheck.read_fabric_file(tmp_path / "none") is None
+    assert fabriccheck.satisfies("efa", "socket") and fabriccheck.satisfies("socket", "socket")
+    assert not fabriccheck.satisfies("socket", "efa") and not fabriccheck.satisfies("ib", "roce")
     with pytest.raises(UserError, match=r"^--expect-fabric nvlink: use one of efa, ib, roce, socket$"):
-        fabric.check_fabric_flag("nvlink")
-    assert fabric.check_fabric_flag(" EFA ") == "efa"
+        fabriccheck.check_fabric_flag("nvlink")
+    assert fabriccheck.check_fabric_flag(" EFA ") == "efa"
 
 
 def test_options_are_checked_before_anything_runs() -> None:
@@ -347,7 +348,7 @@ def torch_lines(backend: str, world: int, sizes: dict[int, float], per_node: int
     return out
 
 
-EFA_EXPECTED = fabric.Expected("efa", "detected by prepare")
+EFA_EXPECTED = fabriccheck.Expected("efa", "detected by prepare")
 DOC_KEYS = {"ok", "cluster", "job_id", "nodes", "ranks", "method", "backend", "transport", "transport_kind",
             "expected_fabric", "expected_source", "per_rank", "results", "min_busbw_gbps", "nccl_version", "problem"}
 
@@ -402,7 +403,7 @@ def test_ib_and_roce_expectations() -> None:
     got = torch_lines("nccl", 2, {1 << 20: 100.0})
     got[0] += lines(IB_NODE)
     got[1] += lines(ROCE_NODE)
-    report = command.analyze(inventory(cloud="ssh"), got, fabric.Expected("ib", "--expect-fabric"), opts, job_id=1)
+    report = command.analyze(inventory(cloud="ssh"), got, fabriccheck.Expected("ib", "--expect-fabric"), opts, job_id=1)
     assert report.problem is not None and report.problem.startswith(
         "check: NCCL used NET/IB (mlx5_10:1/RoCE, mlx5_11:1/RoCE) on worker1 but cluster 'train' should use ib "
         "(--expect-fabric); NCCL found no usable HCA")
@@ -411,11 +412,11 @@ def test_ib_and_roce_expectations() -> None:
 def test_gloo_on_cpu_nodes_is_socket() -> None:
     opts = command.parse_options(sizes="64K,1M", expect_fabric=None, min_busbw=None)
     got = torch_lines("gloo", 2, {65536: 500.0, 1 << 20: 2500.0})
-    ok = command.analyze(inventory(cloud="local", gpus=0), got, fabric.Expected("socket", "local nodes"), opts,
+    ok = command.analyze(inventory(cloud="local", gpus=0), got, fabriccheck.Expected("socket", "local nodes"), opts,
                          job_id=2)
     assert ok.ok and (ok.transport, ok.transport_kind, ok.ranks) == ("socket (gloo)", "socket", 2)
     assert [e["transport"] for e in ok.per_rank] == ["socket (gloo)"] * 2
-    bad = command.analyze(inventory(cloud="local", gpus=0), got, fabric.Expected("efa", "--expect-fabric"), opts,
+    bad = command.analyze(inventory(cloud="local", gpus=0), got, fabriccheck.Expected("efa", "--expect-fabric"), opts,
                           job_id=2)
     assert bad.problem == ("check: torch.distributed used gloo over sockets (no CUDA GPU for NCCL) but cluster "
                            "'train' should use efa (--expect-fabric); gloo has no efa transport, only NCCL on GPU "
@@ -425,7 +426,7 @@ def test_gloo_on_cpu_nodes_is_socket() -> None:
 def test_busbw_floor_is_checked_at_the_largest_size() -> None:
     opts = command.parse_options(sizes="1M,1G", expect_fabric=None, min_busbw=50.0)
     got = torch_lines("gloo", 2, {1 << 20: 50.0, 1 << 30: 346_000.0})  # 1M fast, 1G at 3.1 GB/s
-    report = command.analyze(inventory(cloud="local"), got, fabric.Expected("socket", "local nodes"), opts, job_id=1)
+    report = command.analyze(inventory(cloud="local"), got, fabriccheck.Expected("socket", "local nodes"), opts, job_id=1)
     assert report.problem == "check: busbw 3.1 GB/s at 1G is below --min-busbw 50"
 
 
@@ -442,7 +443,7 @@ def test_nccl_tests_output_on_the_head() -> None:
 
 def test_what_stops_a_check_before_any_fabric_question() -> None:
     opts = command.parse_options(sizes="1M,64M", expect_fabric=None, min_busbw=None)
-    socket_ok = fabric.Expected("socket", "local nodes")
+    socket_ok = fabriccheck.Expected("socket", "local nodes")
     problem = {0: [mark("problem", text="node0 has neither a Python with torch nor all_reduce_perf")], 1: []}
     report = command.analyze(inventory(), problem, socket_ok, opts, job_id=5, failure="job 5 failed: rank 0 ...")
     assert report.problem == "check: rank 0 (head): node0 has neither a Python with torch nor all_reduce_perf"

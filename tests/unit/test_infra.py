@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuctl.errors import UserError
-from gpuctl.infra import Infra, infra_from_legacy, parse_infra
+from gpuctl.common.errors import UserError
+from gpuctl.spec.infra import Infra, infra_from_legacy, parse_infra
 
 
 @pytest.mark.parametrize(

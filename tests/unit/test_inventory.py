@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuctl.errors import UserError
-from gpuctl.inventory import inventory_from_outputs, load_inventory, to_ansible, write_inventory
+from gpuctl.common.errors import UserError
+from gpuctl.provision.inventory import inventory_from_outputs, load_inventory, to_ansible, write_inventory
 
 
 def tf_outputs(ids: list[str], *, bastion: dict | None = None, public: bool = True) -> dict:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from gpuctl import jobenv
-from gpuctl.inventory import Inventory, Node
+from gpuctl.jobplane import jobenv
+from gpuctl.provision.inventory import Inventory, Node
 
 
 def inventory(n: int = 3, gpus: int = 8) -> Inventory:

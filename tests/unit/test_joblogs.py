@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 
-from gpuctl import joblogs
+from gpuctl.jobplane import joblogs
 
 
 def test_the_watcher_is_this_process_while_marked() -> None:

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl import jobenv
+from gpuctl.jobplane import jobenv
 from gpuctl.configplane import prepare
-from gpuctl.errors import UserError
-from gpuctl.inventory import Inventory, Node
-from gpuctl.jobplane import buckets
-from gpuctl.jobplane.buckets import BucketMount
+from gpuctl.common.errors import UserError
+from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.spec import buckets
+from gpuctl.spec.buckets import BucketMount
 from gpuctl.jobplane.payload import build_payload
 
 from e2e import wait_for

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl import provision
-from gpuctl.cluster import ClusterRequest
-from gpuctl.errors import ProvisionError, UserError
-from gpuctl.paths import cluster_dir, terraform_dir
+from gpuctl.provision import provisioner
+from gpuctl.spec.request import ClusterRequest
+from gpuctl.common.errors import ProvisionError, UserError
+from gpuctl.common.paths import cluster_dir, terraform_dir
 from gpuctl.providers import MODULE_NAME, get_provider, render_root
-from gpuctl.providers import local
-from gpuctl.sshkeys import ensure_cluster_key
-from gpuctl.terraform import PlanSummary, TerraformRoot, error_lines, parse_plan_json
+from gpuctl.providers.local import provider as local_provider
+from gpuctl.provision.sshkeys import ensure_cluster_key
+from gpuctl.provision.terraform import PlanSummary, TerraformRoot, error_lines, parse_plan_json
 
 needs_terraform = pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not on PATH")
 MODULE = terraform_dir() / "modules" / "local-nodes"
@@ -38,8 +38,8 @@ PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9wZW5zc2gta2V5LWZvci10ZXN0cy1vbm
 def _private_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Reservations of these tests stay in tmp, not in the machine-wide registry."""
     reg = tmp_path / "registry"
-    monkeypatch.setenv(local.REGISTRY_ENV, str(reg))
-    monkeypatch.delenv(local.POOL_ENV, raising=False)
+    monkeypatch.setenv(local_provider.REGISTRY_ENV, str(reg))
+    monkeypatch.delenv(local_provider.POOL_ENV, raising=False)
     return reg
 
 
@@ -54,7 +54,7 @@ def modes() -> list[str]:
 def test_root_config_calls_the_packaged_module_and_passes_the_contract_through(
     mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(local.MODE_ENV, mode)
+    monkeypatch.setenv(local_provider.MODE_ENV, mode)
     cdir = tmp_path / "clusters" / "demo"
     req = ClusterRequest(name="demo", num_nodes=3, cloud="local")
     config = get_provider("local").root_config(req, cluster_dir=cdir, ssh_public_key=PUBKEY + "\n")
@@ -76,14 +76,14 @@ def test_root_config_calls_the_packaged_module_and_passes_the_contract_through(
         assert ipaddress.ip_network(call["subnet_cidr"]).prefixlen == 24 and "base_port" not in call
         assert call["ssh_user"] == "root"
     else:
-        assert local.PORT_RANGE[0] <= call["base_port"] < local.PORT_RANGE[1] and "subnet_cidr" not in call
+        assert local_provider.PORT_RANGE[0] <= call["base_port"] < local_provider.PORT_RANGE[1] and "subnet_cidr" not in call
         assert call["keep_visible_paths"] == []
 
 
 @needs_terraform
 @pytest.mark.parametrize("mode", modes())
 def test_rendered_root_validates_and_plans_the_nodes(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(local.MODE_ENV, mode)
+    monkeypatch.setenv(local_provider.MODE_ENV, mode)
     req = ClusterRequest(name="demo", num_nodes=2, cloud="local")
     root = TerraformRoot(tmp_path / "root")
     root.write(get_provider("local").root_config(req, cluster_dir=tmp_path / "c", ssh_public_key=PUBKEY))
@@ -103,7 +103,7 @@ def test_root_config_is_stable_across_renders(tmp_path: Path) -> None:
     bigger = provider.root_config(ClusterRequest(name="demo", num_nodes=4, cloud="local"),
                                   cluster_dir=cdir, ssh_public_key=PUBKEY)
     assert again == first
-    assert (cdir / local.ALLOCATION_FILE).is_file()
+    assert (cdir / local_provider.ALLOCATION_FILE).is_file()
     # Only the node count changes when the cluster grows: Terraform adds nodes, keeps the rest.
     diff = {k for k in first["module"][MODULE_NAME] if first["module"][MODULE_NAME][k] != bigger["module"][MODULE_NAME][k]}
     assert diff == {"node_count"}
@@ -136,8 +136,8 @@ def test_state_dir_with_spaces_is_a_user_error(tmp_path: Path) -> None:
 def test_a_cluster_that_cannot_be_rendered_is_not_left_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "my state"))
     with pytest.raises(UserError, match="set GPUCTL_STATE_DIR"):
-        provision.provision(ClusterRequest(name="d", num_nodes=1, cloud="local"))
-    assert not provision.cluster_exists("d")
+        provisioner.provision(ClusterRequest(name="d", num_nodes=1, cloud="local"))
+    assert not provisioner.cluster_exists("d")
 
 
 # -- allocation --------------------------------------------------------------------
@@ -149,42 +149,42 @@ def net(text: str) -> ipaddress.IPv4Network:
 
 def test_subnet_allocation_skips_used_networks_and_other_clusters(tmp_path: Path, _private_registry: Path) -> None:
     used = [net("10.213.0.0/24"), net("10.213.1.128/25"), net("192.168.0.0/16")]
-    a = local.allocate(tmp_path / "a", num_nodes=2, mode="netns", used=used)
-    b = local.allocate(tmp_path / "b", num_nodes=2, mode="netns", used=used)
+    a = local_provider.allocate(tmp_path / "a", num_nodes=2, mode="netns", used=used)
+    b = local_provider.allocate(tmp_path / "b", num_nodes=2, mode="netns", used=used)
     assert a.subnet_cidr == "10.213.2.0/24"  # .0 used, .1 overlaps a /25 route
     assert b.subnet_cidr == "10.213.3.0/24"  # .2 is reserved by cluster a
     # Stable: the same cluster gets the same subnet even when the world changed.
-    assert local.allocate(tmp_path / "a", num_nodes=5, mode="netns", used=[]) == a
+    assert local_provider.allocate(tmp_path / "a", num_nodes=5, mode="netns", used=[]) == a
     assert json.loads((tmp_path / "a" / "local.json").read_text())["subnet_cidr"] == "10.213.2.0/24"
     # A cluster that is gone frees its subnet.
     shutil.rmtree(tmp_path / "a")
-    c = local.allocate(tmp_path / "c", num_nodes=2, mode="netns", used=used)
+    c = local_provider.allocate(tmp_path / "c", num_nodes=2, mode="netns", used=used)
     assert c.subnet_cidr == "10.213.2.0/24"
     # release() frees it at once.
-    local.release(tmp_path / "c")
-    d = local.allocate(tmp_path / "d", num_nodes=2, mode="netns", used=used)
+    local_provider.release(tmp_path / "c")
+    d = local_provider.allocate(tmp_path / "d", num_nodes=2, mode="netns", used=used)
     assert d.subnet_cidr == "10.213.2.0/24"
 
 
 def test_subnet_pool_exhaustion_and_bad_pool_are_user_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(local.POOL_ENV, "10.99.0.0/23")
-    local.allocate(tmp_path / "a", num_nodes=1, mode="netns", used=[net("10.99.1.0/24")])
+    monkeypatch.setenv(local_provider.POOL_ENV, "10.99.0.0/23")
+    local_provider.allocate(tmp_path / "a", num_nodes=1, mode="netns", used=[net("10.99.1.0/24")])
     with pytest.raises(UserError, match=r"no free /24 left in 10.99.0.0/23"):
-        local.allocate(tmp_path / "b", num_nodes=1, mode="netns", used=[net("10.99.1.0/24")])
-    monkeypatch.setenv(local.POOL_ENV, "8.8.0.0/16")
+        local_provider.allocate(tmp_path / "b", num_nodes=1, mode="netns", used=[net("10.99.1.0/24")])
+    monkeypatch.setenv(local_provider.POOL_ENV, "8.8.0.0/16")
     with pytest.raises(UserError, match="GPUCTL_LOCAL_SUBNET_POOL=8.8.0.0/16: use a private IPv4 range"):
-        local.allocate(tmp_path / "c", num_nodes=1, mode="netns", used=[])
+        local_provider.allocate(tmp_path / "c", num_nodes=1, mode="netns", used=[])
 
 
 def test_used_networks_reads_this_machine() -> None:
     if shutil.which("ip") is None:
         pytest.skip("iproute2 is not installed")
-    nets = local.used_networks()
+    nets = local_provider.used_networks()
     assert any(n.overlaps(net("127.0.0.0/8")) for n in nets)
 
 
 def test_loopback_allocation_skips_busy_ports(tmp_path: Path) -> None:
-    first = local.PORT_RANGE[0]
+    first = local_provider.PORT_RANGE[0]
     with socket.socket() as busy:
         busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -192,17 +192,17 @@ def test_loopback_allocation_skips_busy_ports(tmp_path: Path) -> None:
             busy.listen()
         except OSError:
             pass  # someone else holds it: the allocator must skip it all the same
-        a = local.allocate(tmp_path / "a", num_nodes=3, mode="loopback")
-    assert a.base_port is not None and a.base_port >= first + local.PORT_BLOCK
-    assert (a.base_port - first) % local.PORT_BLOCK == 0
-    b = local.allocate(tmp_path / "b", num_nodes=3, mode="loopback")
+        a = local_provider.allocate(tmp_path / "a", num_nodes=3, mode="loopback")
+    assert a.base_port is not None and a.base_port >= first + local_provider.PORT_BLOCK
+    assert (a.base_port - first) % local_provider.PORT_BLOCK == 0
+    b = local_provider.allocate(tmp_path / "b", num_nodes=3, mode="loopback")
     assert b.base_port != a.base_port
 
 
 def test_keep_visible_paths_are_python_prefixes_under_home(tmp_path: Path) -> None:
     base = Path(os.path.realpath(sys.base_prefix))
-    assert str(base) in local.keep_visible_paths(base.parent)
-    assert local.keep_visible_paths(tmp_path) == []
+    assert str(base) in local_provider.keep_visible_paths(base.parent)
+    assert local_provider.keep_visible_paths(tmp_path) == []
 
 
 def test_keep_visible_paths_for_a_pyenv_venv_in_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,18 +218,18 @@ def test_keep_visible_paths_for_a_pyenv_venv_in_home(tmp_path: Path, monkeypatch
     monkeypatch.setattr(sys, "prefix", str(venv))
     monkeypatch.setattr(sys, "exec_prefix", str(venv))
     monkeypatch.setattr(sys, "executable", str(venv / "bin" / "python"))
-    assert local.keep_visible_paths(home) == [str(base), str(venv)]
-    assert local.node_path().split(":")[0] == str(venv / "bin")  # the venv, not its symlink's target
+    assert local_provider.keep_visible_paths(home) == [str(base), str(venv)]
+    assert local_provider.node_path().split(":")[0] == str(venv / "bin")  # the venv, not its symlink's target
     # A prefix inside another one is covered by the outer bind.
     monkeypatch.setattr(sys, "prefix", str(base / "envs" / "inner"))
     monkeypatch.setattr(sys, "exec_prefix", str(base / "envs" / "inner"))
-    assert local.keep_visible_paths(home) == [str(base)]
+    assert local_provider.keep_visible_paths(home) == [str(base)]
 
 
 def test_forced_mode_must_be_known(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(local.MODE_ENV, "docker")
+    monkeypatch.setenv(local_provider.MODE_ENV, "docker")
     with pytest.raises(UserError, match="GPUCTL_LOCAL_MODE=docker: use netns or loopback"):
-        local.detect_mode()
+        local_provider.detect_mode()
 
 
 # -- cluster key ---------------------------------------------------------------------
@@ -450,17 +450,17 @@ def test_module_is_formatted_and_its_terraform_tests_pass(tmp_path: Path) -> Non
 @needs_terraform
 def test_dry_run_of_a_new_cluster_registers_nothing() -> None:
     req = ClusterRequest(name="dry", num_nodes=2, cloud="local")
-    summary = provision.plan(req)
+    summary = provisioner.plan(req)
     assert summary.add >= 2 and summary.destroy == 0
     assert not cluster_dir("dry").exists()
-    assert not provision.cluster_exists("dry")
+    assert not provisioner.cluster_exists("dry")
 
 
 def test_destroy_of_an_unknown_cluster_names_it() -> None:
     with pytest.raises(UserError, match="cluster 'nope' not found"):
-        provision.destroy("nope")
+        provisioner.destroy("nope")
     with pytest.raises(UserError, match="cluster 'nope' not found"):
-        provision.load_cluster("nope")
+        provisioner.load_cluster("nope")
 
 
 def test_ssh_infra_adopts_a_hand_written_inventory(tmp_path: Path) -> None:
@@ -472,16 +472,16 @@ def test_ssh_infra_adopts_a_hand_written_inventory(tmp_path: Path) -> None:
             b: {ansible_host: 10.1.0.6, ansible_user: ubuntu, gpuctl_gpus: 4}
         """))
     req = ClusterRequest(name="mine", num_nodes=2, cloud="ssh", gpus_per_node=8, inventory_path=inv_file)
-    assert provision.plan(req).describe()[0].startswith("infra ssh: would use 2 existing host(s)")
-    assert not provision.cluster_exists("mine")
-    inv = provision.provision(req)
+    assert provisioner.plan(req).describe()[0].startswith("infra ssh: would use 2 existing host(s)")
+    assert not provisioner.cluster_exists("mine")
+    inv = provisioner.provision(req)
     assert [(n.rank, n.address, n.gpus) for n in inv.nodes] == [(0, "10.1.0.5", 8), (1, "10.1.0.6", 4)]
-    request, loaded = provision.load_cluster("mine")
+    request, loaded = provisioner.load_cluster("mine")
     assert request["cloud"] == "ssh" and request["inventory_path"] == str(inv_file)
     assert loaded.nodes == inv.nodes
     with pytest.raises(UserError, match="already exists on ssh"):
-        provision.provision(ClusterRequest(name="mine", num_nodes=1, cloud="local"))
-    provision.destroy("mine")
-    assert not provision.cluster_exists("mine")
+        provisioner.provision(ClusterRequest(name="mine", num_nodes=1, cloud="local"))
+    provisioner.destroy("mine")
+    assert not provisioner.cluster_exists("mine")
     with pytest.raises(UserError, match="lists 2 host\\(s\\) but num_nodes is 3"):
-        provision.provision(ClusterRequest(name="mine", num_nodes=3, cloud="ssh", inventory_path=inv_file))
+        provisioner.provision(ClusterRequest(name="mine", num_nodes=3, cloud="ssh", inventory_path=inv_file))

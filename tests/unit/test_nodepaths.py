@@ -11,9 +11,11 @@ import pytest
 
 from gpuctl.api.cluster import CALLS_DIR
 from gpuctl.healthcheck.command import NODE_DIR as CHECK_DIR
-from gpuctl.errors import UserError
-from gpuctl.jobplane import buckets, nodepaths, payload
-from gpuctl.jobplane.buckets import BucketMount
+from gpuctl.common.errors import UserError
+from gpuctl.jobplane import payload
+from gpuctl.spec import buckets
+from gpuctl.spec import nodepaths
+from gpuctl.spec.buckets import BucketMount
 from gpuctl.spec import load_task
 
 from test_jobplane_agent import agent

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuctl import output
-from gpuctl.errors import UserError
-from gpuctl.inventory import Inventory, Node, load_inventory
-from gpuctl.inventoryexport import FORMATS, export
-from gpuctl.state import ClusterRecord, JobRecord
+from gpuctl.common import output
+from gpuctl.common.errors import UserError
+from gpuctl.provision.inventory import Inventory, Node, load_inventory
+from gpuctl.provision.inventoryexport import FORMATS, export
+from gpuctl.state.registry import ClusterRecord, JobRecord
 
 NODE_KEYS = {"name", "rank", "address", "ssh_user", "ssh_host", "ssh_port", "gpus", "node_id"}
 JOB_KEYS = {"id", "name", "status", "num_nodes", "submitted_at", "started_at", "ended_at", "submitted_epoch",

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpuctl.configplane import playbooks
-from gpuctl.paths import ansible_dir
+from gpuctl.common.paths import ansible_dir
 
 ENV_TEMPLATE = ansible_dir() / "roles" / "gpuctl_env" / "templates" / "env.sh.j2"
 

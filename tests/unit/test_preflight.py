@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.config import aws_settings, config_path
-from gpuctl.errors import UserError
-from gpuctl.preflight import (
+from gpuctl.common.config import aws_settings, config_path
+from gpuctl.common.errors import UserError
+from gpuctl.providers.aws.preflight import (
     InstanceTypeInfo,
     check_accelerators,
     check_efa,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.cluster import X_REMOTE_IDENTITY, request_from_task
-from gpuctl.config import AwsSettings, aws_settings, instance_profile
-from gpuctl.errors import UserError
-from gpuctl.providers.aws import AwsProvider, describe, module_inputs
+from gpuctl.spec.request import X_REMOTE_IDENTITY, request_from_task
+from gpuctl.common.config import AwsSettings, aws_settings, instance_profile
+from gpuctl.common.errors import UserError
+from gpuctl.providers.aws.provider import AwsProvider, describe, module_inputs
 from gpuctl.spec import load_task
 
 from test_aws_provider import KEY, p5_request
@@ -83,7 +83,7 @@ def test_bad_remote_identity_stops_before_any_aws_call(monkeypatch: pytest.Monke
     def no_aws(*args: object, **kwargs: object) -> None:
         raise AssertionError("preflight ran")
 
-    monkeypatch.setattr("gpuctl.providers.aws.check_aws", no_aws)
+    monkeypatch.setattr("gpuctl.providers.aws.provider.check_aws", no_aws)
     bad = p5_request(extra={X_REMOTE_IDENTITY: json.dumps("SERVICE_ACCOUNT")})
     with pytest.raises(UserError, match="config.aws.remote_identity SERVICE_ACCOUNT"):
         AwsProvider(AwsSettings()).prepare(bad)

@@ -10,18 +10,18 @@ from typing import Iterator
 
 import boto3
 import pytest
-from gpuctl import remotestate
-from gpuctl.errors import UserError
-from gpuctl.remotestate import sync
-from gpuctl.remotestate.settings import StateSettings, state_settings
-from gpuctl.remotestate.store import (
+from gpuctl.state import remotestate
+from gpuctl.common.errors import UserError
+from gpuctl.state.remotestate import sync
+from gpuctl.state.remotestate.settings import StateSettings, state_settings
+from gpuctl.state.remotestate.store import (
     ClusterLocked,
     S3Store,
     break_lock,
     cluster_lock,
     read_lock,
 )
-from gpuctl.state import Registry
+from gpuctl.state.registry import Registry
 from moto import mock_aws
 
 BUCKET = "team-gpuctl-state"

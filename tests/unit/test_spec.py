@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.cluster import request_from_task
-from gpuctl.errors import UserError
-from gpuctl.infra import Infra
+from gpuctl.spec.request import request_from_task
+from gpuctl.common.errors import UserError
+from gpuctl.spec.infra import Infra
 from gpuctl.spec import Resources, Task, load_task, parse_env_assignments
 
 SPECS = Path(__file__).resolve().parents[1] / "data" / "specs"
@@ -508,7 +508,7 @@ def test_per_region_image_without_region_takes_the_first_region(tmp_path: Path) 
 
 
 def test_skypilot_image_tags_boot_the_default_ami_with_a_warning(tmp_path: Path) -> None:
-    from gpuctl.cluster import request_from_task
+    from gpuctl.spec.request import request_from_task
 
     path = tmp_path / "t.yaml"
     path.write_text("resources:\n  infra: aws\n  image_id: skypilot:gpu-ubuntu-2204\n")

@@ -3,8 +3,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from gpuctl import sshconfig
-from gpuctl.inventory import Inventory, Node
+from gpuctl.provision import sshconfig
+from gpuctl.provision.inventory import Inventory, Node
 
 
 def test_ssh_resolves_every_alias_to_its_node(tmp_path: Path):

@@ -6,7 +6,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from gpuctl.sshkeys import ensure_cluster_key, ensure_internal_key
+from gpuctl.provision.sshkeys import ensure_cluster_key, ensure_internal_key
 
 
 def test_internal_key_is_a_second_private_pair_made_once(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.state import SCHEMA_VERSION, Registry
+from gpuctl.state.registry import SCHEMA_VERSION, Registry
 
 
 def test_cluster_upsert_and_remove(tmp_path: Path):

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl import ssh, stream
-from gpuctl.console import Reporter
-from gpuctl.inventory import Node
+from gpuctl.provision import ssh
+
+from gpuctl.jobplane import stream
+from gpuctl.common.console import Reporter
+from gpuctl.provision.inventory import Node
 from gpuctl.jobplane import client
 from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, decode, encode, parse_event
-from gpuctl.paths import ansible_dir
+from gpuctl.common.paths import ansible_dir
 
 AGENT = ansible_dir() / "roles" / "gpuctl_node" / "files" / "gpuctl-node"
 

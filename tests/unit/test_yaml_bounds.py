@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.spec import _compose, _line_of
-from gpuctl.yamlfile import MAX_ALIAS_NODES
+from gpuctl.common.yamlfile import MAX_ALIAS_NODES
 
 
 def _laughs(levels: int, width: int, shape: str) -> str:
@@ -78,7 +78,7 @@ _CHILD = textwrap.dedent("""
     import json, resource, sys, time
     from pathlib import Path
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-    from gpuctl.errors import UserError
+    from gpuctl.common.errors import UserError
     loader, folder = sys.argv[1], Path(sys.argv[2])
     def load(path):
         if loader == "task":
@@ -88,9 +88,9 @@ _CHILD = textwrap.dedent("""
             from gpuctl.api.cluster import _load_task
             return _load_task(path)
         if loader == "config":
-            from gpuctl.config import load_config
+            from gpuctl.common.config import load_config
             return load_config(path)
-        from gpuctl.inventory import load_inventory
+        from gpuctl.provision.inventory import load_inventory
         return load_inventory(path)
     out = {}
     for path in sorted(folder.glob("*.yaml")):
@@ -150,7 +150,7 @@ def test_aliases_within_the_bound_still_load(tmp_path: Path) -> None:
 
 
 def test_errors_in_aliased_values_name_the_line_that_uses_them(tmp_path: Path) -> None:
-    from gpuctl.errors import UserError
+    from gpuctl.common.errors import UserError
     from gpuctl.spec import load_task
 
     path = tmp_path / "task.yaml"

@@ -28,20 +28,20 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from gpuctl import lifecycle
+from gpuctl.provision import lifecycle
 from gpuctl.api import wire
 from gpuctl.api.function import Function, unwrap
 from gpuctl.api.plugins import Plugin
-from gpuctl.console import Reporter
-from gpuctl.errors import JobCancelled, JobFailed, UserError
-from gpuctl.inventory import Inventory, Node
+from gpuctl.common.console import Reporter
+from gpuctl.common.errors import JobCancelled, JobFailed, UserError
+from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane.events import Event, Outcome
-from gpuctl.launch import JobOutcome, JobRunner, JobSpec
-from gpuctl.paths import cluster_dir, state_root
-from gpuctl.state import Registry
+from gpuctl.jobplane.runner import JobOutcome, JobRunner, JobSpec
+from gpuctl.common.paths import cluster_dir, state_root
+from gpuctl.state.registry import Registry
 
 if TYPE_CHECKING:
-    from gpuctl.cluster import ClusterRequest
+    from gpuctl.spec.request import ClusterRequest
     from gpuctl.spec import Task
 
 CALLS_DIR = "~/.gpuctl/calls"  # on every node: the call files of broadcasts
@@ -152,16 +152,16 @@ class Cluster:
 
     def up(self) -> Cluster:
         """Provision the cluster (or reuse it); run the task's setup and copy its file_mounts."""
-        from gpuctl import provision
-        from gpuctl.cluster import check_cluster_name
-        from gpuctl.taskchecks import check_task
+        from gpuctl.provision import provisioner
+        from gpuctl.spec.request import check_cluster_name
+        from gpuctl.provision.taskchecks import check_task
 
         if self._name is not None:
             check_cluster_name(self._name)
         shaped = self.task_path is not None or any(v is not None for v in (self.infra, self.num_nodes,
                                                                            self.accelerators))
         if self._name is not None and not shaped and self.registry.cluster(self._name) is not None:
-            inv = provision.load_inventory_of(self._name)
+            inv = provisioner.load_inventory_of(self._name)
             if inv is None:
                 raise UserError(f"cluster '{self._name}' has no inventory (it never came up); "
                                 f"`gpuctl down {self._name}` removes what is left")
@@ -172,7 +172,7 @@ class Cluster:
                 raise UserError(f"cluster '{self._name}' runs its jobs in a container "
                                 f"({rec.request['container_image']}); the Python API does not run functions there yet")
             return self
-        if self._name is not None and not shaped and not provision.cluster_exists(self._name):
+        if self._name is not None and not shaped and not provisioner.cluster_exists(self._name):
             raise UserError(f"cluster '{self._name}' not found; `gpuctl status` lists the clusters you have, or "
                             "give a task YAML or infra=/num_nodes= to create it")
         task, req = self._request()
@@ -183,7 +183,7 @@ class Cluster:
             raise UserError(f"{self.task_path}: image_id docker:...: the Python API does not run functions in a "
                             "container yet; use `gpuctl apply` for this task")
         check_task(task, req)  # what `gpuctl apply` refuses before anything is made, refused here too
-        self.created = self.registry.cluster(req.name) is None and not provision.cluster_exists(req.name)
+        self.created = self.registry.cluster(req.name) is None and not provisioner.cluster_exists(req.name)
         self.inventory = lifecycle.bring_up(req, reporter=self.reporter, registry=self.registry,
                                             workdir=task.workdir, container_image=None)
         if task.setup or task.file_mounts or task.bucket_mounts:
@@ -201,16 +201,16 @@ class Cluster:
 
     def _down_quietly(self) -> None:
         try:
-            from gpuctl import provision
+            from gpuctl.provision import provisioner
 
-            if self._name and provision.cluster_exists(self._name):
+            if self._name and provisioner.cluster_exists(self._name):
                 self.down()
         except Exception as exc:  # noqa: BLE001 - the first error is the one to raise
             self.reporter.error(f"tearing down cluster '{self._name}' failed too: {exc}; "
                                 f"run `gpuctl down {self._name}`")
 
     def _request(self) -> tuple[Task, ClusterRequest]:
-        from gpuctl.cluster import request_from_task
+        from gpuctl.spec.request import request_from_task
 
         if self.task_path is not None:
             if self.accelerators is not None:
@@ -368,7 +368,7 @@ def _load_task(path: Path) -> Task:
     """The task YAML as `gpuctl apply` reads it; envs and secrets left null take their
     value from this process's environment when it has one (as `--env NAME` / `--secret NAME`)."""
     from gpuctl.spec import load_task
-    from gpuctl.yamlfile import load_yaml
+    from gpuctl.common.yamlfile import load_yaml
 
     overrides: dict[str, dict[str, str]] = {"envs": {}, "secrets": {}}
     try:

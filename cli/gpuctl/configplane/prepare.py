@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpuctl.configplane import playbooks
-from gpuctl.errors import UserError
-from gpuctl.inventory import Inventory
+from gpuctl.common.errors import UserError
+from gpuctl.provision.inventory import Inventory
 from gpuctl.jobplane.payload import peer_port
-from gpuctl.paths import ansible_dir
+from gpuctl.common.paths import ansible_dir
 
 AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "agent.py"
 # The parts of the Ansible tree that shape a prepared node.

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from gpuctl.errors import UserError
+from gpuctl.common.errors import UserError
 
 DEFAULT_SIZES = "1M,64M,1G"
 ELEMENT_BYTES = 4  # float32 buffers, as all_reduce_perf's default type

@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gpuctl.console import Reporter
-from gpuctl.errors import JobCancelled, JobFailed, UserError
-from gpuctl.healthcheck import bandwidth, fabric, nccllog, ncclperf
-from gpuctl.inventory import Inventory, Node
+from gpuctl.common.console import Reporter
+from gpuctl.common.errors import JobCancelled, JobFailed, UserError
+from gpuctl.healthcheck import bandwidth, nccllog, ncclperf
+from gpuctl.healthcheck import fabriccheck
+from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane.events import Event
-from gpuctl.launch import JobRunner, JobSpec
-from gpuctl.paths import cluster_dir
-from gpuctl.state import Registry
+from gpuctl.jobplane.runner import JobRunner, JobSpec
+from gpuctl.common.paths import cluster_dir
+from gpuctl.state.registry import Registry
 
 MARK = "__GPUCTL_CHECK__"  # probe.MARK (probe.py is not imported here: it runs on the nodes)
 JOB_NAME = "gpuctl-check"
@@ -60,7 +61,7 @@ def parse_options(*, sizes: str, expect_fabric: str | None, min_busbw: float | N
         raise UserError(f"--min-busbw {min_busbw:g}: give a bus bandwidth in GB/s above 0")
     if method not in METHODS:
         raise UserError(f"--method {method}: use one of {', '.join(METHODS)}")
-    return Options(sizes=bandwidth.parse_sizes(sizes), expect_fabric=fabric.check_fabric_flag(expect_fabric),
+    return Options(sizes=bandwidth.parse_sizes(sizes), expect_fabric=fabriccheck.check_fabric_flag(expect_fabric),
                    min_busbw=min_busbw, method=method, envs=dict(envs or {}))
 
 
@@ -117,7 +118,7 @@ class Report:
     cluster: str
     job_id: int | None
     nodes: int
-    expected: fabric.Expected
+    expected: fabriccheck.Expected
     method: str = "torch"  # torch | nccl-tests
     backend: str | None = None  # nccl | gloo
     ranks: int = 0
@@ -177,7 +178,7 @@ def markers(lines: Sequence[str]) -> list[dict[str, Any]]:
     return found
 
 
-def analyze(inv: Inventory, lines: Mapping[int, Sequence[str]], expected: fabric.Expected, options: Options, *,
+def analyze(inv: Inventory, lines: Mapping[int, Sequence[str]], expected: fabriccheck.Expected, options: Options, *,
             job_id: int | None, failure: str | None = None) -> Report:
     """What the job's lines say: method, ranks, transport per process, bandwidth, and the first problem."""
     by_rank = {n.rank: n for n in inv.nodes}
@@ -258,7 +259,7 @@ def _problem(report: Report, inv: Inventory, options: Options, *, problems: list
     if report.backend == "nccl" and not report.per_rank and exp.kind != "socket":
         return (f"check: NCCL printed no NCCL INFO lines, so the transport it used is unknown; cluster '{name}' "
                 f"should use {exp.kind} ({exp.source}); see {logs}")
-    bad = [e for e in report.per_rank if not fabric.satisfies(e.get("kind"), e["expected"])]
+    bad = [e for e in report.per_rank if not fabriccheck.satisfies(e.get("kind"), e["expected"])]
     if bad:
         where = "" if len(bad) == len(report.per_rank) else \
             " on " + ", ".join(_unique(str(e.get("node") or e.get("host")) for e in bad))
@@ -269,7 +270,7 @@ def _problem(report: Report, inv: Inventory, options: Options, *, problems: list
                     "on GPU nodes can use it")
         used = ", ".join(_unique(e["transport"] for e in bad))
         return (f"check: NCCL used {used}{where} but cluster '{name}' should use {should} ({exp.source}); "
-                f"{fabric.hint(should)}; NCCL's lines: {logs}")
+                f"{fabriccheck.hint(should)}; NCCL's lines: {logs}")
     floor = options.min_busbw
     top = bandwidth.largest(report.results)
     if floor is not None and top is not None and top.busbw_gbps < floor:
@@ -285,8 +286,8 @@ def run_check(inv: Inventory, *, registry: Registry, reporter: Reporter, options
     """Run the all_reduce job on every node and judge it. A failed job is a Report with a problem;
     Ctrl-C (JobCancelled) and UserErrors (a changed host key) pass through."""
     record = registry.cluster(inv.cluster)
-    expected = fabric.expected_fabric(override=options.expect_fabric,
-                                      fabric_file=fabric.read_fabric_file(cluster_dir(inv.cluster)), cloud=inv.cloud,
+    expected = fabriccheck.expected_fabric(override=options.expect_fabric,
+                                      fabric_file=fabriccheck.read_fabric_file(cluster_dir(inv.cluster)), cloud=inv.cloud,
                                       request=record.request if record else None)
     local = inv.cloud == "local"
     spec = JobSpec(name=JOB_NAME, run=run_script(options, python=sys.executable if local else None),

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from gpuctl import ssh
-from gpuctl.inventory import Node
+from gpuctl.provision import ssh
+from gpuctl.provision.inventory import Node
 from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, Outcome, parse_event
-from gpuctl.stream import LineSplitter
+from gpuctl.jobplane.stream import LineSplitter
 
 # ssh's exit codes that mean "the agent is not what this gpuctl expects":
 # 127 no such command, 126 not executable, 2 an older agent without `submit`.

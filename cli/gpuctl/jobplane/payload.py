@@ -18,8 +18,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gpuctl import jobenv
-from gpuctl.inventory import Inventory, Node
+from gpuctl.jobplane import jobenv
+from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane.gitignore import WorkdirFilter
 
 PROTOCOL = 1

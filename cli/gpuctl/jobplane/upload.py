@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from gpuctl import ssh
-from gpuctl.inventory import Node
+from gpuctl.provision import ssh
+from gpuctl.provision.inventory import Node
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.payload import WORKDIR_DEST, workdir_rsync_args
 

@@ -19,14 +19,14 @@ import importlib
 from pathlib import Path
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-from gpuctl.cluster import ClusterRequest
-from gpuctl.errors import UserError
-from gpuctl.paths import terraform_dir
+from gpuctl.spec.request import ClusterRequest
+from gpuctl.common.errors import UserError
+from gpuctl.common.paths import terraform_dir
 
 # cloud name -> module defining PROVIDER
 _PROVIDER_MODULES = {
-    "local": "gpuctl.providers.local",
-    "aws": "gpuctl.providers.aws",
+    "local": "gpuctl.providers.local.provider",
+    "aws": "gpuctl.providers.aws.provider",
 }
 # The root module's name for the provider's module: outputs read module.cluster.*
 MODULE_NAME = "cluster"

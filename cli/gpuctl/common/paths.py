@@ -1,0 +1,48 @@
+"""Where gpuctl keeps state, and where its Terraform and Ansible trees are.
+
+State lives under `$GPUCTL_STATE_DIR` (default `~/.gpuctl`) so tests can point
+it at a temp dir. Each cluster gets `clusters/<name>/` holding its rendered
+Terraform root, state, SSH key, inventory and job logs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+STATE_DIR_ENV = "GPUCTL_STATE_DIR"
+CLUSTER_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
+
+
+def state_root() -> Path:
+    """The user's gpuctl state directory (created on first use, 0700)."""
+    root = Path(os.environ.get(STATE_DIR_ENV) or Path.home() / ".gpuctl").expanduser()
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = root.stat()
+    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        os.chmod(root, 0o700)  # keys, Terraform state and logs: this user's only
+    return root
+
+
+def cluster_dir(name: str) -> Path:
+    """State directory of one cluster (not created here)."""
+    return state_root() / "clusters" / name
+
+
+def _asset_dir(name: str) -> Path:
+    """A tree shipped in the wheel (`gpuctl/<name>`), or the repo's top-level copy
+    when running from a source checkout or an editable install."""
+    here = Path(__file__).resolve().parent.parent  # the gpuctl package
+    for candidate in (here / name, here.parent.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"gpuctl installation is missing its {name}/ tree")
+
+
+def terraform_dir() -> Path:
+    return _asset_dir("terraform")
+
+
+def ansible_dir() -> Path:
+    return _asset_dir("ansible")

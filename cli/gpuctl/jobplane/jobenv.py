@@ -1,0 +1,140 @@
+"""The environment every stage sees, as plain dicts (pure, unit-tested).
+
+Values common to all nodes of a stage are computed here once; the only
+per-node value is the rank, which Ansible fills in from each host's
+`gpuctl_rank` for the names listed in `rank_vars`. That keeps the controller
+from building one dict per node at hundreds of nodes.
+
+SkyPilot's names follow its setup/run split (skypilot-compat.md) so its task
+YAMLs run unchanged; the GPUCTL_* names are present in both stages.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from gpuctl.configplane.fabricprobe import gpudirect_rdma
+from gpuctl.provision.inventory import Inventory, Node
+
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class StageEnv:
+    common: dict[str, str]
+    rank_vars: tuple[str, ...]
+
+
+def task_id(cluster: str, job_id: int, started_at: str) -> str:
+    """Unique per job and stable for that job (SkyPilot: sky-<time>_<cluster>_<id>)."""
+    return f"gpuctl-{started_at}_{cluster}_{job_id}"
+
+
+def cluster_info(inv: Inventory, nodes: Sequence[Node]) -> str:
+    info = {
+        "cluster_name": inv.cluster,
+        "cloud": inv.cloud,
+        "region": inv.region,
+        "zone": inv.zone,
+        "num_nodes": len(nodes),
+        "ips": [n.address for n in nodes],
+    }
+    return json.dumps(info, separators=(",", ":"))
+
+
+def hostfile_lines(nodes: Sequence[Node]) -> list[str]:
+    """`IP slots=GPUS` per node, head first (DeepSpeed / MPI hostfile format)."""
+    return [f"{n.address} slots={n.gpus}" for n in sorted(nodes, key=lambda n: n.rank)]
+
+
+def _shared(
+    inv: Inventory,
+    nodes: Sequence[Node],
+    *,
+    task: str,
+    gpus_per_node: int,
+    envs: Mapping[str, str],
+) -> dict[str, str]:
+    ips = "\n".join(n.address for n in sorted(nodes, key=lambda n: n.rank))
+    info = cluster_info(inv, nodes)
+    env = {
+        "GPUCTL_NODE_IPS": ips,
+        "GPUCTL_NUM_NODES": str(len(nodes)),
+        "GPUCTL_NUM_GPUS_PER_NODE": str(gpus_per_node),
+        "GPUCTL_TASK_ID": task,
+        "GPUCTL_CLUSTER_INFO": info,
+        "GPUCTL_CLUSTER_NAME": inv.cluster,
+        "MASTER_ADDR": inv.head.address,
+        "MASTER_PORT": str(DEFAULT_MASTER_PORT),
+    }
+    # The user's envs win over ours except for the names that define the job.
+    for key, value in envs.items():
+        if key in ("MASTER_ADDR", "MASTER_PORT") or not key.startswith(("GPUCTL_", "SKYPILOT_")):
+            env[key] = value
+    return env
+
+
+def setup_env(
+    inv: Inventory, *, task: str, gpus_per_node: int, envs: Mapping[str, str]
+) -> StageEnv:
+    """Setup runs on every node of the cluster."""
+    nodes = inv.nodes
+    env = _shared(inv, nodes, task=task, gpus_per_node=gpus_per_node, envs=envs)
+    env.update(
+        {
+            "SKYPILOT_NUM_NODES": env["GPUCTL_NUM_NODES"],
+            "SKYPILOT_SETUP_NODE_IPS": env["GPUCTL_NODE_IPS"],
+            "SKYPILOT_TASK_ID": task,
+            "SKYPILOT_CLUSTER_INFO": env["GPUCTL_CLUSTER_INFO"],
+        }
+    )
+    return StageEnv(common=env, rank_vars=("GPUCTL_NODE_RANK", "SKYPILOT_SETUP_NODE_RANK"))
+
+
+def run_env(
+    inv: Inventory,
+    job_nodes: Sequence[Node],
+    *,
+    task: str,
+    gpus_per_node: int,
+    envs: Mapping[str, str],
+) -> StageEnv:
+    """Run uses the job's nodes (the first K of the cluster); ranks are 0..K-1."""
+    env = _shared(inv, job_nodes, task=task, gpus_per_node=gpus_per_node, envs=envs)
+    env.update(
+        {
+            "SKYPILOT_NODE_IPS": env["GPUCTL_NODE_IPS"],
+            "SKYPILOT_NUM_NODES": env["GPUCTL_NUM_NODES"],
+            "SKYPILOT_NUM_GPUS_PER_NODE": env["GPUCTL_NUM_GPUS_PER_NODE"],
+            "SKYPILOT_TASK_ID": task,
+            "SKYPILOT_CLUSTER_INFO": env["GPUCTL_CLUSTER_INFO"],
+        }
+    )
+    return StageEnv(common=env, rank_vars=("GPUCTL_NODE_RANK", "SKYPILOT_NODE_RANK"))
+
+
+def secrets_script(secrets: Mapping[str, str]) -> str:
+    """`export K='v'` lines for the node's 0600 secrets file (single-quote safe)."""
+    lines = []
+    for key, value in secrets.items():
+        quoted = "'" + value.replace("'", "'\"'\"'") + "'"
+        lines.append(f"export {key}={quoted}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def fabric_env(cloud: str, *, efa: bool, instance_type: str | None = None) -> dict[str, str]:
+    """The static NCCL/libfabric defaults of a cloud's fabric: what a node's fabric.env gets only
+    where detection cannot see (its RDMA devices could not be read; configplane/fabricprobe.py
+    decides everywhere else, from the node itself). The task's envs override them either way.
+
+    On EFA nodes NCCL must load aws-ofi-nccl (`NET/OFI`) or it silently falls
+    back to sockets; these are the awsome-distributed-training defaults.
+    """
+    if cloud != "aws" or not efa:
+        return {}
+    env = {"FI_PROVIDER": "efa", "NCCL_SOCKET_IFNAME": "^lo,docker", "FI_EFA_FORK_SAFE": "1"}
+    if gpudirect_rdma(instance_type):
+        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return env

@@ -1,0 +1,165 @@
+"""Jobs on a running cluster: queue, logs, cancel, and keeping their state true.
+
+A job's state is written by whoever watches it (the attached `apply`/`exec`,
+or the background watcher of a detached one). If nobody is watching any more
+(the controller was killed), `refresh` asks the head, whose coordinator
+recorded the outcome (and, if the coordinator itself is gone, every node's
+agent), so `queue` and `logs --status` never report a stale RUNNING.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from gpuctl.jobplane import joblogs
+
+from gpuctl.provision import ssh
+
+from gpuctl.jobplane import stream
+from gpuctl.common.console import Reporter
+from gpuctl.common.errors import UserError
+from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.jobplane import client
+from gpuctl.jobplane.events import Outcome, decode
+from gpuctl.jobplane.runner import JobRunner, describe_codes
+from gpuctl.state.registry import TERMINAL_JOB_STATES, JobRecord, Registry
+
+# `gpuctl logs --status` exit codes (SkyPilot's JobExitCode values).
+STATUS_EXIT = {"SUCCEEDED": 0, "FAILED": 100, "FAILED_SETUP": 100, "CANCELLED": 103}
+NOT_FINISHED_EXIT = 101
+
+
+def job_nodes(inv: Inventory, job: JobRecord) -> tuple[Node, ...]:
+    return inv.first(job.num_nodes)
+
+
+def resolve_job(registry: Registry, cluster: str, job_id: int | None) -> JobRecord:
+    """The named job, or the cluster's latest one."""
+    if job_id is not None:
+        job = registry.job(cluster, job_id)
+        if job is None:
+            raise UserError(f"job {job_id} not found on cluster '{cluster}'; `gpuctl queue {cluster}` lists its jobs")
+        return job
+    jobs = registry.jobs(cluster)
+    if not jobs:
+        raise UserError(f"cluster '{cluster}' has no jobs yet; start one with `gpuctl exec {cluster} -- CMD`")
+    return jobs[-1]
+
+
+@dataclass(frozen=True)
+class StageStatus:
+    running: bool
+    exit: int | None
+    reachable: bool
+
+
+def node_status(nodes: Sequence[Node], node_job: str, stage: str, control_dir: Path) -> dict[int, StageStatus]:
+    """Ask every node's agent about one stage of a job (its name on the nodes), all at once (when the
+    head cannot say)."""
+    results = ssh.run_on_all(nodes, ssh.agent_command("status", node_job, stage), control_dir=control_dir,
+                             timeout=30)
+    out: dict[int, StageStatus] = {}
+    for rank, proc in results.items():
+        if proc.returncode != 0:
+            out[rank] = StageStatus(running=False, exit=None, reachable=False)
+            continue
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+        out[rank] = StageStatus(running=bool(data.get("running")), exit=data.get("exit"), reachable=True)
+    return out
+
+
+# A job record nobody watches that is still PENDING this long after it was
+# submitted lost its gpuctl before the head took it.
+PENDING_STALE_S = 120.0
+
+
+def refresh(runner: JobRunner, job: JobRecord) -> JobRecord:
+    """Bring an unwatched, unfinished job's state up to date from the head (one call)."""
+    if job.status in TERMINAL_JOB_STATES or joblogs.is_watched(job.cluster, job.job_id):
+        return job
+    answer = client.job_status_on_head(runner.inv.head, job.node_job, runner.control_dir)
+    if answer is None:  # head unreachable: nothing can be said
+        return job
+    status = answer.get("status")
+    if status == "RUNNING":
+        return job
+    if status in ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "UNPREPARED"):
+        outcome = Outcome.from_data(status, answer)
+        joblogs.fetch(runner.inv, job.job_id, job.node_job, control_dir=runner.control_dir)
+        _record(runner, job, outcome)
+    elif status == "UNKNOWN" and job.status == "PENDING":
+        if job.submitted_at and time.time() - job.submitted_at > PENDING_STALE_S:
+            runner.record_outcome(job.job_id, "FAILED", {}, ["gpuctl stopped before the head took the job"])
+    elif status in ("LOST", "UNKNOWN"):
+        _refresh_from_nodes(runner, job)
+    refreshed = runner.registry.job(job.cluster, job.job_id)
+    assert refreshed is not None
+    return refreshed
+
+
+def _record(runner: JobRunner, job: JobRecord, outcome: Outcome) -> None:
+    runner.settle(job.job_id, job_nodes(runner.inv, job), outcome)  # no one to tell but the registry
+
+
+def _refresh_from_nodes(runner: JobRunner, job: JobRecord) -> None:
+    """The head's coordinator is gone without an outcome: ask each node's agent.
+
+    Once no stage has a supervisor left, what still runs of the job has nobody
+    to answer for it (the head's whole agent may have died): it is stopped
+    before the job is recorded as ended."""
+    nodes = job_nodes(runner.inv, job)
+    stage = "setup" if job.status == "SETTING_UP" else "run"
+    status = node_status(nodes, job.node_job, stage, runner.control_dir)
+    if any(s.running for s in status.values()) or not all(s.reachable for s in status.values()):
+        return
+    report = runner.stop_leftovers(job.job_id, nodes)
+    stopped = [f"stopped what still ran of it on rank {r}" for r in report.stopped]
+    codes = {rank: s.exit for rank, s in status.items()}
+    if stage == "setup":
+        runner.record_outcome(job.job_id, "FAILED_SETUP", codes, describe_codes(codes, runner.by_rank) + stopped)
+    else:
+        failed = describe_codes(codes, runner.by_rank)
+        runner.record_outcome(job.job_id, "FAILED" if failed else "SUCCEEDED", codes, failed + stopped)
+
+
+def follow_job(runner: JobRunner, job: JobRecord, nodes: Sequence[Node]) -> JobRecord:
+    """Stream a running job's output (every line so far, then live) until it ends; its final record."""
+    outcome = runner.attach(job.job_id, job_nodes(runner.inv, job), echo=True, ranks=[n.rank for n in nodes])
+    latest = wait_until(runner.registry, job, lambda j: j.status in TERMINAL_JOB_STATES,
+                        timeout=10 if joblogs.is_watched(job.cluster, job.job_id) else 0)
+    if latest.status not in TERMINAL_JOB_STATES:
+        _record(runner, latest, outcome)
+        latest = runner.registry.job(job.cluster, job.job_id) or latest
+    return latest
+
+
+def wait_until(registry: Registry, job: JobRecord, done: Callable[[JobRecord], bool], timeout: float) -> JobRecord:
+    """Poll the registry until `done(job)` or `timeout` s passed; the latest record."""
+    deadline = time.monotonic() + timeout
+    while True:
+        latest = registry.job(job.cluster, job.job_id)
+        assert latest is not None
+        if done(latest) or time.monotonic() >= deadline:
+            return latest
+        time.sleep(0.2)
+
+
+def print_saved_logs(reporter: Reporter, inv: Inventory, job: JobRecord, ranks: Sequence[int]) -> bool:
+    """Print the copied-back logs of a finished job; False if none were saved."""
+    found = False
+    by_rank = {n.rank: n for n in inv.nodes}
+    for stage in joblogs.STAGES:
+        for rank in ranks:
+            path = joblogs.local_log(inv.cluster, job.job_id, stage, rank)
+            if not path.exists():
+                continue
+            found = True
+            prefix = stream.format_prefix(by_rank[rank]) if rank in by_rank else f"(rank={rank})"
+            with open(path, "rb") as fh:  # lines end at \n only: a \r is the rank's own byte
+                for raw in fh:
+                    reporter.rank_line(prefix, rank, decode(raw[:-1] if raw.endswith(b"\n") else raw))
+    return found

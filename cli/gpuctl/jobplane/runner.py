@@ -1,0 +1,567 @@
+"""Run one job on a provisioned cluster, as a reader follows it.
+
+run: prepare the nodes if their prepared state is not the expected one (the
+configuration plane, once) -> copy the workdir and file_mounts to the head
+(once) -> one SSH call to the head that carries the job (the job plane):
+the head's agent copies on to the workers, runs setup everywhere (a
+barrier), starts `run` on the job's nodes, stops the others as soon as one
+fails, and streams every event back here, where lines are printed with their
+rank's prefix, saved per rank, and the outcome recorded.
+
+A detached job keeps running (and failing fast) on the head; a background
+`gpuctl _watch` attaches to it to record its outcome, and `queue`/`logs`
+bring any unwatched job up to date from the head (jobs.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from gpuctl.jobplane import joblogs
+
+from gpuctl.jobplane import jobenv
+
+from gpuctl.provision import ssh
+
+from gpuctl.jobplane import stream
+from gpuctl.configplane import playbooks, prepare
+from gpuctl.configplane import fabricrecord
+from gpuctl.common.console import Reporter
+from gpuctl.common.errors import JobCancelled, JobFailed, UserError
+from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.jobplane import client, gitignore, payload, upload
+from gpuctl.spec import buckets
+from gpuctl.spec.buckets import BucketMount
+from gpuctl.jobplane.events import Event, Outcome
+from gpuctl.jobplane.gitignore import WorkdirFilter
+from gpuctl.common.paths import cluster_dir
+from gpuctl.provision.sshkeys import ensure_internal_key
+from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
+
+KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL on the other ranks after a failure
+PLACED_FILE = "placed.json"  # file_mount and bucket destinations inside the workdir so far (JobRunner.placed)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run, already validated (from a Task, or from `exec -- CMD`)."""
+
+    name: str | None
+    run: str | None
+    setup: str | None = None
+    workdir: Path | None = None
+    file_mounts: Mapping[str, Path] = field(default_factory=dict)
+    envs: Mapping[str, str] = field(default_factory=dict)
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    num_nodes: int | None = None  # None: every node of the cluster
+    gpus_per_node: int = 0
+    bucket_mounts: Sequence[BucketMount] = ()  # cloud buckets fetched (COPY) or mounted before setup
+    container_image: str | None = None  # `image_id: docker:IMAGE`: setup and run inside this image
+
+
+@dataclass(frozen=True)
+class LeftoverReport:
+    """What `cancel` found on the nodes: ranks where something of the job still ran (now stopped),
+    and ranks whose agent could not be asked."""
+
+    stopped: tuple[int, ...] = ()
+    unreachable: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    job_id: int
+    status: str
+    returncodes: dict[int, int | None]
+    first_failed_rank: int | None = None
+
+
+def _started_stamp() -> str:
+    return time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime()) + f"-{time.time_ns() % 1_000_000:06d}"
+
+
+def describe_codes(codes: Mapping[int, int | None], nodes: Mapping[int, Node], *, only_failed: bool = True,
+                   lost: Mapping[int, str] | None = None) -> list[str]:
+    lines = []
+    for rank in sorted(codes):
+        code = codes[rank]
+        if only_failed and code == 0:
+            continue
+        node = nodes[rank]
+        if code is None:
+            why = (lost or {}).get(rank)
+            what = f"lost ({why})" if why else "lost contact (no exit code)"
+        else:
+            what = f"exit code {code}"
+        lines.append(f"rank {rank} ({node.name}, {node.address}): {what}")
+    return lines
+
+
+class JobRunner:
+    """Runs jobs on one cluster through its head and records their state in the registry."""
+
+    def __init__(self, inv: Inventory, *, reporter: Reporter, registry: Registry) -> None:
+        self.inv = inv
+        self.reporter = reporter
+        self.registry = registry
+        self.cdir = cluster_dir(inv.cluster)
+        self.inventory_path = self.cdir / "inventory.yml"
+        self.private_data_dir = self.cdir / "runner"
+        self.control_dir = ssh.control_dir_for(self.cdir / "cm")
+        self.by_rank = {n.rank: n for n in inv.nodes}
+        self.features = prepare.features(self.cdir)  # optional node features prepared so far (bucket tools)
+
+    # -- the configuration plane, when needed ---------------------------------
+    def _request(self) -> dict:
+        rec = self.registry.cluster(self.inv.cluster)
+        return dict(rec.request) if rec and rec.request else {}
+
+    def fabric_env(self) -> dict:
+        """What prepare passes each node's fabric probe: the instance type and the cloud's static
+        defaults (written only where the probe cannot see); the node decides the rest."""
+        return fabricrecord.probe_settings(self.inv.cloud, self._request())
+
+    def fingerprint(self) -> str:
+        _, public = ensure_internal_key(self.cdir)
+        return prepare.fingerprint(self.inv, internal_public_key=public, fabric_env=self.fabric_env(),
+                                   features=self.features, python=prepare.python_env(self.cdir))
+
+    def prepare(self, fingerprint: str, why: str) -> None:
+        """Run the prepare play on every node (Ansible); a barrier, idempotent."""
+        key, _ = ensure_internal_key(self.cdir)
+        with self.reporter.stage(f"Preparing {len(self.inv.nodes)} node(s) ({why})"):
+            result = prepare.run_prepare(self.inventory_path, private_data_dir=self.private_data_dir,
+                                         control_dir=self.control_dir, fingerprint_value=fingerprint,
+                                         internal_key=key, fabric_env=self.fabric_env(),
+                                         known_hosts=Path(self.inv.head.known_hosts) if self.inv.head.known_hosts
+                                         else None, features=self.features,
+                                         python=prepare.python_env(self.cdir), fabric_head=self.inv.head.address,
+                                         fabric_record=self.cdir / fabricrecord.RAW_FILE)
+        found = fabricrecord.record(self.cdir, self.inv)  # also after a failure: what the nodes that ran found
+        if not result.ok:
+            prepare.forget(self.cdir)
+            for host, reason in result.unreachable_reasons.items():
+                node = next((n for n in self.inv.nodes if n.name == host), None)
+                if node is not None and ssh.host_key_changed(reason):
+                    raise UserError(ssh.host_key_error(node))
+            raise JobFailed(f"preparing the nodes failed: {describe_result(result)}")
+        if self.inv.cloud == "aws":
+            self.check_console_host_keys()
+        if found is not None:
+            for line in fabricrecord.warnings(found, fabricrecord.expected_kind(self.inv.cloud, self._request())):
+                self.reporter.info(f"Fabric: {line}")
+        prepare.record(self.cdir, fingerprint)
+        prepare.record_features(self.cdir, self.features)
+        self.publish()  # shared state: the prepare records and learned host keys
+
+    def publish(self) -> None:
+        """Leave the cluster's records in the state bucket (shared state only), for the next runner."""
+        from gpuctl.provision.lifecycle import publish  # lifecycle imports this module
+
+        publish(self.inv.cluster, self.registry)
+
+    def check_console_host_keys(self) -> None:
+        """The keys learned at first contact against those each instance printed to its console."""
+        from gpuctl.providers.aws import hostkeys
+
+        unchecked = 0
+        for node in self.inv.nodes:
+            if not node.known_hosts:
+                continue
+            printed = hostkeys.console_fingerprints(hostkeys.console_output(node.node_id, self.inv.region))
+            if not printed:
+                unchecked += 1
+                continue
+            bad = hostkeys.mismatched(hostkeys.learned_fingerprints(Path(node.known_hosts), node.host_key_alias),
+                                      printed)
+            if bad:
+                ssh.forget_host_keys(Path(node.known_hosts), {node.host_key_alias})
+                prepare.forget(self.cdir)
+                raise UserError(f"{node.name} ({node.ssh_host}): the SSH host key gpuctl received ({bad[0]}) is not "
+                                f"one the instance printed to its console ({', '.join(sorted(printed))}); someone may "
+                                "be intercepting the connection, so no job was run")
+        if unchecked:
+            self.reporter.info(f"Host keys of {unchecked} node(s) not checked against their console "
+                               "(no fingerprints printed there yet); learned at first contact")
+
+    # -- one job ----------------------------------------------------------------
+    def print_line(self, node: Node, line: str) -> None:
+        """One line of a rank's output, prefixed `(worker1, rank=1)`."""
+        self.reporter.rank_line(stream.format_prefix(node), node.rank, line)
+
+    def output_text(self, event: Event) -> str | None:
+        """What of a rank's output line to print and save (None: nothing). All of it here;
+        the Python API takes its result lines out (api/cluster.py)."""
+        return event.text
+
+    def run(self, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> JobOutcome:
+        """The whole job; its outcome (status RUNNING when detached). Raises JobFailed when it failed."""
+        inv = self.inv
+        job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
+        container = self.container_plan(spec)  # a bad GPUCTL_CONTAINER_RUNTIME stops here, before any job exists
+        if container is not None and not (self.cdir / payload.CONTAINERS_MARK).exists():
+            (self.cdir / payload.CONTAINERS_MARK).touch()  # `down` removes the nodes' containers
+            self.publish()  # also a `down` from another runner
+        buckets.check(spec.bucket_mounts, spec.envs)  # so does a bucket the nodes could not mount safely
+        job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
+        joblogs.mark_watching(inv.cluster, job.job_id)
+        session: client.Session | None = None
+        try:
+            task = jobenv.task_id(inv.cluster, job.job_id, _started_stamp())
+            self.registry.update_job(inv.cluster, job.job_id, task_id=task)
+            needed = prepare.features(self.cdir, buckets.tools_needed(spec.bucket_mounts))
+            more = [f for f in needed if f not in self.features]
+            self.features = needed
+            fingerprint = self.fingerprint()
+            if prepare.recorded(self.cdir) != fingerprint:
+                self.prepare(fingerprint, "first job on this cluster" if prepare.recorded(self.cdir) is None
+                             else f"the job's cloud buckets need {' and '.join(more)}" if more
+                             else "gpuctl or the cluster changed")
+            mounts = dict(spec.file_mounts) if sync_file_mounts else {}
+            self.record_placed([*mounts, *(b.dest for b in spec.bucket_mounts)])
+            rules = self.workdir_rules(spec)
+            items: list[upload.Item] = []
+            if spec.workdir is not None or mounts:
+                what = " and ".join(w for w, has in (("workdir", spec.workdir), ("file_mounts", mounts)) if has)
+                with self.reporter.stage(f"Copying the {what} to the head"):
+                    try:
+                        items = upload.upload(inv.head, workdir=spec.workdir, file_mounts=mounts,
+                                              control_dir=self.control_dir, workdir_rules=rules)
+                    except upload.UploadError as exc:
+                        self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
+                        if ssh.host_key_changed(str(exc)):
+                            raise UserError(ssh.host_key_error(inv.head)) from None
+                        raise JobFailed(f"job {job.job_id}: {exc}") from None
+            body = self._payload(job.node_job, task, spec, job_nodes, fingerprint, items, run_setup, container,
+                                 rules)
+            secrets_text = jobenv.secrets_script(spec.secrets)
+            for line in buckets.describe(spec.bucket_mounts):
+                self.reporter.info(f"Bucket {line}")
+            view = _JobView(self, job.job_id, job_nodes, task, echo=not detach)  # detached: `gpuctl logs` shows it
+            for attempt in (1, 2):
+                session = client.Session(inv.head, job.node_job, self.control_dir, view.on_event)
+                try:
+                    outcome = session.submit(body, secrets_text, stop=(lambda: view.running) if detach else
+                                             (lambda: False))
+                except (client.AgentMissing, client.HeadUnreachable) as exc:
+                    if ssh.host_key_changed(str(exc)):
+                        self.record_outcome(job.job_id, "FAILED", {}, ["the head's host key changed"])
+                        raise UserError(ssh.host_key_error(inv.head)) from None
+                    if attempt == 2:
+                        raise JobFailed(f"job {job.job_id}: the head ({inv.head.ssh_host}) did not take the job: "
+                                        f"{exc}") from None
+                    self.prepare(fingerprint, f"the head's agent did not answer: {exc}")
+                    continue
+                if outcome is not None and outcome.status == "UNPREPARED" and attempt == 1:
+                    names = ", ".join(self.by_rank[r].name for r in outcome.ranks if r in self.by_rank)
+                    self.prepare(fingerprint, f"{names or 'a node'} not as prepared")
+                    view.reset()
+                    continue
+                break
+            if outcome is None:  # detached once every rank started
+                joblogs.unmark_watching(inv.cluster, job.job_id)
+                self.spawn_watcher(job.job_id)
+                return JobOutcome(job.job_id, "RUNNING", {})
+            return self.conclude(job.job_id, job_nodes, outcome)
+        except JobFailed as exc:
+            current = self.registry.job(inv.cluster, job.job_id)
+            if current is not None and current.status not in TERMINAL_JOB_STATES:  # not PENDING until it is stale
+                self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
+            raise
+        except KeyboardInterrupt:
+            self._interrupted(job.job_id, job_nodes, session)
+            raise JobCancelled(f"job {job.job_id} cancelled (Ctrl-C); its processes were stopped on every node") \
+                from None
+        finally:
+            joblogs.unmark_watching(inv.cluster, job.job_id)
+
+    def _payload(self, node_job: str, task: str, spec: JobSpec, job_nodes: Sequence[Node], fingerprint: str,
+                 items: Sequence[upload.Item], run_setup: bool, container: dict | None = None,
+                 rules: WorkdirFilter = WorkdirFilter()) -> dict:
+        inv = self.inv
+        setup_env = jobenv.setup_env(inv, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs)
+        run_env = jobenv.run_env(inv, job_nodes, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs)
+        dests = [{"path": i.dest, "dir": i.is_dir,
+                  "rsync_args": payload.workdir_rsync_args(rules) if i.dest == payload.WORKDIR_DEST else []}
+                 for i in items]
+        return payload.build_payload(
+            inv, job_id=node_job, fingerprint=fingerprint, job_nodes=len(job_nodes),
+            setup=payload.stage_plan(spec.setup if run_setup else None, setup_env,
+                                     jobenv.hostfile_lines(inv.nodes)),
+            run=payload.stage_plan(spec.run, run_env, jobenv.hostfile_lines(job_nodes)),
+            sync=dests, grace=KILL_GRACE_S, container=container,
+            buckets=buckets.payload_entries(spec.bucket_mounts),
+            storage=buckets.storage_settings(spec.envs, cloud=inv.cloud, region=inv.region))
+
+    # -- what the workdir copy leaves alone ------------------------------------
+    def placed(self) -> list[str]:
+        """Destinations inside the workdir that file_mounts and buckets were given on this cluster so far."""
+        try:
+            return json.loads((self.cdir / PLACED_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return []
+
+    def record_placed(self, dests: Sequence[str]) -> None:
+        """Remember destinations inside the workdir before anything is copied there: `exec` copies the
+        workdir without the task's file_mounts, and must still not delete them."""
+        known = self.placed()
+        more = [d for d in dests if d not in known and gitignore.nested_destinations([d])]
+        if more:
+            (self.cdir / PLACED_FILE).write_text(json.dumps(known + more) + "\n")
+            self.publish()  # another runner's `exec` must leave them alone too
+
+    def workdir_rules(self, spec: JobSpec) -> WorkdirFilter:
+        """What the workdir copy leaves out: what git ignores, and the destinations of this job's and
+        every earlier job's file_mounts and buckets that lie inside the workdir."""
+        if spec.workdir is None:
+            return WorkdirFilter()
+        dests = [*self.placed(), *spec.file_mounts, *(b.dest for b in spec.bucket_mounts)]
+        return gitignore.workdir_filter(Path(spec.workdir), gitignore.nested_destinations(dests))
+
+    def container_plan(self, spec: JobSpec) -> dict | None:
+        """image_id docker:IMAGE: the image, the container's name, the runtime asked for and the
+        destinations bound into it (workdir, every file_mount and bucket, copied this time or not:
+        the container a job with fewer needs is the same one)."""
+        if not spec.container_image:
+            return None
+        mounts = [payload.WORKDIR_DEST, *spec.file_mounts, *(b.dest for b in spec.bucket_mounts)]
+        try:
+            return payload.container_plan(spec.container_image, self.inv.cluster, mounts, payload.container_runtime())
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    def _interrupted(self, job_id: int, job_nodes: Sequence[Node], session: client.Session | None) -> None:
+        """Ctrl-C (or SIGTERM) at any moment: end whatever of the job started, on every node."""
+        self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED", ended_at=time.time())
+        if session is None:
+            return  # nothing reached the nodes yet (prepare and copies are no job)
+        session.wait_until_started()
+        self.cancel(job_id, job_nodes, session=session)
+
+    def conclude(self, job_id: int, job_nodes: Sequence[Node], outcome: Outcome) -> JobOutcome:
+        """Record the outcome; raise the error naming what failed, or say it succeeded."""
+        result, error = self.settle(job_id, job_nodes, outcome)
+        if error is not None:
+            raise error
+        self.reporter.info(f"Job {job_id} succeeded on {len(job_nodes)} node(s)")
+        return result
+
+    def settle(self, job_id: int, job_nodes: Sequence[Node], outcome: Outcome
+               ) -> tuple[JobOutcome, JobFailed | UserError | None]:
+        """Write the head's outcome to the registry; (what was recorded, the error a user gets for it).
+
+        One reading of an outcome for every place that learns one: the attached
+        run, the detached job's watcher, and `queue`/`logs` bringing a job up to date.
+        """
+        def record(status: str, codes: Mapping[int, int | None], detail: list[str],
+                   first: int | None = None) -> JobOutcome:
+            self.record_outcome(job_id, status, codes, detail, first_failed=first)
+            return JobOutcome(job_id, status, dict(codes), first)
+
+        if outcome.status == "FAILED" and outcome.detail == client.COORDINATOR_GONE:
+            # Whatever killed it may have killed the head's supervisors too: nothing there stops
+            # what of the job still runs, so its nodes' agents are asked to.
+            report = self.stop_leftovers(job_id, job_nodes)
+            if report.stopped:
+                names = ", ".join(f"{self.by_rank[r].name} (rank {r})" for r in report.stopped if r in self.by_rank)
+                outcome = replace(outcome, detail=f"{outcome.detail}; stopped what still ran of it on {names}")
+        current = self.registry.job(self.inv.cluster, job_id)
+        if outcome.status == "CANCELLED" or (current is not None and current.status == "CANCELLED"):
+            return record("CANCELLED", outcome.run, ["cancelled"]), JobFailed(f"job {job_id} was cancelled")
+        if outcome.status == "FAILED_SETUP":
+            failed = describe_codes({r: c for r, c in outcome.setup.items() if c != 0}
+                                    | {r: None for r in outcome.lost}, self.by_rank, lost=outcome.lost)
+            detail = failed or [outcome.detail]
+            return (record("FAILED_SETUP", outcome.setup, detail),
+                    JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail)))
+        changed = [r for r, why in sorted(outcome.lost.items()) if ssh.host_key_changed(why)]
+        if changed:  # a node's key is not the one the others know: nothing ran
+            return (record("FAILED", {}, [f"host key of rank {changed[0]} changed"]),
+                    UserError(ssh.host_key_error(self.by_rank[changed[0]])))
+        if not outcome.run:
+            if outcome.status == "SUCCEEDED":  # nothing to run (setup only)
+                return record("SUCCEEDED", {}, []), None
+            detail = outcome.detail or "failed before any rank ran"  # sync, a lost node, ...
+            return record("FAILED", {}, [detail]), JobFailed(f"job {job_id}: {detail}")
+        codes = {r: outcome.run.get(r) for r in range(len(job_nodes))}
+        failed = describe_codes(codes, self.by_rank, lost=outcome.lost)
+        if outcome.status == "SUCCEEDED" and not failed:
+            return record("SUCCEEDED", codes, []), None
+        first = outcome.first_failed if outcome.first_failed is not None else next(
+            (r for r in sorted(codes) if codes[r] != 0), None)
+        rc_list = ", ".join(f"rank {r}: {'?' if c is None else c}" for r, c in sorted(codes.items()))
+        node = self.by_rank[first] if first is not None else self.inv.head
+        what = (f"failed first with exit code {codes.get(first)}" if codes.get(first) is not None
+                else f"was lost first ({outcome.lost.get(first, 'no exit code')})")
+        return (record("FAILED", codes, failed, first),
+                JobFailed(f"job {job_id} failed: rank {first} ({node.name}, {node.address}) {what}; "
+                          f"return codes: {rc_list}"))
+
+    def node_job(self, job_id: int) -> str:
+        """The job's name on the nodes (JobRecord.node_job)."""
+        job = self.registry.job(self.inv.cluster, job_id)
+        return job.node_job if job is not None else str(job_id)
+
+    def cancel(self, job_id: int, job_nodes: Sequence[Node], *,
+               session: client.Session | None = None) -> LeftoverReport:
+        """End the job on every node (through the head's coordinator, then each node's agent) and
+        record it CANCELLED; what the nodes' agents still found running and stopped."""
+        self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED", ended_at=time.time())
+        node_job = self.node_job(job_id)
+        answer = client.cancel_on_head(self.inv.head, node_job, self.control_dir, wait=KILL_GRACE_S + 20)
+        # Whatever the coordinator answered (it may be dead, or may not reach a node whose relay
+        # died): each node's agent stops what of the job is left there.
+        report = self.stop_leftovers(job_id, job_nodes)
+        if session is not None:
+            session.close()
+        current = self.registry.job(self.inv.cluster, job_id)
+        if answer and isinstance(answer.get("run"), dict):
+            codes = {int(r): c for r, c in answer["run"].items()}
+            self.registry.update_job(self.inv.cluster, job_id, returncodes=codes)
+        if current is not None and current.status != "CANCELLED":
+            self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED")
+        joblogs.fetch(self.inv, job_id, node_job, control_dir=self.control_dir)
+        return report
+
+    def stop_leftovers(self, job_id: int, job_nodes: Sequence[Node]) -> LeftoverReport:
+        """Stop every stage of the job still running on its nodes, whatever the job's recorded state
+        (a record can say FAILED while a rank whose owner was killed still runs); secrets go too."""
+        results = ssh.kill_stage(job_nodes, job_id=self.node_job(job_id), stage=("setup", "run"),
+                                 control_dir=self.control_dir, grace=KILL_GRACE_S)
+        stopped, unreachable = [], []
+        for rank, proc in sorted(results.items()):
+            if proc.returncode != 0:
+                unreachable.append(rank)
+                continue
+            for line in proc.stdout.splitlines():
+                try:
+                    if json.loads(line).get("stopped"):
+                        stopped.append(rank)
+                        break
+                except (ValueError, AttributeError):
+                    continue
+        return LeftoverReport(stopped=tuple(stopped), unreachable=tuple(unreachable))
+
+    def record_outcome(self, job_id: int, status: str, codes: Mapping[int, int | None], detail: list[str],
+                       *, first_failed: int | None = None) -> None:
+        """Write a finished job's state, return codes and first failed rank to the registry."""
+        failed_rank = first_failed if first_failed is not None else next(
+            (r for r in sorted(codes) if codes[r] != 0), None)
+        self.registry.update_job(self.inv.cluster, job_id, status=status, ended_at=time.time(),
+                                 returncodes=dict(codes), failed_rank=failed_rank,
+                                 detail="; ".join(detail) or None)
+
+    # -- attaching to a job that runs -------------------------------------------
+    def attach(self, job_id: int, job_nodes: Sequence[Node], *, echo: bool,
+               ranks: Sequence[int] | None = None) -> Outcome:
+        """Follow a submitted job from its first event to its end (logs saved as they come)."""
+        view = _JobView(self, job_id, job_nodes, None, echo=echo, ranks=ranks, quiet=True)
+        session = client.Session(self.inv.head, self.node_job(job_id), self.control_dir, view.on_event)
+        outcome = session.attach(0)
+        assert outcome is not None
+        return outcome
+
+    def spawn_watcher(self, job_id: int) -> Path:
+        """Record a detached job's outcome from a background process (the head decides fail-fast)."""
+        log = joblogs.local_job_dir(self.inv.cluster, job_id) / "watcher.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            subprocess.Popen([sys.executable, "-m", "gpuctl", "_watch", self.inv.cluster, str(job_id)],
+                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True, env={**os.environ, "GPUCTL_PLAIN": "1"})
+        return log
+
+
+class _JobView:
+    """What the controller does with a job's events: print, save per rank, record phases."""
+
+    def __init__(self, runner: JobRunner, job_id: int, job_nodes: Sequence[Node], task: str | None, *,
+                 echo: bool, ranks: Sequence[int] | None = None, quiet: bool = False) -> None:
+        self.runner = runner
+        self.job_id = job_id
+        self.job_nodes = job_nodes
+        self.task = task
+        self.echo = echo
+        self.ranks = set(ranks) if ranks is not None else None
+        self.quiet = quiet  # attaching later: no phase messages, no registry writes
+        self.running = False
+        self.failed_seen = False
+        self.logs = joblogs.LogWriter(runner.inv.cluster, job_id, on_error=runner.reporter.error)
+
+    def reset(self) -> None:
+        self.logs.close()
+        self.logs = joblogs.LogWriter(self.runner.inv.cluster, self.job_id, on_error=self.runner.reporter.error)
+
+    def on_event(self, event: Event) -> None:
+        runner, by_rank = self.runner, self.runner.by_rank
+        cluster = runner.inv.cluster
+        if event.kind == "O" and event.rank in by_rank:
+            text = runner.output_text(event)
+            if text is not None:
+                self.logs.write(event.stage or "run", event.rank, text, event.eol)
+                if self.echo and (self.ranks is None or event.rank in self.ranks):
+                    runner.print_line(by_rank[event.rank], text)
+        elif event.kind == "P" and not self.quiet:
+            n = len(runner.inv.nodes)
+            if event.text == "sync" and n > 1:
+                runner.reporter.info(f"Copying from the head to the other {n - 1} node(s)")
+            elif event.text.startswith("plan ") and n > 1:
+                for line in describe_copies(event.text[5:], n):
+                    runner.reporter.info(f"  {line}")
+            elif event.text == "setup":
+                runner.registry.update_job(cluster, self.job_id, status="SETTING_UP", started_at=time.time())
+                runner.reporter.info(f"Running setup on {n} node(s)")
+            elif event.text == "run":
+                # Printed as the ranks start, before their first lines (scripts read the job id here).
+                runner.reporter.info(f"Starting job {self.job_id} on {len(self.job_nodes)} node(s)")
+                runner.reporter.info(f"Job {self.job_id} running ({self.task})")
+            elif event.text == "running":  # every rank started
+                job = runner.registry.job(cluster, self.job_id)
+                runner.registry.update_job(cluster, self.job_id, status="RUNNING",
+                                           started_at=(job.started_at if job and job.started_at else time.time()))
+                self.running = True
+        elif event.kind == "X" and event.stage == "run" and event.code not in (0, None) and not self.failed_seen:
+            self.failed_seen = True
+            if not self.quiet and event.rank in by_rank:
+                others = len(self.job_nodes) - 1
+                runner.reporter.info(f"rank {event.rank} ({by_rank[event.rank].name}) exited with code "
+                                     f"{event.code}; stopping the other {others} rank(s)")
+        elif event.kind == "L" and not self.quiet and event.rank in by_rank:
+            runner.reporter.info(f"rank {event.rank} ({by_rank[event.rank].name}) lost: {event.text}")
+        elif event.kind == "D":
+            self.logs.close()
+
+
+def describe_copies(plan_json: str, num_nodes: int) -> list[str]:
+    """The head's copy plan as users read it: where bytes go, and which nodes share a filesystem."""
+    try:
+        copies = json.loads(plan_json).get("copies") or []
+    except (ValueError, AttributeError):
+        return []
+    lines = []
+    for path, ranks in copies:
+        others = num_nodes - 1
+        if not ranks and others:
+            lines.append(f"{path}: shared with the head by all {others} other node(s)")
+        else:
+            shared = others - len(ranks)
+            lines.append(f"{path}: to {len(ranks)} node(s)"
+                         + (f"; {shared} share a filesystem with one of them or the head" if shared else ""))
+    return lines
+
+
+def describe_result(result: playbooks.PlaybookResult) -> str:
+    parts = [f"{f.host}: {f.message}" + (f" (exit code {f.rc})" if f.rc is not None and "exit code" not in f.message
+                                          else "") for f in result.failures]
+    parts += [f"{h}: unreachable ({result.unreachable_reasons.get(h, 'no reason given')})" for h in result.unreachable]
+    if result.error:
+        parts.append(result.error)
+    return "; ".join(parts) or "ansible reported a failure"
+

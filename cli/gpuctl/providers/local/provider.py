@@ -1,0 +1,417 @@
+"""The `local` provider: nodes are sshd processes on this machine
+(terraform/modules/local-nodes), for tests, demos and laptops.
+
+Mode `netns` (root with iproute2): each node gets its own network namespace on
+a private bridge and its own home; mode `loopback` (anyone else): sshd
+processes on 127.0.0.1, one port each. `GPUCTL_LOCAL_MODE` forces a mode.
+
+Every choice that ends up in the rendered root -- mode, the cluster's /24 or
+port block, the nodes' PATH and the paths they must still see -- is made once,
+at the cluster's first apply, and kept in `clusters/<name>/local.json`: a
+re-apply renders the same root, so Terraform reports no changes (and nodes are
+not rebuilt because gpuctl ran from another shell or virtualenv).
+
+Subnets come from 10.213.0.0/16 (`GPUCTL_LOCAL_SUBNET_POOL`), skipping any that
+overlap an address or route on this machine. Each pick is also reserved in a
+machine-wide directory (a file per subnet or port block naming its owner), so
+two clusters in different state directories -- parallel test runs -- never
+pick the same one; a reservation whose owner's local.json is gone is free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import json
+import os
+import pwd
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from gpuctl.spec.request import ClusterRequest
+from gpuctl.common.errors import ProvisionError, UserError
+from gpuctl.common.paths import cluster_dir as cluster_dir_of
+from gpuctl.providers import BaseProvider, render_root
+
+MODE_ENV = "GPUCTL_LOCAL_MODE"
+POOL_ENV = "GPUCTL_LOCAL_SUBNET_POOL"
+REGISTRY_ENV = "GPUCTL_LOCAL_REGISTRY"
+DEFAULT_POOL = "10.213.0.0/16"
+PORT_BLOCK = 256  # ports per loopback cluster: room to grow to the module's 253 nodes
+PORT_RANGE = (20000, 32768)  # below Linux's default ephemeral port range
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ALLOCATION_FILE = "local.json"
+MAX_NODES = 253
+# What the module's variable validations accept for paths (no spaces, quotes or ':').
+_SAFE_PATH = re.compile(r"^(/[A-Za-z0-9._+@-]+)+$")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A local cluster's fixed choices (clusters/<name>/local.json)."""
+
+    mode: str  # "netns" | "loopback"
+    ssh_user: str
+    node_path: str
+    keep_visible_paths: tuple[str, ...] = field(default_factory=tuple)
+    subnet_cidr: str | None = None  # netns
+    base_port: int | None = None  # loopback
+
+    @property
+    def reservation(self) -> str:
+        """The registry file name that reserves this cluster's subnet or port block."""
+        if self.mode == "netns":
+            return "subnet-" + str(self.subnet_cidr).replace("/", "_")
+        return f"ports-{self.base_port}"
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["keep_visible_paths"] = list(self.keep_visible_paths)
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Allocation":
+        data = json.loads(text)
+        data["keep_visible_paths"] = tuple(data.get("keep_visible_paths") or ())
+        return cls(**data)
+
+
+# -- decisions ---------------------------------------------------------------
+
+
+def local_gpus_present() -> bool:
+    """Whether the local nodes (processes on this machine) can see an NVIDIA GPU."""
+    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
+
+
+def detect_mode() -> str:
+    """netns when running as root with iproute2 and util-linux, else loopback."""
+    forced = os.environ.get(MODE_ENV, "").strip()
+    if forced:
+        if forced not in ("netns", "loopback"):
+            raise UserError(f"{MODE_ENV}={forced}: use netns or loopback")
+        if forced == "netns" and os.geteuid() != 0:
+            raise UserError(f"{MODE_ENV}=netns needs root (network namespaces); unset it to use loopback nodes")
+        return forced
+    if os.geteuid() == 0 and shutil.which("ip") and shutil.which("unshare") and shutil.which("setsid"):
+        return "netns"
+    return "loopback"
+
+
+def used_networks() -> list[ipaddress.IPv4Network]:
+    """IPv4 networks this machine already uses: interface addresses and routes (all tables)."""
+    ip = shutil.which("ip")
+    if ip is None:
+        return []
+    nets: list[ipaddress.IPv4Network] = []
+    route_types = {"local", "broadcast", "unicast", "anycast", "multicast", "blackhole", "unreachable", "prohibit", "throw", "nat"}
+    for args in (["-o", "-4", "addr", "show"], ["-4", "route", "show", "table", "all"]):
+        proc = subprocess.run([ip, *args], capture_output=True, text=True)
+        for line in proc.stdout.splitlines():
+            tokens = line.split()
+            if args[2] == "addr":
+                cidrs = [tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t == "inet"]
+            else:
+                if tokens and tokens[0] in route_types:
+                    tokens = tokens[1:]
+                cidrs = tokens[:1]
+            for cidr in cidrs:
+                if cidr == "default":
+                    continue
+                with contextlib.suppress(ValueError):
+                    nets.append(ipaddress.ip_network(cidr, strict=False))  # type: ignore[arg-type]
+    return [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
+
+
+def subnet_pool() -> ipaddress.IPv4Network:
+    text = os.environ.get(POOL_ENV, DEFAULT_POOL).strip()
+    try:
+        pool = ipaddress.ip_network(text)
+    except ValueError:
+        raise UserError(f"{POOL_ENV}={text}: not a network such as 10.213.0.0/16") from None
+    if not isinstance(pool, ipaddress.IPv4Network) or not pool.is_private or pool.prefixlen > 24:
+        raise UserError(f"{POOL_ENV}={text}: use a private IPv4 range of /24 or larger, e.g. 10.213.0.0/16")
+    return pool
+
+
+def local_user(mode: str) -> str:
+    """netns nodes accept root (sshd runs as root); loopback sshd can only admit its own user."""
+    return "root" if mode == "netns" else pwd.getpwuid(os.getuid()).pw_name
+
+
+def node_path() -> str:
+    """PATH on the nodes: the interpreter's bin directory (the venv gpuctl runs
+    from, not resolved through its symlink) first, then the system's."""
+    parts = [os.path.dirname(os.path.abspath(sys.executable)), *SYSTEM_PATH.split(":")]
+    seen: list[str] = []
+    for p in parts:
+        if p not in seen and _SAFE_PATH.fullmatch(p):
+            seen.append(p)
+    return ":".join(seen)
+
+
+def keep_visible_paths(home: Path) -> list[str]:
+    """The Python installation (base prefix, venv, gpuctl's source for editable
+    installs) where it lies under `home`: netns nodes get a home of their own,
+    which would otherwise hide it (pyenv puts Python under ~/.pyenv)."""
+    import gpuctl
+
+    candidates = [sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix,
+                  os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+                  str(Path(gpuctl.__file__).resolve().parent.parent)]
+    home = Path(os.path.realpath(home))
+    real = {Path(os.path.realpath(c)) for c in candidates if c}
+    under = [p for p in real if home in p.parents]
+    outermost = sorted(p for p in under if not any(q in p.parents for q in under))
+    return [str(p) for p in outermost if _SAFE_PATH.fullmatch(str(p))]
+
+
+# -- allocation ----------------------------------------------------------------
+
+
+def registry_dir() -> Path:
+    """Machine-wide reservations (not per state dir: parallel runs share the machine)."""
+    override = os.environ.get(REGISTRY_ENV)
+    if override:
+        return Path(override)
+    if os.geteuid() == 0 and os.path.isdir("/run"):
+        return Path("/run/gpuctl-alloc")
+    return Path(tempfile.gettempdir()) / f"gpuctl-alloc-{os.getuid()}"
+
+
+def _private_dir(path: Path) -> None:
+    """Make `path` a directory only this user can write, refusing one somebody else planted.
+
+    Without root the registry lives in the shared temp dir, where another user
+    could create it first, or leave a symlink there pointing at a file of ours.
+    """
+    try:
+        path.mkdir(parents=True, mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path}: is not a directory (a symlink or file is there); remove it, or set "
+                        f"{REGISTRY_ENV} to a directory of your own")
+    if st.st_uid != os.geteuid():
+        raise UserError(f"{path}: belongs to another user (uid {st.st_uid}); remove it, or set {REGISTRY_ENV} "
+                        "to a directory of your own")
+    if st.st_mode & 0o022:
+        os.chmod(path, 0o700)
+
+
+@contextlib.contextmanager
+def _locked(registry: Path) -> Iterator[None]:
+    _private_dir(registry)
+    fd = os.open(registry / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def _read_allocation(path: Path) -> Allocation | None:
+    try:
+        return Allocation.from_json(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _held_by_other(registry: Path, alloc: Allocation, owner: Path) -> bool:
+    """Is `alloc`'s subnet/port block reserved by a cluster other than `owner` that still has it?"""
+    try:
+        holder = Path((registry / alloc.reservation).read_text().strip())
+    except OSError:
+        return False
+    if holder == owner:
+        return False
+    theirs = _read_allocation(holder)
+    return theirs is not None and theirs.reservation == alloc.reservation
+
+
+def _reserve(registry: Path, alloc: Allocation, owner: Path) -> None:
+    tmp = registry / f".{alloc.reservation}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"{owner}\n")
+    tmp.replace(registry / alloc.reservation)
+
+
+def _ports_free(base: int, count: int) -> bool:
+    for port in range(base, base + count):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def allocate(
+    cluster_dir: Path,
+    *,
+    num_nodes: int,
+    mode: str | None = None,
+    registry: Path | None = None,
+    used: Sequence[ipaddress.IPv4Network] | None = None,
+) -> Allocation:
+    """The cluster's Allocation: read from its local.json, or chosen now and stored there.
+
+    `registry` (reservations) and `used` (networks in use) default to this
+    machine's; tests pass their own.
+    """
+    cluster_dir = Path(cluster_dir).resolve()
+    path = cluster_dir / ALLOCATION_FILE
+    registry = registry or registry_dir()
+    with _locked(registry):
+        existing = _read_allocation(path)
+        if existing is not None:
+            if not _held_by_other(registry, existing, path):
+                _reserve(registry, existing, path)
+            return existing
+        mode = mode or detect_mode()
+        user = local_user(mode)
+        keep = tuple(keep_visible_paths(Path(pwd.getpwnam(user).pw_dir))) if mode == "netns" else ()
+        chosen: Allocation | None = None
+        if mode == "netns":
+            taken = list(used_networks() if used is None else used)
+            pool = subnet_pool()
+            for net in pool.subnets(new_prefix=24):
+                if any(net.overlaps(u) for u in taken):
+                    continue
+                candidate = Allocation("netns", user, node_path(), keep, subnet_cidr=str(net))
+                if not _held_by_other(registry, candidate, path):
+                    chosen = candidate
+                    break
+            if chosen is None:
+                raise UserError(f"no free /24 left in {pool} for local nodes; tear down clusters you no longer "
+                                f"need (gpuctl down NAME) or set {POOL_ENV} to another private range")
+        else:
+            for base in range(PORT_RANGE[0], PORT_RANGE[1], PORT_BLOCK):
+                candidate = Allocation("loopback", user, node_path(), keep, base_port=base)
+                if not _held_by_other(registry, candidate, path) and _ports_free(base, num_nodes):
+                    chosen = candidate
+                    break
+            if chosen is None:
+                raise UserError(f"no free block of {PORT_BLOCK} ports in {PORT_RANGE[0]}-{PORT_RANGE[1] - 1} "
+                                "for local nodes; tear down clusters you no longer need (gpuctl down NAME)")
+        cluster_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(ALLOCATION_FILE + ".tmp")
+        tmp.write_text(chosen.to_json())
+        tmp.replace(path)
+        _reserve(registry, chosen, path)
+        return chosen
+
+
+def release(cluster_dir: Path, *, registry: Path | None = None) -> None:
+    """Drop the cluster's reservation (after its nodes are gone)."""
+    path = Path(cluster_dir).resolve() / ALLOCATION_FILE
+    alloc = _read_allocation(path)
+    if alloc is None:
+        return
+    registry = registry or registry_dir()
+    with _locked(registry):
+        entry = registry / alloc.reservation
+        with contextlib.suppress(OSError):
+            if Path(entry.read_text().strip()) == path:
+                entry.unlink()
+
+
+def nodes_dir(cluster_dir: Path) -> Path:
+    """Where the cluster's nodes live: `<cluster_dir>/nodes`, or where its rendered root already put them.
+
+    A cluster adopted from shared state by another state dir on this machine
+    keeps its nodes where they are (a new path would make Terraform replace them).
+    """
+    try:
+        module = json.loads((cluster_dir / "terraform" / "main.tf.json").read_text())["module"]
+        recorded = Path(next(iter(module.values()))["state_dir"])
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return cluster_dir / "nodes"
+    return recorded if recorded.is_dir() else cluster_dir / "nodes"
+
+
+# -- the provider ----------------------------------------------------------------
+
+
+class LocalProvider(BaseProvider):
+    name = "local"
+    module_name = "local-nodes"
+
+    def check(self, req: ClusterRequest) -> None:
+        if not 1 <= req.num_nodes <= MAX_NODES:
+            raise UserError(f"num_nodes {req.num_nodes}: infra local supports 1 to {MAX_NODES} nodes")
+        _check_state_dir(nodes_dir(cluster_dir_of(req.name).resolve()))
+
+    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
+        cluster_dir = Path(cluster_dir).resolve()
+        state_dir = nodes_dir(cluster_dir)
+        _check_state_dir(state_dir)
+        alloc = allocate(cluster_dir, num_nodes=req.num_nodes)
+        inputs: dict[str, Any] = {
+            "name": req.name,
+            "node_count": req.num_nodes,
+            "ssh_public_key": ssh_public_key.strip(),
+            "mode": alloc.mode,
+            "state_dir": str(state_dir),
+            "ssh_user": alloc.ssh_user,
+            "node_path": alloc.node_path,
+            "keep_visible_paths": list(alloc.keep_visible_paths),
+        }
+        if alloc.mode == "netns":
+            inputs["subnet_cidr"] = alloc.subnet_cidr
+        else:
+            inputs["base_port"] = alloc.base_port
+        return render_root(self.module_dir(), inputs)
+
+    def cleanup(self, cluster_dir: Path) -> None:
+        """Remove nodes and a bridge Terraform never recorded (an apply that was
+        interrupted mid-way): each wrote its teardown parameters first
+        (node.env, bridge.env), so the module's own scripts can remove them.
+        Then give back the cluster's subnet or port block."""
+        cluster_dir = Path(cluster_dir).resolve()
+        state_dir = nodes_dir(cluster_dir)
+        scripts = self.module_dir() / "scripts"
+        for env_file in sorted(state_dir.glob("node*/node.env")):
+            _run_script(scripts / "node.sh", "down", _read_env(env_file))
+        bridge_env = state_dir / "bridge.env"
+        if bridge_env.exists():
+            _run_script(scripts / "bridge.sh", "down", _read_env(bridge_env))
+        release(cluster_dir)
+
+
+def _check_state_dir(state_dir: Path) -> None:
+    """The node scripts take the path unquoted in places: only a plain path is safe."""
+    if not _SAFE_PATH.fullmatch(str(state_dir)):
+        raise UserError(f"{state_dir}: local nodes need a state directory path made of letters, digits and "
+                        "._+@- only; set GPUCTL_STATE_DIR to such a directory")
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.startswith("LN_"):
+            env[key] = value
+    return env
+
+
+def _run_script(script: Path, action: str, env: dict[str, str]) -> None:
+    proc = subprocess.run(["bash", str(script), action], env={**os.environ, **env},
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        reason = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise ProvisionError(f"{script.name} {action} failed: " + " ".join(reason))
+
+
+PROVIDER = LocalProvider()

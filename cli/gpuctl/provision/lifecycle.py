@@ -1,0 +1,202 @@
+"""A cluster's life in the registry: bring it up, tear it down.
+
+One path for `gpuctl apply` / `gpuctl down` and the Python API
+(gpuctl.Cluster): the cluster's lock, its registry record (INIT -> UP,
+STOPPING -> gone), provision.provision / provision.destroy, the ssh config
+and the host keys of replaced nodes.
+
+With shared state (gpuctl.state.remotestate) both also hold the cluster's lock in
+the state bucket, start from the bucket's copy of the cluster (`adopt`) and
+leave theirs there (`publish`), so the next runner, or this one after a
+crash, carries on from it.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterator
+
+from gpuctl.provision import ssh
+
+from gpuctl.provision import sshconfig
+from gpuctl.spec.request import ClusterRequest
+from gpuctl.state.lock import cluster_lock
+from gpuctl.common.console import Reporter
+from gpuctl.provision.inventory import Inventory
+from gpuctl.common.paths import cluster_dir, state_root
+from gpuctl.state.registry import Registry
+
+
+@contextmanager
+def _changing(name: str, command: str, reporter: Reporter, registry: Registry) -> Iterator[None]:
+    """The cluster's lock: this machine's, and the state bucket's when state is shared."""
+    with ExitStack() as stack:
+        stack.enter_context(cluster_lock(name, reporter.info))
+        if registry.remote is not None:
+            from gpuctl.state.remotestate.store import cluster_lock as remote_lock
+
+            stack.enter_context(remote_lock(registry.remote.store, name, command=command, on_wait=reporter.info))
+            adopt(name, registry)
+        yield
+
+
+def adopt(name: str, registry: Registry) -> bool:
+    """Bring the state bucket's copy of cluster `name` (files, record, jobs) into this state dir.
+
+    False when state is local or the bucket has no such cluster. A cluster this
+    runner knew from the bucket but the bucket no longer has (another runner
+    took it down) is dropped from the registry.
+    """
+    remote = registry.remote
+    if remote is None:
+        return False
+    from gpuctl.state.remotestate import sync
+
+    record = sync.get_record(remote.store, name)
+    if record is None:
+        known = registry.cluster(name)
+        if known is not None and known.request.get("state") == remote.where(name):
+            registry.remove_jobs(name)
+            registry.remove_cluster(name)
+        return False
+    sync.pull_files(remote.store, name, cluster_dir(name))
+    registry.import_cluster(record)
+    registry.import_jobs(name, sync.get_jobs(remote.store, name, cluster_dir(name)))
+    return True
+
+
+def adopt_all(registry: Registry) -> None:
+    """adopt() every cluster the state bucket has (for `gpuctl status` without a name)."""
+    if registry.remote is None:
+        return
+    from gpuctl.state.remotestate import sync
+
+    names = set(sync.cluster_names(registry.remote.store))
+    for rec in registry.clusters():
+        if rec.name not in names and rec.request.get("state") == registry.remote.where(rec.name):
+            names.add(rec.name)  # gone from the bucket: adopt() drops it
+    for name in sorted(names):
+        adopt(name, registry)
+
+
+def publish(name: str, registry: Registry) -> None:
+    """Leave this runner's copy of the cluster's directory in the state bucket (shared state only)."""
+    if registry.remote is None or not cluster_dir(name).is_dir():
+        return
+    from gpuctl.state.remotestate import sync
+
+    sync.push_files(registry.remote.store, name, cluster_dir(name))
+
+
+def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, workdir: Path | None = None,
+             container_image: str | None = None) -> Inventory:
+    """Provision (or reuse: Terraform changes nothing) the cluster `req` describes; its inventory.
+
+    The registry's INIT row is written only once the request passed every check and
+    the provider's preflight (provision's `on_start`): a refused request leaves the
+    registry as it was, with no cluster that never existed.
+    """
+    from gpuctl.provision import provisioner
+
+    shared = {"state": registry.remote.where(req.name)} if registry.remote is not None else {}
+    provisioner.check_request(req)  # before the lock: a bad request waits for nothing
+    started = False
+
+    def record_start(prepared: ClusterRequest) -> None:
+        nonlocal started
+        registry.upsert_cluster(req.name, cloud=req.cloud, region=prepared.region, zone=prepared.zone,
+                                num_nodes=req.num_nodes, status="INIT", request={**asdict(req), **shared})
+        started = True
+
+    with _changing(req.name, "gpuctl apply", reporter, registry), \
+            reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'"):
+        try:
+            inv = provisioner.provision(req, on_progress=reporter.info, on_start=record_start)
+        except BaseException:
+            if started:
+                publish(req.name, registry)  # a half-made cluster: the next runner can still take it down
+                registry.set_cluster_status(req.name, "INIT")
+            raise
+        publish(req.name, registry)
+        registry.upsert_cluster(req.name, cloud=req.cloud, region=inv.region, zone=inv.zone,
+                                num_nodes=len(inv.nodes), status="UP",
+                                request={**asdict(req), **shared, "workdir": str(workdir) if workdir else None,
+                                         "container_image": container_image})
+    write_ssh_config(inv)
+    if inv.head.known_hosts:  # nodes Terraform replaced are new entries; their old keys go
+        ssh.forget_host_keys(Path(inv.head.known_hosts), {n.host_key_alias for n in inv.nodes}, keep_only=True)
+    for node in inv.nodes:
+        reporter.info(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}")
+    return inv
+
+
+def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> bool:
+    """terraform destroy the cluster and forget it (its jobs too); whether there was anything to destroy.
+
+    A record with no cluster directory behind it (an apply stopped before anything
+    was made, or a row an older gpuctl left INIT or STOPPING) has nothing to
+    destroy: it is forgotten, so no such row stays for good.
+    """
+    from gpuctl.provision import provisioner
+
+    with _changing(name, "gpuctl down", reporter, registry), reporter.stage(f"Tearing down cluster '{name}'"):
+        if not provisioner.cluster_exists(name):
+            _forget(name, registry)
+            reporter.info(f"Cluster '{name}' had nothing provisioned; its record is removed.")
+            return False
+        registry.set_cluster_status(name, "STOPPING")
+        remove_containers(name, reporter)
+        provisioner.destroy(name)
+        _forget(name, registry)
+    reporter.info(f"Cluster '{name}' is gone.")
+    return True
+
+
+def _forget(name: str, registry: Registry) -> None:
+    """Drop a cluster's record and jobs, here and in the state bucket."""
+    if registry.remote is not None:
+        from gpuctl.state.remotestate import sync
+
+        sync.delete_cluster(registry.remote.store, name)
+    registry.remove_jobs(name)
+    registry.remove_cluster(name)
+
+
+def remove_containers(name: str, reporter: Reporter) -> None:
+    """The containers the cluster's jobs ran in (`image_id: docker:...`), by their exact names.
+
+    They outlive the cluster where its nodes do not end with it: local nodes
+    share this machine's container store, `infra: ssh` hosts stay. Cloud
+    instances are destroyed, containers and all. A node that cannot be reached
+    is named and the teardown goes on.
+    """
+    import subprocess  # only `down` of a cluster that ran containers needs it
+
+    from gpuctl.provision import provisioner
+    from gpuctl.jobplane import payload
+
+    cdir = cluster_dir(name)
+    inv = provisioner.load_inventory_of(name) if (cdir / payload.CONTAINERS_MARK).exists() else None
+    if inv is None or inv.cloud not in ("local", "ssh"):
+        return
+    command = payload.remove_containers_command([payload.container_name(name, n.name) for n in inv.nodes])
+    results = ssh.run_on_all(inv.nodes, command, control_dir=ssh.control_dir_for(cdir / "cm"), timeout=120)
+    if inv.cloud == "local":  # the store the nodes share: also when a node no longer answers
+        subprocess.run(["bash", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+        return
+    for node in inv.nodes:
+        proc = results[node.rank]
+        if proc.returncode != 0:
+            why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+            reporter.info(f"{node.name}: could not remove the container {payload.container_name(name, node.name)} "
+                          f"({why}); remove it there by hand")
+
+
+def write_ssh_config(inv: Inventory) -> Path:
+    """`$GPUCTL_STATE_DIR/ssh/<name>.conf`, plus `ssh/config` that includes every cluster's file."""
+    ssh_dir = state_root() / "ssh"
+    path = sshconfig.write(inv, ssh_dir / f"{inv.cluster}.conf")
+    (ssh_dir / "config").write_text(f"# gpuctl: Include this file from ~/.ssh/config\nInclude {ssh_dir}/*.conf\n")
+    return path

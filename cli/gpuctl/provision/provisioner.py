@@ -1,0 +1,369 @@
+"""The provision layer: a ClusterRequest in, a ranked Inventory out.
+
+For Terraform-backed clouds (`local`, `aws`): render the cluster's root module
+(providers.*), `terraform init` + `apply`, read the outputs, and turn them into
+`clusters/<name>/inventory.yml`, keeping every surviving node's rank.
+
+Providers may offer optional hooks, looked up by name: `describe(req)` (lines
+shown before apply and in the plan), `retry_zone(req, error)` (after a failed
+apply: the request to try next, e.g. another AWS zone on
+InsufficientInstanceCapacity, and a line to show) and `cleanup(cluster_dir)`
+(after destroy). For
+`infra: ssh/PATH` nothing is provisioned: the hand-written inventory is checked
+and copied into the cluster directory.
+
+`clusters/<name>/cluster.json` records the (prepared) request; it is written
+before `terraform apply`, so a cluster whose apply failed half-way is still
+known and `destroy(name)` can remove what was made.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from gpuctl.state import remotestate
+
+from gpuctl.provision import ssh
+from gpuctl.spec.request import ClusterRequest, check_cluster_name
+from gpuctl.common.errors import ProvisionError, UserError
+from gpuctl.provision.inventory import Inventory, inventory_from_outputs, load_inventory, write_inventory
+from gpuctl.common.paths import cluster_dir
+from gpuctl.providers import MODULE_NAME, Provider, get_provider
+from gpuctl.provision.sshkeys import KEY_NAME, ensure_cluster_key
+from gpuctl.provision.terraform import PlanSummary, TerraformRoot
+
+Progress = Callable[[str], None]
+
+REQUEST_FILE = "cluster.json"
+INVENTORY_FILE = "inventory.yml"
+
+
+def _quiet(message: str) -> None:
+    return None
+
+
+def _no_start(req: ClusterRequest) -> None:
+    return None
+
+
+# -- where things are ----------------------------------------------------------
+
+
+def inventory_path(name: str) -> Path:
+    return cluster_dir(name) / INVENTORY_FILE
+
+
+def cluster_exists(name: str) -> bool:
+    """Whether gpuctl has a directory for `name` (possibly a half-made cluster)."""
+    return cluster_dir(name).is_dir()
+
+
+def load_inventory_of(name: str) -> Inventory | None:
+    """The cluster's inventory, or None when it has none (yet)."""
+    path = inventory_path(name)
+    if not path.is_file():
+        return None
+    return load_inventory(path, cluster=name)
+
+
+def load_cluster(name: str) -> tuple[dict[str, Any], Inventory]:
+    """(request as recorded in cluster.json, inventory) of an existing cluster."""
+    check_cluster_name(name)
+    cdir = cluster_dir(name)
+    request = _read_request(cdir)
+    inv = load_inventory_of(name)
+    if request is None or inv is None:
+        raise UserError(f"cluster '{name}' not found (or never came up); `gpuctl status` lists the clusters you have")
+    return request, inv
+
+
+def request_to_dict(req: ClusterRequest) -> dict[str, Any]:
+    data = asdict(req)
+    data["inventory_path"] = str(req.inventory_path) if req.inventory_path else None
+    return data
+
+
+def request_from_dict(data: dict[str, Any]) -> ClusterRequest:
+    known = {f.name for f in fields(ClusterRequest)}
+    values = {k: v for k, v in data.items() if k in known}
+    if values.get("inventory_path"):
+        values["inventory_path"] = Path(values["inventory_path"])
+    return ClusterRequest(**values)
+
+
+def _read_request(cdir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((cdir / REQUEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_request(cdir: Path, req: ClusterRequest) -> None:
+    cdir.mkdir(parents=True, exist_ok=True)
+    tmp = cdir / (REQUEST_FILE + ".tmp")
+    tmp.write_text(json.dumps(request_to_dict(req), indent=2, sort_keys=True) + "\n")
+    tmp.replace(cdir / REQUEST_FILE)
+
+
+def _check_same_cloud(cdir: Path, req: ClusterRequest) -> None:
+    old = _read_request(cdir)
+    if old and old.get("cloud") != req.cloud:
+        raise UserError(f"cluster '{req.name}' already exists on {old.get('cloud')}; tear it down first "
+                        f"(gpuctl down {req.name}) or pick another name with -c")
+
+
+# -- provision -----------------------------------------------------------------
+
+
+def check_request(req: ClusterRequest) -> None:
+    """Every refusal of `req` that needs no cloud call and changes nothing: the name, the
+    cloud of an existing cluster of that name, the provider's own checks (node count...),
+    and for infra ssh the inventory. `gpuctl validate` runs it; so does apply, first."""
+    check_cluster_name(req.name)
+    _check_same_cloud(cluster_dir(req.name), req)
+    if req.cloud == "ssh":
+        _checked_ssh_inventory(req)
+    else:
+        get_provider(req.cloud).check(req)
+
+
+def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
+              on_start: Callable[[ClusterRequest], None] = _no_start) -> Inventory:
+    """Create or update the cluster so it matches `req`; return its inventory.
+
+    Re-applying the same request changes nothing; a changed num_nodes adds or
+    removes nodes (ranks of the nodes that stay are kept). `on_start` is called
+    with the prepared request once every check and the provider's preflight
+    passed, just before the first change to the cluster: a refusal before it
+    left nothing to record.
+    """
+    check_cluster_name(req.name)
+    cdir = cluster_dir(req.name)
+    _check_same_cloud(cdir, req)
+    if req.cloud == "ssh":
+        return _adopt_existing_hosts(req, cdir, on_progress, on_start)
+
+    provider = get_provider(req.cloud)
+    remote = remotestate.current()
+    root = TerraformRoot(cdir / "terraform")
+    if remote is not None and root.root_file.is_file():
+        root.init()  # the providers' prepare reads the state (AWS: the zone nodes are in)
+        root.snapshot_state()
+    req = provider.prepare(req)
+    created = not cdir.exists()
+    try:
+        cdir.mkdir(parents=True, exist_ok=True)
+        key_path, public_key = ensure_cluster_key(cdir)
+        root.write(root_config(provider, req, cdir, public_key, remote))
+    except BaseException:
+        if created:  # nothing was provisioned: leave no half-made cluster behind
+            shutil.rmtree(cdir, ignore_errors=True)
+        raise
+    on_start(req)
+    _write_request(cdir, req)
+    on_progress(f"terraform init ({root.workdir})")
+    root.init()
+    describe = getattr(provider, "describe", None)
+    for line in describe(req) if describe else ():
+        on_progress(line)
+    retry_zone = getattr(provider, "retry_zone", None)
+    while True:
+        on_progress(f"terraform apply: {req.num_nodes} {provider.name} node(s)")
+        try:
+            changed = root.apply()
+            break
+        except ProvisionError as exc:
+            # Optional provider hook (AWS): on a capacity shortage, the same
+            # request in the next zone, and a line saying so.
+            nxt, line = retry_zone(req, exc) if retry_zone else (None, None)
+            if line:
+                on_progress(line)
+            if nxt is None:
+                raise
+            req = nxt
+            root.write(root_config(provider, req, cdir, public_key, remote))
+            _write_request(cdir, req)
+    on_progress("terraform apply: done" if changed else "terraform apply: no changes, reusing the existing nodes")
+    outputs = root.outputs()
+
+    inv_path = cdir / INVENTORY_FILE
+    previous = None
+    if inv_path.is_file():
+        try:
+            previous = load_inventory(inv_path, cluster=req.name)
+        except UserError:
+            previous = None  # unreadable: ranks fall back to module order
+    try:
+        inv = inventory_from_outputs(
+            outputs, cluster=req.name, cloud=req.cloud, ssh_key=str(key_path),
+            gpus_per_node=req.gpus_per_node, region=req.region, zone=req.zone, previous=previous,
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProvisionError(f"terraform outputs of cluster '{req.name}' break the module contract: {exc}") from None
+    write_inventory(inv, inv_path)
+    on_progress(f"inventory: {inv_path}")
+    return inv
+
+
+def root_config(provider: Provider, req: ClusterRequest, cdir: Path, public_key: str,
+                remote: remotestate.Remote | None) -> dict[str, Any]:
+    """The cluster's Terraform root: the provider's rendering, with the S3 backend when state is shared."""
+    return remotestate.with_backend(provider.root_config(req, cluster_dir=cdir, ssh_public_key=public_key),
+                                    req.name, remote)
+
+
+def _adopt_existing_hosts(req: ClusterRequest, cdir: Path, on_progress: Progress,
+                          on_start: Callable[[ClusterRequest], None]) -> Inventory:
+    inv = _checked_ssh_inventory(req)
+    on_start(req)
+    cdir.mkdir(parents=True, exist_ok=True)
+    _write_request(cdir, req)
+    path = write_inventory(inv, cdir / INVENTORY_FILE)
+    on_progress(f"infra ssh: using {len(inv.nodes)} existing host(s); inventory: {path}")
+    return inv
+
+
+def _checked_ssh_inventory(req: ClusterRequest) -> Inventory:
+    if req.inventory_path is None:
+        raise UserError("resources.infra 'ssh' needs an inventory path: infra: ssh/path/to/inventory.yml")
+    inv = load_inventory(Path(req.inventory_path), cluster=req.name)
+    if len(inv.nodes) < req.num_nodes:
+        raise UserError(f"{req.inventory_path}: lists {len(inv.nodes)} host(s) but num_nodes is {req.num_nodes}; "
+                        "add hosts or lower num_nodes")
+    nodes = tuple(replace(n, gpus=n.gpus or req.gpus_per_node) for n in inv.nodes)
+    return replace(inv, cloud="ssh", nodes=nodes)
+
+
+# -- plan (--dry-run) ----------------------------------------------------------
+
+
+def plan(req: ClusterRequest) -> PlanSummary:
+    """What provision(req) would change, creating nothing.
+
+    Planned in a scratch directory: for an existing cluster with a copy of its
+    state (so the plan is a diff against it), for a new one from scratch; the
+    cluster directory is never created or modified.
+    """
+    check_cluster_name(req.name)
+    cdir = cluster_dir(req.name)
+    _check_same_cloud(cdir, req)
+    if req.cloud == "ssh":
+        inv = _checked_ssh_inventory(req)
+        return PlanSummary(0, 0, 0, text=f"infra ssh: would use {len(inv.nodes)} existing host(s) from "
+                                          f"{req.inventory_path}; nothing to create.")
+    provider = get_provider(req.cloud)
+    req = provider.prepare(req)
+    existing = _read_request(cdir) is not None
+    with tempfile.TemporaryDirectory(prefix=f"gpuctl-plan-{req.name}-") as tmp:
+        scratch = Path(tmp)
+        root = TerraformRoot(scratch / "terraform")
+        pub_file = cdir / "ssh" / f"{KEY_NAME}.pub"
+        if existing and pub_file.is_file():
+            public_key = pub_file.read_text().strip()
+        else:
+            _, public_key = ensure_cluster_key(scratch)
+        # An existing cluster keeps its recorded choices (subnet, ports...), so
+        # its root renders exactly as provision() would render it.
+        root.write(root_config(provider, req, cdir if existing else scratch, public_key, remotestate.current()))
+        state = cdir / "terraform" / "terraform.tfstate"
+        if existing and state.is_file():
+            shutil.copy2(state, root.workdir / "terraform.tfstate")
+        root.init()
+        summary = root.plan()
+    describe = getattr(provider, "describe", None)
+    if describe is None:
+        return summary
+    # Optional provider hook (AWS): what the plan means (fabric, placement, reach).
+    text = "\n".join([*describe(req), summary.text])
+    return replace(summary, text=text)
+
+
+def state_drift(name: str) -> str:
+    """One line comparing the cluster with its Terraform state (a refreshing plan).
+
+    Nothing is changed; on AWS the refresh notices instances terminated behind
+    Terraform's back, which `apply` would then replace.
+    """
+    cdir = cluster_dir(name)
+    request = _read_request(cdir) or {}
+    if request.get("cloud") == "ssh":
+        return "hand-written inventory (infra ssh): no Terraform state"
+    root = TerraformRoot(cdir / "terraform")
+    if not root.root_file.is_file():
+        return "no Terraform root: the cluster never came up; `gpuctl down` removes what is left"
+    try:
+        summary = root.plan()
+    except ProvisionError as exc:
+        return f"could not plan: {exc.message}"
+    if not summary.changed:
+        return "in sync with Terraform state"
+    return (f"drifted from Terraform state: apply would add {summary.add}, change {summary.change}, "
+            f"destroy {summary.destroy}; re-run `gpuctl apply` to repair")
+
+
+# -- destroy -------------------------------------------------------------------
+
+
+def destroy(name: str, *, on_progress: Progress = _quiet) -> None:
+    """`terraform destroy` the cluster, then forget it (remove clusters/<name>/).
+
+    Safe to run again after a failure: the directory (state included) is only
+    removed once everything is gone.
+    """
+    check_cluster_name(name)
+    cdir = cluster_dir(name)
+    if not cdir.is_dir():
+        raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
+    request = _read_request(cdir) or {}
+    cloud = request.get("cloud") or ("local" if (cdir / "local.json").exists() else None)
+    provider = get_provider(cloud) if cloud and cloud != "ssh" else None
+    root = TerraformRoot(cdir / "terraform")
+    if root.root_file.is_file():
+        if provider is not None and request:
+            _refresh_module_source(root, provider, request, cdir)
+        on_progress(f"terraform destroy ({root.workdir})")
+        root.init()
+        root.destroy()
+    if provider is not None:
+        cleanup = getattr(provider, "cleanup", None)
+        if cleanup is not None:
+            cleanup(cdir)
+    _refuse_mounts_under(cdir)
+    shutil.rmtree(cdir)
+    ssh.remove_control_dir(cdir / "cm")  # the ssh sockets' directory, when it lies outside cdir
+    on_progress(f"removed {cdir}")
+
+
+def _refresh_module_source(root: TerraformRoot, provider: Provider, request: dict[str, Any], cdir: Path) -> None:
+    """If gpuctl moved since the cluster was made (reinstall, new checkout), point
+    the root at the module's current location so `terraform init` finds it."""
+    try:
+        source = Path(root.read()["module"][MODULE_NAME]["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if source.is_dir():
+        return
+    req = request_from_dict(request)
+    pub = (cdir / "ssh" / f"{KEY_NAME}.pub").read_text().strip()
+    root.write(root_config(provider, req, cdir, pub, remotestate.current()))
+
+
+def _refuse_mounts_under(cdir: Path) -> None:
+    """Never rm -rf through a mount point (a node home bound over a real directory)."""
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return
+    prefix = str(cdir.resolve())
+    for line in mountinfo.splitlines():
+        parts = line.split()
+        if len(parts) > 4:
+            point = parts[4].replace("\\040", " ")
+            if point == prefix or point.startswith(prefix + "/"):
+                raise ProvisionError(f"{point} is still mounted; unmount it (umount -R {point}) and run down again")

@@ -1,0 +1,67 @@
+"""OpenSSH client config for a cluster: `Host NAME` (head), `Host NAME-worker1`, ...
+
+The file works with `ssh -F FILE NAME` and through `Include` from
+`~/.ssh/config` (SkyPilot users expect exactly these host names).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuctl.common.errors import UserError
+from gpuctl.provision.inventory import Inventory, Node
+
+
+def host_alias(cluster: str, node: Node) -> str:
+    return cluster if node.rank == 0 else f"{cluster}-{node.name}"
+
+
+def render(inv: Inventory, *, control_dir: Path | None = None, path: Path | str = "ssh config") -> str:
+    """The config text; every value is checked for control characters first."""
+    blocks = [f"# gpuctl cluster {inv.cluster}: generated, rewritten on every apply\n"]
+    for node in inv.nodes:
+        for value in (node.ssh_host, node.ssh_port, node.ssh_user, node.ssh_key or "", node.proxy_jump or "",
+                      control_dir or "", node.known_hosts or "", node.host_key_alias):
+            check_value(value, path)
+        lines = [
+            f"Host {host_alias(inv.cluster, node)}",
+            f"  HostName {node.ssh_host}",
+            f"  Port {node.ssh_port}",
+            f"  User {node.ssh_user}",
+        ]
+        if node.ssh_key:
+            lines += [f"  IdentityFile {node.ssh_key}", "  IdentitiesOnly yes"]
+        if node.proxy_jump:
+            lines.append(f"  ProxyJump {node.proxy_jump}")
+        if node.known_hosts:
+            lines += [
+                "  StrictHostKeyChecking accept-new",
+                f"  UserKnownHostsFile {node.known_hosts}",
+                "  GlobalKnownHostsFile /dev/null",
+                f"  HostKeyAlias {node.host_key_alias}",
+                "  HashKnownHosts no",
+            ]
+        lines += ["  LogLevel ERROR"]
+        if control_dir is not None:
+            lines += ["  ControlMaster auto", f"  ControlPath {control_dir}/%C", "  ControlPersist 300"]
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
+
+
+def check_value(value: object, path: Path | str) -> str:
+    """A config file gets exactly the lines gpuctl writes: a value holding a newline
+    (or another control byte) would add a line of its own (a `Match exec`...)."""
+    text = str(value)
+    bad = next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise UserError(f"{path}: value {text!r} holds control character U+{ord(bad):04X}; fix the inventory")
+    return text
+
+
+def write(inv: Inventory, path: Path, *, control_dir: Path | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = render(inv, control_dir=control_dir, path=path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path

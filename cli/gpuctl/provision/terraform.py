@@ -1,0 +1,277 @@
+"""Drive the `terraform` CLI for one rendered root module (via python-terraform).
+
+python-terraform's convenience methods add flags current Terraform rejects
+(`destroy -force`), leak `synchronous` into argv and add state/var defaults we
+do not want, so every call goes through `Terraform.cmd` with explicit options.
+The process environment passes through unchanged: TF_CLI_CONFIG_FILE (provider
+mirrors), TF_PLUGIN_CACHE_DIR and friends work as for the user's own runs.
+
+plan/apply/destroy run with `-json`, so change counts come from Terraform's
+`change_summary` message and errors from its diagnostics rather than from
+scraping text; text errors on stderr (init, argument errors) are parsed too.
+Each command's full output is kept in `<workdir>/logs/<command>.log`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from python_terraform import IsFlagged, Terraform
+
+from gpuctl.common.errors import ProvisionError, UserError
+
+ROOT_FILE = "main.tf.json"
+# Long enough to wait out another gpuctl run on the same cluster, short enough
+# that a stale lock is reported instead of hanging forever.
+LOCK_TIMEOUT = "120s"
+CAPACITY_MARKERS = ("InsufficientInstanceCapacity",)
+MAX_ERROR_LINES = 15
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_BOX = re.compile(r"^\s*[│╷╵]\s?")
+# Source context Terraform prints under a diagnostic: not the reason.
+_CONTEXT = re.compile(r"^\s*(with .*,$|on .* line \d+.*:$|\d+:\s)")
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What `terraform plan` would do (a replacement counts as one add and one destroy)."""
+
+    add: int
+    change: int
+    destroy: int
+    text: str
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.add or self.change or self.destroy)
+
+    def describe(self) -> list[str]:
+        """Lines for `--dry-run`: the planned changes, then the totals."""
+        lines = [line for line in self.text.splitlines() if line.strip()]
+        total = f"Plan: {self.add} to add, {self.change} to change, {self.destroy} to destroy."
+        if not lines or lines[-1] != total:
+            lines.append(total if self.changed else "No changes.")
+        return lines
+
+
+class TerraformRoot:
+    """One root module directory (`clusters/<name>/terraform/`) and its local state."""
+
+    def __init__(self, workdir: Path, *, terraform_bin: str | None = None, lock_timeout: str = LOCK_TIMEOUT) -> None:
+        self.workdir = Path(workdir)
+        self.terraform_bin = terraform_bin
+        self.lock_timeout = lock_timeout
+
+    # -- files -------------------------------------------------------------
+
+    @property
+    def root_file(self) -> Path:
+        return self.workdir / ROOT_FILE
+
+    def write(self, config: Mapping[str, Any]) -> Path:
+        """Write the root module as Terraform JSON (rewritten only when it changed)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+        if self.root_file.exists() and self.root_file.read_text() == text:
+            return self.root_file
+        tmp = self.root_file.with_name(ROOT_FILE + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(self.root_file)
+        return self.root_file
+
+    def read(self) -> dict[str, Any]:
+        return json.loads(self.root_file.read_text())
+
+    def has_state(self) -> bool:
+        """Whether the local state records any resource (something may exist)."""
+        state = self.workdir / "terraform.tfstate"
+        try:
+            return bool(json.loads(state.read_text()).get("resources"))
+        except (OSError, ValueError):
+            return False
+
+    @property
+    def snapshot_file(self) -> Path:
+        """A read-only copy of a remote backend's state (snapshot_state), for code that reads the state."""
+        return self.workdir / "state-snapshot.json"
+
+    def state_file(self) -> Path:
+        """The local state, else the last snapshot of the remote one."""
+        local = self.workdir / "terraform.tfstate"
+        return local if local.is_file() or not self.snapshot_file.is_file() else self.snapshot_file
+
+    # -- commands ----------------------------------------------------------
+
+    def snapshot_state(self) -> Path:
+        """`terraform state pull` into snapshot_file (the backend's current state; after init)."""
+        _, out, _ = self._run("state", "pull")
+        tmp = self.snapshot_file.with_name(self.snapshot_file.name + ".tmp")
+        tmp.write_text(out or "{}")
+        tmp.replace(self.snapshot_file)
+        return self.snapshot_file
+
+    def init(self) -> None:
+        """`terraform init` (modules and providers; honours the CLI config's mirrors)."""
+        self._run("init", input=False, no_color=IsFlagged)
+
+    def plan(self) -> PlanSummary:
+        """`terraform plan`: what apply would change. Creates nothing."""
+        rc, out, _ = self._run(
+            "plan", ok=(0, 2), input=False, no_color=IsFlagged, json=IsFlagged,
+            detailed_exitcode=IsFlagged, lock_timeout=self.lock_timeout,
+        )
+        summary = parse_plan_json(out)
+        if summary is None:
+            raise ProvisionError(f"terraform plan in {self.workdir} printed no change summary (exit code {rc})")
+        return summary
+
+    def apply(self) -> bool:
+        """`terraform apply`; True when something was created, changed or destroyed."""
+        _, out, _ = self._run(
+            "apply", input=False, no_color=IsFlagged, json=IsFlagged,
+            auto_approve=IsFlagged, lock_timeout=self.lock_timeout,
+        )
+        counts = _change_summary(out, operation="apply")
+        return bool(counts and any(counts.get(k) for k in ("add", "change", "remove")))
+
+    def outputs(self) -> dict[str, Any]:
+        """`terraform output -json`, as output name -> value.
+
+        Terraform leaves outputs whose value is null out of the state, so a
+        null output (the local module's `bastion`) is absent here, not None.
+        """
+        _, out, _ = self._run("output", no_color=IsFlagged, json=IsFlagged)
+        try:
+            raw = json.loads(out or "{}")
+        except ValueError:
+            raise ProvisionError(f"terraform output -json in {self.workdir} printed no JSON") from None
+        return {k: (v.get("value") if isinstance(v, Mapping) else v) for k, v in raw.items()}
+
+    def destroy(self) -> None:
+        """`terraform destroy` of everything in this root's state."""
+        self._run(
+            "destroy", input=False, no_color=IsFlagged, json=IsFlagged,
+            auto_approve=IsFlagged, lock_timeout=self.lock_timeout,
+        )
+
+    # -- plumbing ----------------------------------------------------------
+
+    def _binary(self) -> str:
+        found = self.terraform_bin or shutil.which("terraform")
+        if not found:
+            raise UserError("terraform is not on PATH; install Terraform >= 1.5 and try again")
+        return found
+
+    def _run(self, command: str, *args: str, ok: Iterable[int] = (0,), **options: Any) -> tuple[int, str, str]:
+        """Run one terraform command in the workdir; raise ProvisionError on failure."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        tf = Terraform(working_dir=str(self.workdir), terraform_bin_path=self._binary())
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # python-terraform's log.warn
+                rc, out, err = tf.cmd(command, *args, **options)
+        except OSError as exc:
+            raise UserError(f"could not run terraform ({exc.strerror or exc}); check that it is installed") from None
+        out, err = out or "", err or ""
+        self._log(command, rc, out, err)
+        if rc not in tuple(ok):
+            lines = error_lines(out, err)
+            capacity = any(m in err or m in out for m in CAPACITY_MARKERS)
+            detail = "\n  ".join(lines) if lines else f"exit code {rc}, no error message"
+            raise ProvisionError(f"terraform {command} failed in {self.workdir}:\n  {detail}",
+                                 insufficient_capacity=capacity)
+        return rc, out, err
+
+    def _log(self, command: str, rc: int, out: str, err: str) -> None:
+        logs = self.workdir / "logs"
+        try:
+            logs.mkdir(exist_ok=True)
+            (logs / f"{command}.log").write_text(f"# exit code {rc}\n# stdout\n{out}\n# stderr\n{err}")
+        except OSError:
+            pass  # the log is a convenience; never fail a run over it
+
+
+def _json_messages(stdout: str) -> Iterable[dict[str, Any]]:
+    for raw in stdout.splitlines():
+        raw = raw.strip()
+        if raw.startswith("{"):
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(msg, dict):
+                yield msg
+
+
+def _change_summary(stdout: str, *, operation: str | None = None) -> dict[str, int] | None:
+    found = None
+    for msg in _json_messages(stdout):
+        changes = msg.get("changes")
+        if msg.get("type") == "change_summary" and isinstance(changes, dict):
+            if operation is None or changes.get("operation") == operation:
+                found = changes
+    return found
+
+
+def parse_plan_json(stdout: str) -> PlanSummary | None:
+    """PlanSummary from `terraform plan -json` output, or None if it has no change summary."""
+    counts = _change_summary(stdout, operation="plan") or _change_summary(stdout)
+    if counts is None:
+        return None
+    text = [
+        str(msg.get("@message", "")).strip()
+        for msg in _json_messages(stdout)
+        if msg.get("type") in ("planned_change", "resource_drift", "change_summary")
+        or (msg.get("type") == "diagnostic" and msg.get("@level") in ("warning", "error"))
+    ]
+    return PlanSummary(
+        add=int(counts.get("add", 0)),
+        change=int(counts.get("change", 0)),
+        destroy=int(counts.get("remove", 0)),
+        text="\n".join(t for t in text if t),
+    )
+
+
+def error_lines(stdout: str, stderr: str, *, limit: int = MAX_ERROR_LINES) -> list[str]:
+    """The meaningful error lines of a failed run: JSON error diagnostics
+    (stdout of -json runs) and `Error:` blocks of stderr, without warnings,
+    box drawing or source context; the last `limit` of them."""
+    lines: list[str] = []
+    for msg in _json_messages(stdout):
+        if msg.get("type") == "diagnostic" and msg.get("@level") == "error":
+            diag = msg.get("diagnostic") or {}
+            lines.append(f"Error: {diag.get('summary') or msg.get('@message', '')}".rstrip())
+            if diag.get("address"):
+                lines.append(f"({diag['address']})")
+            lines.extend(str(diag.get("detail") or "").splitlines())
+    block: list[str] | None = None
+    for raw in _ANSI.sub("", stderr).splitlines():
+        boxed = _BOX.match(raw) is not None
+        text = _BOX.sub("", raw).rstrip()
+        if raw.lstrip().startswith("╵"):
+            block = None
+        elif text.startswith("Error:"):
+            block = [text]
+            lines.extend(block)
+        elif text.startswith("Warning:") or (not boxed and text.startswith("There are some problems")):
+            block = None
+        elif block is not None:
+            lines.append(text)
+    meaningful = [ln.strip() for ln in lines if ln.strip() and not _CONTEXT.match(ln)]
+    if not meaningful:
+        # Not in Terraform's diagnostic format: fall back to the tail of stderr.
+        meaningful = [ln.strip() for ln in _ANSI.sub("", stderr).splitlines() if ln.strip()]
+    deduped = [ln for i, ln in enumerate(meaningful) if i == 0 or ln != meaningful[i - 1]]
+    if len(deduped) <= limit:
+        return deduped
+    # Keep the first error's summary line and the end, where scripts put their reason.
+    head = next((ln for ln in deduped if ln.startswith("Error:")), deduped[0])
+    return [head, "..."] + deduped[-(limit - 2):]
+

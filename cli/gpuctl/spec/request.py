@@ -1,0 +1,106 @@
+"""ClusterRequest: what to provision, as plain values, from a Task and CLI flags.
+
+Providers receive only this (never the YAML model), so the Terraform side can
+be read and tested without knowing SkyPilot's task format.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuctl.providers.aws.catalog import first_available
+from gpuctl.common.errors import UserError
+from gpuctl.spec.infra import Infra, parse_infra
+from gpuctl.common.paths import CLUSTER_NAME_RE
+
+if TYPE_CHECKING:
+    from gpuctl.spec import Task
+
+# ClusterRequest.extra: the task's config.aws.remote_identity as JSON (providers/aws.py reads it)
+X_REMOTE_IDENTITY = "aws.remote_identity"
+
+
+@dataclass(frozen=True)
+class ClusterRequest:
+    name: str
+    num_nodes: int
+    cloud: str  # "local" | "aws" | "ssh"
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    accelerator: str | None = None  # e.g. "H100"
+    gpus_per_node: int = 0
+    cpus: str | None = None  # "8", "8+": CPU-only tasks pick an instance type from these
+    memory: str | None = None  # GiB: "32", "32+", "4x" per vCPU
+    use_spot: bool = False
+    disk_size: int | None = None
+    image_id: str | None = None
+    network_tier: str = "standard"  # "standard" | "best"
+    inventory_path: Path | None = None  # infra "ssh": hand-written inventory
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def default_cluster_name(task_name: str | None) -> str:
+    base = (task_name or "gpuctl").lower()
+    cleaned = "".join(c if c.isalnum() else "-" for c in base).strip("-") or "gpuctl"
+    if not cleaned[0].isalpha():
+        cleaned = "c-" + cleaned
+    return cleaned[:40].rstrip("-")
+
+
+def check_cluster_name(name: str) -> str:
+    if not CLUSTER_NAME_RE.fullmatch(name):
+        raise UserError(
+            f"cluster name '{name}': use 1-40 lowercase letters, digits and '-', starting with a letter"
+        )
+    return name
+
+
+def request_from_task(
+    task: "Task",
+    *,
+    name: str | None = None,
+    infra: str | None = None,
+    num_nodes: int | None = None,
+    base_dir: Path | None = None,
+) -> ClusterRequest:
+    """Combine the validated task with CLI overrides (`-c`, `--infra`, `--num-nodes`)."""
+    res = task.resources
+    where: Infra = parse_infra(infra, field="--infra") if infra else res.infra_spec()
+    if num_nodes is not None and num_nodes < 1:
+        raise UserError(f"--num-nodes {num_nodes}: num_nodes should be a positive int")
+    accel, count = res.accelerator_pair()
+    if where.cloud == "aws" and not res.instance_type and res.accelerators:
+        accel, count = first_available(res.accelerators)  # of several choices, the first AWS sells
+    inventory_path = None
+    if where.cloud == "ssh":
+        if not where.path:
+            raise UserError("resources.infra 'ssh' needs an inventory path: infra: ssh/path/to/inventory.yml")
+        inventory_path = Path(where.path)
+        if not inventory_path.is_absolute():
+            inventory_path = (base_dir or Path.cwd()) / inventory_path
+    aws_config = (task.config or {}).get("aws")
+    identity = aws_config.get("remote_identity") if isinstance(aws_config, dict) else None
+    return ClusterRequest(
+        name=check_cluster_name(name or default_cluster_name(task.name)),
+        num_nodes=num_nodes if num_nodes is not None else task.num_nodes,
+        cloud=where.cloud,
+        region=where.region,
+        zone=where.zone,
+        instance_type=res.instance_type,
+        accelerator=accel,
+        gpus_per_node=math.ceil(count) if count else 0,
+        cpus=res.cpus,
+        memory=res.memory,
+        use_spot=bool(res.use_spot),
+        disk_size=res.disk_size,
+        # docker:IMAGE runs on the default AMI; SkyPilot's own image tags are not AMIs
+        image_id=None if task.container_image or (res.image_id or "").startswith("skypilot:") else res.image_id,
+        network_tier=res.network_tier or "standard",
+        inventory_path=inventory_path,
+        extra={X_REMOTE_IDENTITY: json.dumps(identity)} if identity is not None and where.cloud == "aws" else {},
+    )

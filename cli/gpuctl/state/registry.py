@@ -1,0 +1,278 @@
+"""The local registry of clusters and jobs: SQLite in the state dir.
+
+SQLite in WAL mode with a busy timeout lets two gpuctl commands run at once
+without corrupting the file; job ids are allocated inside `BEGIN IMMEDIATE`
+so concurrent submissions never get the same id. The schema carries a version
+so later releases can migrate it.
+
+Job ids are this state's own (1, 2, 3...): another state dir using the same
+nodes counts from 1 too. So each job also gets a random token, and the nodes
+know it by `<id>-<token>` (JobRecord.node_job): no other controller can name,
+read, cancel or overwrite it.
+
+With shared state (gpuctl.state.remotestate) the database stays this runner's
+working copy: cluster and job rows are written through to the state bucket,
+job ids are allocated there (an id is taken by creating its object, so two
+runners never get the same one), and `import_cluster` / `import_jobs` bring in
+what other runners wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from gpuctl.common.paths import state_root
+
+if TYPE_CHECKING:
+    from gpuctl.state.remotestate import Remote
+
+_CONFIGURED: Any = object()  # Registry(remote=...) default: the configured remote state, if any
+
+SCHEMA_VERSION = 2  # 2: jobs.token
+
+JOB_STATES = ("PENDING", "SETTING_UP", "RUNNING", "SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
+TERMINAL_JOB_STATES = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS clusters (
+    name        TEXT PRIMARY KEY,
+    cloud       TEXT NOT NULL,
+    region      TEXT,
+    zone        TEXT,
+    num_nodes   INTEGER NOT NULL,
+    status      TEXT NOT NULL,
+    request     TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    cluster      TEXT NOT NULL,
+    job_id       INTEGER NOT NULL,
+    name         TEXT,
+    status       TEXT NOT NULL,
+    task_id      TEXT,
+    num_nodes    INTEGER NOT NULL,
+    submitted_at REAL NOT NULL,
+    started_at   REAL,
+    ended_at     REAL,
+    returncodes  TEXT,
+    failed_rank  INTEGER,
+    detail       TEXT,
+    token        TEXT,
+    PRIMARY KEY (cluster, job_id)
+);
+"""
+
+
+@dataclass(frozen=True)
+class ClusterRecord:
+    name: str
+    cloud: str
+    region: str | None
+    zone: str | None
+    num_nodes: int
+    status: str
+    request: dict[str, Any]
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    cluster: str
+    job_id: int
+    name: str | None
+    status: str
+    task_id: str | None
+    num_nodes: int
+    submitted_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    returncodes: dict[int, int | None] = field(default_factory=dict)
+    failed_rank: int | None = None
+    detail: str | None = None
+    token: str | None = None  # random, per job: see node_job
+
+    @property
+    def node_job(self) -> str:
+        """The job's name on the nodes (its directory ~/.gpuctl/jobs/NAME there): the id and the
+        job's random token, which no other controller has. A job recorded before tokens: its id."""
+        return f"{self.job_id}-{self.token}" if self.token else str(self.job_id)
+
+
+class Registry:
+    def __init__(self, path: Path | None = None, remote: Remote | None = _CONFIGURED) -> None:
+        if remote is _CONFIGURED:
+            from gpuctl.state import remotestate
+
+            remote = remotestate.current()
+        self.remote: Remote | None = remote
+        self.path = path or state_root() / "state.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                db.execute(statement)
+            row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
+                raise RuntimeError(f"{self.path} was written by a newer gpuctl (schema {row[0]})")
+            columns = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+            if "token" not in columns:  # schema 1: its jobs keep their plain ids on the nodes
+                db.execute("ALTER TABLE jobs ADD COLUMN token TEXT")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    # clusters
+    def upsert_cluster(self, name: str, *, cloud: str, region: str | None, zone: str | None,
+                       num_nodes: int, status: str, request: dict[str, Any]) -> None:
+        now = time.time()
+        with self._connect() as db:
+            db.execute(
+                """INSERT INTO clusters VALUES (?,?,?,?,?,?,?,?,?)
+                   ON CONFLICT(name) DO UPDATE SET cloud=excluded.cloud, region=excluded.region,
+                   zone=excluded.zone, num_nodes=excluded.num_nodes, status=excluded.status,
+                   request=excluded.request, updated_at=excluded.updated_at""",
+                (name, cloud, region, zone, num_nodes, status, json.dumps(request, default=str), now, now),
+            )
+        self._publish_cluster(name)
+
+    def set_cluster_status(self, name: str, status: str) -> None:
+        with self._connect() as db:
+            db.execute("UPDATE clusters SET status=?, updated_at=? WHERE name=?", (status, time.time(), name))
+        self._publish_cluster(name)
+
+    def import_cluster(self, row: dict[str, Any]) -> None:
+        """Take a cluster row as another runner wrote it (no write-through)."""
+        with self._connect() as db:
+            db.execute("INSERT OR REPLACE INTO clusters VALUES (?,?,?,?,?,?,?,?,?)",
+                       (row["name"], row["cloud"], row.get("region"), row.get("zone"), int(row["num_nodes"]),
+                        row["status"], json.dumps(row.get("request") or {}, default=str),
+                        float(row.get("created_at") or 0), float(row.get("updated_at") or 0)))
+
+    def import_jobs(self, cluster: str, rows: list[dict[str, Any]]) -> None:
+        """Take job rows as other runners wrote them (no write-through)."""
+        with self._connect() as db:
+            for row in rows:
+                codes = row.get("returncodes") or {}
+                db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                           (cluster, int(row["job_id"]), row.get("name"), row["status"], row.get("task_id"),
+                            int(row["num_nodes"]), float(row["submitted_at"]), row.get("started_at"),
+                            row.get("ended_at"), json.dumps({str(k): v for k, v in codes.items()}),
+                            row.get("failed_rank"), row.get("detail"), row.get("token")))
+
+    def _publish_cluster(self, name: str) -> None:
+        if self.remote is None:
+            return
+        from gpuctl.state.remotestate import sync
+
+        record = self.cluster(name)
+        if record is not None:
+            sync.put_record(self.remote.store, name, asdict(record))
+
+    def _publish_job(self, cluster: str, job_id: int, *, new: bool = False) -> bool:
+        if self.remote is None:
+            return True
+        from gpuctl.state.remotestate import sync
+
+        job = self.job(cluster, job_id)
+        return job is None or sync.put_job(self.remote.store, cluster, asdict(job), new=new)
+
+    def remove_cluster(self, name: str) -> None:
+        with self._connect() as db:
+            db.execute("DELETE FROM clusters WHERE name=?", (name,))
+
+    def cluster(self, name: str) -> ClusterRecord | None:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM clusters WHERE name=?", (name,)).fetchone()
+        return _cluster(row) if row else None
+
+    def clusters(self) -> list[ClusterRecord]:
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM clusters ORDER BY name").fetchall()
+        return [_cluster(r) for r in rows]
+
+    # jobs
+    def new_job(self, cluster: str, *, name: str | None, num_nodes: int) -> JobRecord:
+        now = time.time()
+        token = secrets.token_hex(8)
+        taken = 0
+        if self.remote is not None:
+            from gpuctl.state.remotestate import sync
+
+            taken = max(sync.job_ids(self.remote.store, cluster), default=0)
+        while True:
+            with self._connect() as db:
+                (last,) = db.execute("SELECT COALESCE(MAX(job_id), 0) FROM jobs WHERE cluster=?",
+                                     (cluster,)).fetchone()
+                job_id = max(last, taken) + 1
+                db.execute(
+                    "INSERT INTO jobs (cluster, job_id, name, status, num_nodes, submitted_at, token) "
+                    "VALUES (?,?,?,?,?,?,?)",
+                    (cluster, job_id, name, "PENDING", num_nodes, now, token),
+                )
+            if self._publish_job(cluster, job_id, new=True):
+                break
+            taken = job_id  # another runner created this id first: its row arrives with import_jobs
+            with self._connect() as db:
+                db.execute("DELETE FROM jobs WHERE cluster=? AND job_id=?", (cluster, job_id))
+        return JobRecord(cluster=cluster, job_id=job_id, name=name, status="PENDING", task_id=None,
+                         num_nodes=num_nodes, submitted_at=now, token=token)
+
+    def update_job(self, cluster: str, job_id: int, **fields: Any) -> None:
+        if "status" in fields and fields["status"] not in JOB_STATES:
+            raise ValueError(f"unknown job state {fields['status']}")
+        if "returncodes" in fields:
+            fields["returncodes"] = json.dumps({str(k): v for k, v in fields["returncodes"].items()})
+        cols = ", ".join(f"{k}=?" for k in fields)
+        with self._connect() as db:
+            db.execute(f"UPDATE jobs SET {cols} WHERE cluster=? AND job_id=?", (*fields.values(), cluster, job_id))
+        self._publish_job(cluster, job_id)
+
+    def job(self, cluster: str, job_id: int) -> JobRecord | None:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM jobs WHERE cluster=? AND job_id=?", (cluster, job_id)).fetchone()
+        return _job(row) if row else None
+
+    def jobs(self, cluster: str) -> list[JobRecord]:
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM jobs WHERE cluster=? ORDER BY job_id", (cluster,)).fetchall()
+        return [_job(r) for r in rows]
+
+    def remove_jobs(self, cluster: str) -> None:
+        with self._connect() as db:
+            db.execute("DELETE FROM jobs WHERE cluster=?", (cluster,))
+
+
+def _cluster(row: tuple[Any, ...]) -> ClusterRecord:
+    name, cloud, region, zone, num_nodes, status, request, created, updated = row
+    return ClusterRecord(name, cloud, region, zone, num_nodes, status, json.loads(request), created, updated)
+
+
+def _job(row: tuple[Any, ...]) -> JobRecord:
+    (cluster, job_id, name, status, task_id, num_nodes, submitted, started, ended, rcs, failed_rank, detail,
+     token) = row
+    codes = {int(k): v for k, v in json.loads(rcs).items()} if rcs else {}
+    return JobRecord(cluster, job_id, name, status, task_id, num_nodes, submitted, started, ended, codes,
+                     failed_rank, detail, token)
