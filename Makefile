@@ -23,6 +23,9 @@ APT_PACKAGES := openssh-server openssh-client rsync iproute2 podman runc rclone 
 # the hard limits then, and no more processes than pid_max (runc is refused above it).
 PODMAN_ULIMITS := /etc/containers/containers.conf.d/50-gpuctl-ulimits.conf
 PYTEST_ARGS ?=
+# The suite mostly waits on nodes, Terraform and Ansible: several workers keep 2 cores busy
+# (tests/conftest.py keeps the tests that share a cluster on one worker, slowest first).
+TEST_WORKERS ?= 4
 # What test-min and test-latest run: no nodes, no cloud, just gpuctl's code and CLI.
 BOUND_TESTS := tests/unit tests/integration/test_cli_errors.py tests/integration/test_cli_usage.py
 
@@ -78,7 +81,7 @@ versions:
 	@echo "==> versions: $$(terraform version 2>/dev/null | head -1) | ansible-core $$($(BIN)/python -c 'import ansible.release as r; print(r.__version__)') | $$(rsync --version | head -1 | sed 's/  */ /g') | $$(ssh -V 2>&1) | $$(podman --version 2>/dev/null || echo no podman) | $$(rclone version 2>/dev/null | head -1 || echo no rclone)"
 
 test: deps versions
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 # Refresh the lock after changing a range in pyproject.toml (or to take new releases).
 lock: $(BIN)/activate

@@ -3,6 +3,7 @@ local filesystem mirror of hashicorp/aws (no registry on CI machines)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -59,3 +60,113 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - Ite
         yield server
     finally:
         server.stop()
+
+
+# -- running on several workers (pytest-xdist, `make test`) ------------------------------
+#
+# Tests that share a module-scoped fixture (a cluster brought up once for the module) are
+# one unit of work, so each such cluster is made once, on one worker; every other test is
+# scheduled on its own. Units go out longest first, so the suite does not end waiting on
+# one slow module started last. Everything a test makes on this machine is its own:
+# a state dir per test, local clusters' subnets from the machine-wide registry
+# (providers/local), test hosts' bridges claimed by creating them (testhosts.py), and a
+# moto server per worker.
+#
+# xdist's own `loadgroup` renames node ids, which pytest 9 no longer allows; so the workers
+# write which tests go together (they collect; the controller does not) and the controller's
+# scheduler reads it.
+
+GROUPS_ENV = "GPUCTL_TEST_GROUPS_DIR"
+# The modules whose units take longest (measured: `make test` prints the slowest tests).
+SLOW_FIRST = (
+    "integration/test_aws_moto.py",
+    "integration/test_jobs_local.py",
+    "integration/test_e2e_local.py",
+    "integration/test_faults_local.py",
+    "integration/test_jobplane_local.py",
+    "integration/test_hostkeys_local.py",
+    "integration/test_cluster_ssh.py",
+    "integration/test_buckets_local.py",
+    "integration/test_api_local.py",
+    "integration/test_containers_local.py",
+    "integration/test_remote_state.py",
+    "integration/test_playbooks.py",
+    "integration/test_check_local.py",
+    "integration/test_ansible_collection.py",
+    "unit/test_lint.py",
+    "integration/test_terraform_aws_module.py",
+    "integration/test_ci_example.py",
+)
+
+
+def _module_fixture_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """nodeid -> unit: tests of one module joined when they share a module-scoped fixture."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    shared: dict[str, list[str]] = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        module = item.nodeid.split("::", 1)[0]
+        names = [f"{module}::{name}" for name in item.fixturenames
+                 if (defs := info.name2fixturedefs.get(name)) and defs[-1].scope in ("module", "package", "class")]
+        if names:
+            shared[item.nodeid] = names
+            for other in names[1:]:
+                parent[find(other)] = find(names[0])
+    return {nodeid: find(names[0]) for nodeid, names in shared.items()}
+
+
+def _rank(nodeid: str) -> int:
+    path = nodeid.split("::", 1)[0].removeprefix("tests/")
+    return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        import tempfile
+
+        os.environ[GROUPS_ENV] = tempfile.mkdtemp(prefix="gpuctl-test-groups-")  # the workers inherit it
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None or GROUPS_ENV not in os.environ:
+        return  # one process: collection order, nothing to group
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (_rank(item.nodeid), order[item.nodeid]))
+    groups = Path(os.environ[GROUPS_ENV])
+    scratch = groups / f".{worker}.json"
+    scratch.write_text(json.dumps(_module_fixture_groups(items)))
+    scratch.rename(groups / f"{worker}.json")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FixtureScopeScheduling(LoadScopeScheduling):
+        """Units of work: the tests sharing a module fixture, else each test alone; in collection order."""
+
+        _units: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._units is None:
+                found = sorted(Path(os.environ[GROUPS_ENV]).glob("gw*.json"))
+                self._units = json.loads(found[0].read_text()) if found else {}
+            return self._units.get(nodeid, nodeid)
+
+    config.option.loadscopereorder = False  # keep the slow-first order of the collection
+    return FixtureScopeScheduling(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ and GROUPS_ENV in os.environ:
+        shutil.rmtree(os.environ.pop(GROUPS_ENV), ignore_errors=True)

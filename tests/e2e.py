@@ -253,6 +253,13 @@ def netns_names() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
+def cluster_netns(name: str) -> set[str]:
+    """The namespaces of local cluster `name` (terraform/modules/local-nodes: "gn" + the first three
+    characters of the name without dashes + a hash), not those of clusters other tests run meanwhile."""
+    prefix = "gn" + name.replace("-", "")[:3]
+    return {ns for ns in netns_names() if ns.startswith(prefix)}
+
+
 def link_names() -> set[str]:
     out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     return {line.split(":", 2)[1].strip().split("@")[0] for line in out.splitlines() if line.strip()}

@@ -17,7 +17,7 @@ import boto3
 import pytest
 import yaml
 
-from e2e import netns_names
+from e2e import cluster_netns
 from mototest import MotoServer, fake_aws_env
 
 pytestmark = pytest.mark.integration
@@ -51,7 +51,7 @@ def test_workflow_steps_on_three_runners(moto: MotoServer, tmp_path: Path, tf_cl
            "GPUCTL": f"{sys.executable} -m gpuctl", "GPUCTL_CI_OUT": str(out),
            "TF_CLI_CONFIG_FILE": str(tf_cli_config)}
     env.pop("GPUCTL_LOCAL_MODE", None)
-    before = netns_names()
+    before = cluster_netns(cluster)
     try:
         up = step("up", tmp_path / "runner-1", env)
         assert up.returncode == 0, up.stdout + up.stderr
@@ -75,7 +75,7 @@ def test_workflow_steps_on_three_runners(moto: MotoServer, tmp_path: Path, tf_cl
     s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=moto.url, aws_access_key_id="testing",
                       aws_secret_access_key="testing")
     assert s3.list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == 0
-    assert netns_names() - before == set()
+    assert cluster_netns(cluster) - before == set()
     # again, as a retried teardown job does: the cluster is gone, which is not an error worth a red run
     again = step("down", tmp_path / "runner-4", env)
     assert again.returncode == 2 and "not found" in again.stderr

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from e2e import netns_names
+from e2e import cluster_netns
 from mototest import MotoServer, fake_aws_env
 
 pytestmark = pytest.mark.integration
@@ -117,7 +117,7 @@ def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: P
     b_task.write_text("num_nodes: 2\nworkdir: ./wd\nrun: echo b-was-here; cat data/kept.txt\n")
     env_a = runner_env(moto, tmp_path / "runner-a", tf_cli_config)
     env_b = runner_env(moto, tmp_path / "runner-b", tf_cli_config)
-    before = netns_names()
+    before = cluster_netns(name)
     try:
         # runners A and C apply the same new cluster at once: one provisions, the other waits for its
         # lock and then reuses what the first made (Terraform never runs twice on one state)
@@ -130,7 +130,7 @@ def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: P
         waited = [o for o in (out, out_c) if "Waiting up to 600s for " in o]
         assert len(waited) == 1, out + out_c
         assert "terraform apply: no changes, reusing the existing nodes" in waited[0]
-        assert len(netns_names() - before) == 2, netns_names() - before  # two nodes, not four
+        assert len(cluster_netns(name) - before) == 2, cluster_netns(name) - before  # two nodes, not four
         stored = keys(moto, f"{PREFIX}/clusters/{name}/")
         assert f"{PREFIX}/clusters/{name}/terraform.tfstate" in stored  # Terraform's S3 backend
         assert f"{PREFIX}/clusters/{name}/record.json" in stored
@@ -173,7 +173,7 @@ def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: P
 
         ok(gpuctl("down", name, env=env_b, cwd=tmp_path))
         assert keys(moto, f"{PREFIX}/clusters/{name}/") == []
-        assert netns_names() - before == set()
+        assert cluster_netns(name) - before == set()
         assert "No clusters." in ok(gpuctl("status", env=env_a, cwd=tmp_path))
     finally:
         if keys(moto, f"{PREFIX}/clusters/{name}/record.json"):
