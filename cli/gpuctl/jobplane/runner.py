@@ -28,14 +28,14 @@ from gpuctl.jobplane import joblogs
 
 from gpuctl.jobplane import jobenv
 
-from gpuctl.provision import ssh
+from gpuctl.provision import containers, ssh
 
 from gpuctl.jobplane import stream
 from gpuctl.configplane import playbooks, prepare
 from gpuctl.configplane import fabricrecord
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobCancelled, JobFailed, UserError
-from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.provision.inventory import Inventory, Node, hostfile_lines
 from gpuctl.jobplane import client, gitignore, payload, upload
 from gpuctl.spec import buckets
 from gpuctl.spec.buckets import BucketMount
@@ -206,8 +206,8 @@ class JobRunner:
         inv = self.inv
         job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
         container = self.container_plan(spec)  # a bad GPUCTL_CONTAINER_RUNTIME stops here, before any job exists
-        if container is not None and not (self.cdir / payload.CONTAINERS_MARK).exists():
-            (self.cdir / payload.CONTAINERS_MARK).touch()  # `down` removes the nodes' containers
+        if container is not None and not (self.cdir / containers.CONTAINERS_MARK).exists():
+            (self.cdir / containers.CONTAINERS_MARK).touch()  # `down` removes the nodes' containers
             self.publish()  # also a `down` from another runner
         buckets.check(spec.bucket_mounts, spec.envs)  # so does a bucket the nodes could not mount safely
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
@@ -294,8 +294,8 @@ class JobRunner:
         return payload.build_payload(
             inv, job_id=node_job, fingerprint=fingerprint, job_nodes=len(job_nodes),
             setup=payload.stage_plan(spec.setup if run_setup else None, setup_env,
-                                     jobenv.hostfile_lines(inv.nodes)),
-            run=payload.stage_plan(spec.run, run_env, jobenv.hostfile_lines(job_nodes)),
+                                     hostfile_lines(inv.nodes)),
+            run=payload.stage_plan(spec.run, run_env, hostfile_lines(job_nodes)),
             sync=dests, grace=KILL_GRACE_S, container=container,
             buckets=buckets.payload_entries(spec.bucket_mounts),
             storage=buckets.storage_settings(spec.envs, cloud=inv.cloud, region=inv.region))
@@ -331,11 +331,8 @@ class JobRunner:
         the container a job with fewer needs is the same one)."""
         if not spec.container_image:
             return None
-        mounts = [payload.WORKDIR_DEST, *spec.file_mounts, *(b.dest for b in spec.bucket_mounts)]
-        try:
-            return payload.container_plan(spec.container_image, self.inv.cluster, mounts, payload.container_runtime())
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+        return containers.job_plan(spec.container_image, self.inv.cluster,
+                                   [*spec.file_mounts, *(b.dest for b in spec.bucket_mounts)])
 
     def _interrupted(self, job_id: int, job_nodes: Sequence[Node], session: client.Session | None) -> None:
         """Ctrl-C (or SIGTERM) at any moment: end whatever of the job started, on every node."""

@@ -130,6 +130,18 @@ def node_name(rank: int) -> str:
     return "head" if rank == 0 else f"worker{rank}"
 
 
+def peer_port(node: Node) -> int:
+    """The port other nodes reach the node's sshd on (see the gpuctl_cluster_ssh role)."""
+    if node.peer_ssh_port is not None:
+        return node.peer_ssh_port
+    return node.ssh_port if node.ssh_host == node.address else 22
+
+
+def hostfile_lines(nodes: Iterable[Node]) -> list[str]:
+    """`IP slots=GPUS` per node, head first (DeepSpeed / MPI hostfile format)."""
+    return [f"{n.address} slots={n.gpus}" for n in sorted(nodes, key=lambda n: n.rank)]
+
+
 def inventory_from_outputs(
     outputs: Mapping[str, Any],
     *,

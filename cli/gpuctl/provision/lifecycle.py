@@ -174,14 +174,13 @@ def remove_containers(name: str, reporter: Reporter) -> None:
     """
     import subprocess  # only `down` of a cluster that ran containers needs it
 
-    from gpuctl.provision import provisioner
-    from gpuctl.jobplane import payload
+    from gpuctl.provision import containers, provisioner
 
     cdir = cluster_dir(name)
-    inv = provisioner.load_inventory_of(name) if (cdir / payload.CONTAINERS_MARK).exists() else None
+    inv = provisioner.load_inventory_of(name) if (cdir / containers.CONTAINERS_MARK).exists() else None
     if inv is None or inv.cloud not in ("local", "ssh"):
         return
-    command = payload.remove_containers_command([payload.container_name(name, n.name) for n in inv.nodes])
+    command = containers.remove_containers_command([containers.container_name(name, n.name) for n in inv.nodes])
     results = ssh.run_on_all(inv.nodes, command, control_dir=ssh.control_dir_for(cdir / "cm"), timeout=120)
     if inv.cloud == "local":  # the store the nodes share: also when a node no longer answers
         subprocess.run(["bash", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
@@ -190,7 +189,7 @@ def remove_containers(name: str, reporter: Reporter) -> None:
         proc = results[node.rank]
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-            reporter.info(f"{node.name}: could not remove the container {payload.container_name(name, node.name)} "
+            reporter.info(f"{node.name}: could not remove the container {containers.container_name(name, node.name)} "
                           f"({why}); remove it there by hand")
 
 
