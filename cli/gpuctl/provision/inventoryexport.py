@@ -17,7 +17,8 @@ import yaml
 
 from gpuctl.provision import sshconfig
 from gpuctl.common.errors import UserError
-from gpuctl.provision.inventory import Inventory, hostfile_lines, to_ansible
+from gpuctl.provision.ansibleinventory import to_ansible
+from gpuctl.provision.inventory import Inventory, hostfile_lines
 from gpuctl.common.output import SCHEMA, node_doc
 
 FORMATS = ("ansible", "json", "hostfile", "ssh-config")

@@ -31,7 +31,8 @@ from gpuctl.state import remotestate
 from gpuctl.provision import ssh
 from gpuctl.spec.request import ClusterRequest, check_cluster_name
 from gpuctl.common.errors import ProvisionError, UserError
-from gpuctl.provision.inventory import Inventory, inventory_from_outputs, load_inventory, write_inventory
+from gpuctl.provision.ansibleinventory import write_inventory
+from gpuctl.provision.inventory import Inventory, inventory_from_outputs, load_inventory
 from gpuctl.common.paths import cluster_dir
 from gpuctl.providers import MODULE_NAME, Provider, get_provider
 from gpuctl.provision.sshkeys import KEY_NAME, ensure_cluster_key
