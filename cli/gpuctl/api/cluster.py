@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from gpuctl.provision import lifecycle
 from gpuctl.api import wire
-from gpuctl.api.function import Function, unwrap
+from gpuctl.api.function import CallTarget, Function, unwrap
 from gpuctl.api.plugins import Plugin
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobCancelled, JobFailed, UserError
@@ -88,7 +88,7 @@ class _CallRunner(JobRunner):
         return super().conclude(job_id, job_nodes, outcome)
 
 
-class Cluster:
+class Cluster(CallTarget):
     """A gpuctl cluster that runs Python functions on every node.
 
     `task`: a task YAML (SkyPilot's format, as `gpuctl apply` takes), or leave it out and
