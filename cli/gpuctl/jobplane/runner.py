@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gpuctl.jobplane import joblogs
 
@@ -34,7 +34,7 @@ from gpuctl.jobplane import stream
 from gpuctl.configplane import playbooks, prepare
 from gpuctl.configplane import fabricrecord
 from gpuctl.common.console import Reporter
-from gpuctl.common.errors import JobCancelled, JobFailed, UserError
+from gpuctl.common.errors import JobCancelled, JobFailed, PrepareFailed, UserError
 from gpuctl.provision.inventory import Inventory, Node, hostfile_lines
 from gpuctl.jobplane import client, gitignore, payload, upload
 from gpuctl.spec import buckets
@@ -44,6 +44,10 @@ from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.common.paths import cluster_dir
 from gpuctl.provision.sshkeys import ensure_internal_key
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
+
+if TYPE_CHECKING:
+    from gpuctl.spec import Task
+    from gpuctl.spec.request import ClusterRequest
 
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL on the other ranks after a failure
 PLACED_FILE = "placed.json"  # file_mount and bucket destinations inside the workdir so far (JobRunner.placed)
@@ -64,6 +68,14 @@ class JobSpec:
     gpus_per_node: int = 0
     bucket_mounts: Sequence[BucketMount] = ()  # cloud buckets fetched (COPY) or mounted before setup
     container_image: str | None = None  # `image_id: docker:IMAGE`: setup and run inside this image
+
+    @classmethod
+    def of_task(cls, task: Task, req: ClusterRequest) -> JobSpec:
+        """The job a task YAML describes (`gpuctl apply`, `gpuctl launch`; the Python API's setup job)."""
+        return cls(name=task.name, run=task.run, setup=task.setup, workdir=task.workdir,
+                   file_mounts=dict(task.file_mounts), envs=dict(task.envs), secrets=dict(task.secrets),
+                   num_nodes=req.num_nodes, gpus_per_node=req.gpus_per_node,
+                   bucket_mounts=tuple(task.bucket_mounts.values()), container_image=task.container_image)
 
 
 @dataclass(frozen=True)
@@ -151,7 +163,7 @@ class JobRunner:
                 node = next((n for n in self.inv.nodes if n.name == host), None)
                 if node is not None and ssh.host_key_changed(reason):
                     raise UserError(ssh.host_key_error(node))
-            raise JobFailed(f"preparing the nodes failed: {describe_result(result)}")
+            raise PrepareFailed(f"preparing the nodes failed: {describe_result(result)}")
         if self.inv.cloud == "aws":
             self.check_console_host_keys()
         if found is not None:
