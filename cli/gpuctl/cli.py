@@ -257,7 +257,7 @@ def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts:
 
 def _cluster_inventory(name: str) -> Inventory:
     check_cluster_name(name)
-    lifecycle.adopt(name, Registry())  # shared state: the bucket's copy of the cluster, if any
+    Registry().adopt(name)  # shared state: the bucket's copy of the cluster, if any
     path = cluster_dir(name) / "inventory.yml"
     inv = load_inventory(path, cluster=name) if path.is_file() else None
     if inv is None:
@@ -282,9 +282,9 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
     as_json = wants_json(output_format)
     registry = Registry()
     if name:
-        lifecycle.adopt(check_cluster_name(name), registry)
+        registry.adopt(check_cluster_name(name))
     else:
-        lifecycle.adopt_all(registry)
+        registry.adopt_all()
     records = [registry.cluster(check_cluster_name(name))] if name else registry.clusters()
     if name and records[0] is None:
         raise ClusterNotFound(name)
@@ -674,7 +674,7 @@ def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear d
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     check_cluster_name(name)
     registry = Registry()
-    lifecycle.adopt(name, registry)
+    registry.adopt(name)
     if registry.cluster(name) is None and not provisioner.cluster_exists(name):
         raise ClusterNotFound(name)
     destroyed = lifecycle.tear_down(name, reporter=reporter, registry=registry)

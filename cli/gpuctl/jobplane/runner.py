@@ -175,9 +175,7 @@ class JobRunner:
 
     def publish(self) -> None:
         """Leave the cluster's records in the state bucket (shared state only), for the next runner."""
-        from gpuctl.provision.lifecycle import publish  # lifecycle imports this module
-
-        publish(self.inv.cluster, self.registry)
+        self.registry.publish(self.inv.cluster)
 
     def check_console_host_keys(self) -> None:
         """The keys learned at first contact against those each instance printed to its console."""
