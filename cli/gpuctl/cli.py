@@ -39,7 +39,7 @@ from gpuctl.provision import sshconfig
 from gpuctl.spec.request import ClusterRequest, check_cluster_name, request_from_task
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
-from gpuctl.common.errors import JobCancelled, JobFailed, ProvisionError, UserError
+from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobFailed, ProvisionError, UserError
 from gpuctl.provision.inventory import Inventory, load_inventory
 from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
 from gpuctl.provision.lifecycle import write_ssh_config
@@ -112,13 +112,6 @@ def _request(task: Task, file: Path, *, cluster: str | None, infra: str | None,
              num_nodes: int | None) -> ClusterRequest:
     return request_from_task(task, name=cluster, infra=infra, num_nodes=num_nodes,
                              base_dir=file.resolve().parent)
-
-
-def _job_spec(task: Task, req: ClusterRequest) -> JobSpec:
-    return JobSpec(name=task.name, run=task.run, setup=task.setup, workdir=task.workdir,
-                   file_mounts=dict(task.file_mounts), envs=dict(task.envs), secrets=dict(task.secrets),
-                   num_nodes=req.num_nodes, gpus_per_node=req.gpus_per_node,
-                   bucket_mounts=tuple(task.bucket_mounts.values()), container_image=task.container_image)
 
 
 EnvOption = typer.Option(None, "--env", metavar="K=V", help="K=V (or K to take it from your environment); repeatable.")
@@ -216,7 +209,7 @@ def apply(
         if as_json:
             _emit_apply(registry, req.name, inv, job_id=None)
         return
-    spec = _job_spec(task, req)
+    spec = JobSpec.of_task(task, req)
     job_id: int | None = None
     try:
         with ExitStack() as stack:  # a git workdir's clone lives until the job's copy to the head is done
@@ -264,11 +257,11 @@ def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts:
 
 def _cluster_inventory(name: str) -> Inventory:
     check_cluster_name(name)
-    lifecycle.adopt(name, Registry())  # shared state: the bucket's copy of the cluster, if any
+    Registry().adopt(name)  # shared state: the bucket's copy of the cluster, if any
     path = cluster_dir(name) / "inventory.yml"
     inv = load_inventory(path, cluster=name) if path.is_file() else None
     if inv is None:
-        raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
+        raise ClusterNotFound(name)
     return inv
 
 
@@ -289,12 +282,12 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
     as_json = wants_json(output_format)
     registry = Registry()
     if name:
-        lifecycle.adopt(check_cluster_name(name), registry)
+        registry.adopt(check_cluster_name(name))
     else:
-        lifecycle.adopt_all(registry)
+        registry.adopt_all()
     records = [registry.cluster(check_cluster_name(name))] if name else registry.clusters()
     if name and records[0] is None:
-        raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
+        raise ClusterNotFound(name)
     if as_json:
         docs = []
         for rec in records:
@@ -681,9 +674,9 @@ def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear d
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     check_cluster_name(name)
     registry = Registry()
-    lifecycle.adopt(name, registry)
+    registry.adopt(name)
     if registry.cluster(name) is None and not provisioner.cluster_exists(name):
-        raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
+        raise ClusterNotFound(name)
     destroyed = lifecycle.tear_down(name, reporter=reporter, registry=registry)
     if as_json:  # destroyed: false when the record had nothing provisioned behind it
         output.emit("down", {"ok": True, "cluster": name, "destroyed": destroyed})

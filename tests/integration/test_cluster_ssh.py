@@ -29,7 +29,8 @@ import testhosts
 
 from gpuctl.provision import ssh
 from gpuctl.configplane import playbooks
-from gpuctl.provision.inventory import Node, write_inventory
+from gpuctl.provision.ansibleinventory import write_inventory
+from gpuctl.provision.inventory import Node
 from gpuctl.provision.sshkeys import ensure_internal_key
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,8 @@ from gpuctl.provision import ssh
 
 from gpuctl.jobplane import stream
 from gpuctl.configplane import playbooks
-from gpuctl.provision.inventory import Node, write_inventory
+from gpuctl.provision.ansibleinventory import write_inventory
+from gpuctl.provision.inventory import Node
 from gpuctl.jobplane import gitignore, payload
 
 pytestmark = pytest.mark.integration

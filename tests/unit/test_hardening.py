@@ -221,7 +221,7 @@ def test_controller_ssh_learns_then_verifies_under_the_node_id(tmp_path: Path):
 
 
 def test_ansible_inventory_carries_the_host_key_options(tmp_path: Path):
-    from gpuctl.provision.inventory import to_ansible
+    from gpuctl.provision.ansibleinventory import to_ansible
 
     inv = Inventory(cluster="c", cloud="aws", nodes=(pinned_node(tmp_path, rank=0, name="head"),))
     host = to_ansible(inv)["all"]["children"]["gpuctl_nodes"]["hosts"]["head"]

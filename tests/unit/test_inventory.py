@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from gpuctl.common.errors import UserError
-from gpuctl.provision.inventory import inventory_from_outputs, load_inventory, to_ansible, write_inventory
+from gpuctl.provision.ansibleinventory import to_ansible, write_inventory
+from gpuctl.provision.inventory import inventory_from_outputs, load_inventory
 
 
 def tf_outputs(ids: list[str], *, bastion: dict | None = None, public: bool = True) -> dict:

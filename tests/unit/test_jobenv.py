@@ -4,7 +4,7 @@ import json
 import subprocess
 
 from gpuctl.jobplane import jobenv
-from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.provision.inventory import Inventory, Node, hostfile_lines
 
 
 def inventory(n: int = 3, gpus: int = 8) -> Inventory:
@@ -58,7 +58,7 @@ def test_user_envs_cannot_override_job_identity_but_can_set_master_port():
 
 def test_hostfile_lines_head_first():
     inv = inventory(2, gpus=4)
-    assert jobenv.hostfile_lines(reversed(inv.nodes)) == ["10.0.0.10 slots=4", "10.0.0.11 slots=4"]
+    assert hostfile_lines(reversed(inv.nodes)) == ["10.0.0.10 slots=4", "10.0.0.11 slots=4"]
 
 
 def test_task_id_unique_per_job():

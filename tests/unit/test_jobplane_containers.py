@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.jobplane import payload as payload_mod
+from gpuctl.provision import containers
 from test_jobplane_agent import AGENT_PATH, agent, node_home, payload, submit  # noqa: F401 (a fixture)
 
 SECRET = "s3cr3t-in-env-only"
@@ -62,25 +62,25 @@ esac
 
 
 def test_container_plan_rejects_option_like_images_and_keeps_mounts_once():
-    plan = payload_mod.container_plan("nvcr.io/nvidia/pytorch:24.10-py3", "c1",
+    plan = containers.container_plan("nvcr.io/nvidia/pytorch:24.10-py3", "c1",
                                       ["~/gpuctl_workdir", "/data", "~/gpuctl_workdir"])
     assert plan == {"image": "nvcr.io/nvidia/pytorch:24.10-py3", "name": "gpuctl-c1", "runtime": None,
                     "mounts": ["~/gpuctl_workdir", "/data"]}
     for bad in ("-v/:/host", "--privileged", "img with space", "img;rm", ""):
         with pytest.raises(ValueError, match="not a container image"):
-            payload_mod.container_plan(bad, "c1", [])
+            containers.container_plan(bad, "c1", [])
 
 
 @pytest.mark.parametrize("value,expected", [("", None), ("docker", "docker"), ("podman", "podman"),
                                             ("/opt/bin/podman", "/opt/bin/podman")])
 def test_container_runtime_setting(value: str, expected: str | None):
-    assert payload_mod.container_runtime(value) == expected
+    assert containers.container_runtime(value) == expected
 
 
 @pytest.mark.parametrize("value", ["nerdctl", "-x", "/opt/bin/podman --root=/", "docker;id", "bin/docker"])
 def test_container_runtime_setting_refuses_other_values(value: str):
     with pytest.raises(ValueError, match="GPUCTL_CONTAINER_RUNTIME"):
-        payload_mod.container_runtime(value)
+        containers.container_runtime(value)
 
 
 # -- the commands the agent builds ---------------------------------------------------------
@@ -289,9 +289,9 @@ def _cmdline(path: Path) -> bytes:
 def test_the_controller_names_a_nodes_container_as_the_agent_does(cluster: str, node: str,
                                                                     monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(agent, "find_runtime", lambda wanted=None: ("/usr/bin/podman", None))
-    box = payload_mod.container_plan("ubuntu:22.04", cluster, ["~/gpuctl_workdir"])
+    box = containers.container_plan("ubuntu:22.04", cluster, ["~/gpuctl_workdir"])
     cfg, problem = agent.container_config(box, node, "~/gpuctl_workdir")
-    assert problem is None and cfg["name"] == payload_mod.container_name(cluster, node)
+    assert problem is None and cfg["name"] == containers.container_name(cluster, node)
 
 
 @pytest.mark.parametrize("runtimes", [("podman",), ("docker",), ("docker", "podman")])
@@ -306,8 +306,8 @@ def test_down_removes_exactly_the_named_containers(tmp_path: Path, runtimes: tup
             f'#!/bin/bash\necho "{rt} $*" >> {log}\n'
             f'if [ "$1 $2" = "container inspect" ]; then grep -qx -- "$4" {store}; fi\n')
         (tmp_path / rt).chmod(0o755)
-    names = [payload_mod.container_name("a", n) for n in ("head", "worker1", "worker2")]
-    command = payload_mod.remove_containers_command(names)
+    names = [containers.container_name("a", n) for n in ("head", "worker1", "worker2")]
+    command = containers.remove_containers_command(names)
     proc = subprocess.run(["bash", "-c", command], env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

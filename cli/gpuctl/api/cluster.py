@@ -25,15 +25,16 @@ import secrets as _secrets
 import shlex
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from gpuctl.provision import lifecycle
 from gpuctl.api import wire
-from gpuctl.api.function import Function, unwrap
+from gpuctl.api.function import CallTarget, Function, unwrap
 from gpuctl.api.plugins import Plugin
 from gpuctl.common.console import Reporter
-from gpuctl.common.errors import JobCancelled, JobFailed, UserError
+from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobFailed, PrepareFailed, UserError
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.runner import JobOutcome, JobRunner, JobSpec
@@ -88,7 +89,7 @@ class _CallRunner(JobRunner):
         return super().conclude(job_id, job_nodes, outcome)
 
 
-class Cluster:
+class Cluster(CallTarget):
     """A gpuctl cluster that runs Python functions on every node.
 
     `task`: a task YAML (SkyPilot's format, as `gpuctl apply` takes), or leave it out and
@@ -173,8 +174,7 @@ class Cluster:
                                 f"({rec.request['container_image']}); the Python API does not run functions there yet")
             return self
         if self._name is not None and not shaped and not provisioner.cluster_exists(self._name):
-            raise UserError(f"cluster '{self._name}' not found; `gpuctl status` lists the clusters you have, or "
-                            "give a task YAML or infra=/num_nodes= to create it")
+            raise ClusterNotFound(self._name, hint=", or give a task YAML or infra=/num_nodes= to create it")
         task, req = self._request()
         self._name = req.name
         self.task = task
@@ -188,9 +188,8 @@ class Cluster:
                                             workdir=task.workdir, container_image=None)
         if task.setup or task.file_mounts or task.bucket_mounts:
             runner = JobRunner(self.inventory, reporter=self.reporter, registry=self.registry)
-            spec = JobSpec(name=task.name or req.name, run=None, setup=task.setup, workdir=task.workdir,
-                           file_mounts=dict(task.file_mounts), envs=dict(task.envs), secrets=dict(task.secrets),
-                           gpus_per_node=req.gpus_per_node, bucket_mounts=tuple(task.bucket_mounts.values()))
+            # setup and the copies only, on every node; container_image is None (refused above)
+            spec = replace(JobSpec.of_task(task, req), name=task.name or req.name, run=None, num_nodes=None)
             self._run_job(runner, spec, run_setup=True, sync_file_mounts=True)
         return self
 
@@ -285,7 +284,7 @@ class Cluster:
                 self._run_job(runner, spec, run_setup=False, sync_file_mounts=True, collector=collector,
                               job_nodes=job_nodes)
             except JobFailed as exc:
-                if not local and exc.message.startswith("preparing the nodes failed"):
+                if not local and isinstance(exc, PrepareFailed):
                     from gpuctl.configplane import prepare
 
                     prepare.set_python_env(cluster_dir(self.name), python_before)  # not a package that failed

@@ -9,15 +9,24 @@
 
 Calling the decorated function runs nothing: it returns a PendingCall that
 the `@` and `>>` operators hand to the cluster (Cluster.broadcast / Cluster.run).
+The cluster is known here only as a `CallTarget`, which gpuctl.Cluster is
+(api/cluster.py builds on this module, not the other way round).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-if TYPE_CHECKING:
-    from gpuctl.api.cluster import Cluster
+
+class CallTarget:
+    """What `fn(...) @ X` and `fn(...) >> X` run on; gpuctl.Cluster is the one kind."""
+
+    def broadcast(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
 
 
 class Function:
@@ -54,20 +63,18 @@ class PendingCall:
         self.args = args
         self.kwargs = kwargs
 
-    def __matmul__(self, cluster: Cluster) -> list[Any]:
+    def __matmul__(self, cluster: CallTarget) -> list[Any]:
         return _cluster(cluster, "@").broadcast(self.function.fn, *self.args, **self.kwargs)
 
-    def __rshift__(self, cluster: Cluster) -> Any:
+    def __rshift__(self, cluster: CallTarget) -> Any:
         return _cluster(cluster, ">>").run(self.function.fn, *self.args, **self.kwargs)
 
     def __repr__(self) -> str:
         return f"<pending call of {self.function.__name__}: use `@ cluster` or `>> cluster` to run it>"
 
 
-def _cluster(value: Any, op: str) -> Cluster:
-    from gpuctl.api.cluster import Cluster
-
-    if not isinstance(value, Cluster):
+def _cluster(value: Any, op: str) -> CallTarget:
+    if not isinstance(value, CallTarget):
         raise TypeError(f"fn(...) {op} X: X must be a gpuctl.Cluster, not {type(value).__name__}")
     return value
 

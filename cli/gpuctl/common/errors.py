@@ -19,6 +19,15 @@ class UserError(Exception):
         self.message = message
 
 
+class ClusterNotFound(UserError):
+    """No cluster of that name here (nor in the shared state bucket): the one message every
+    command and the Python API give for it. `why` follows "not found"; `hint` ends the line."""
+
+    def __init__(self, name: str, *, why: str = "", hint: str = "") -> None:
+        super().__init__(f"cluster '{name}' not found{why}; `gpuctl status` lists the clusters you have{hint}")
+        self.name = name
+
+
 class JobFailed(Exception):
     """The job ran but some stage or rank failed; the message names them."""
 
@@ -27,6 +36,10 @@ class JobFailed(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class PrepareFailed(JobFailed):
+    """The prepare play failed on some node before the job ran; the message names them."""
 
 
 class JobCancelled(JobFailed):

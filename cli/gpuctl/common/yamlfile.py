@@ -1,6 +1,6 @@
 """Reading a user's YAML file (task, config, inventory) with one-line errors and bounded work.
 
-cluster.yaml has its own builder (spec.py) because it maps every field to its line;
+cluster.yaml has its own builder (spec/compose.py) because it maps every field to its line;
 both check the text first with `check_printable`, so a NUL or another control
 byte is one clear line instead of PyYAML's ReaderError, and both compose with
 `compose_bounded`, so neither a deep nesting nor an alias bomb can exhaust the

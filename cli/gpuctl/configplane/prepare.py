@@ -34,8 +34,7 @@ from typing import Any, Mapping, Sequence
 
 from gpuctl.configplane import playbooks
 from gpuctl.common.errors import UserError
-from gpuctl.provision.inventory import Inventory
-from gpuctl.jobplane.payload import peer_port
+from gpuctl.provision.inventory import Inventory, peer_port
 from gpuctl.common.paths import ansible_dir
 
 AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "agent.py"

@@ -44,11 +44,6 @@ def cluster_info(inv: Inventory, nodes: Sequence[Node]) -> str:
     return json.dumps(info, separators=(",", ":"))
 
 
-def hostfile_lines(nodes: Sequence[Node]) -> list[str]:
-    """`IP slots=GPUS` per node, head first (DeepSpeed / MPI hostfile format)."""
-    return [f"{n.address} slots={n.gpus}" for n in sorted(nodes, key=lambda n: n.rank)]
-
-
 def _shared(
     inv: Inventory,
     nodes: Sequence[Node],

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 import secrets as _secrets
-import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpuctl.jobplane import jobenv
-from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.provision.inventory import Inventory, Node, peer_port
 from gpuctl.jobplane.gitignore import WorkdirFilter
+from gpuctl.spec import nodepaths
 
 PROTOCOL = 1
 DEFAULT_FANOUT = 32
@@ -28,19 +27,13 @@ FANOUT_ENV = "GPUCTL_FANOUT"
 # Copies (workdir, file_mounts) from the head: each node pushes to this many others at once.
 DEFAULT_COPY_FANOUT = 4
 COPY_FANOUT_ENV = "GPUCTL_COPY_FANOUT"
-WORKDIR_DEST = "~/gpuctl_workdir"
+WORKDIR_DEST = nodepaths.WORKDIR
 INTERNAL_KEY_ON_NODE = "~/.ssh/gpuctl_cluster"
 NODE_CONTROL_DIR = "~/.gpuctl/cm"  # made by the prepare play
 # The workdir's rsync options, on every hop: files gone locally deleted once the transfer
 # succeeded, no .git; then the rules of gitignore.WorkdirFilter (git's .gitignore semantics,
 # destinations of other mounts inside the workdir left alone).
 WORKDIR_RSYNC_BASE = ("--delete-after", "--exclude=.git")
-
-# image_id: docker:IMAGE -- setup and run in one container per node (agent.py, "containers").
-CONTAINER_RUNTIME_ENV = "GPUCTL_CONTAINER_RUNTIME"  # docker | podman | an absolute path to one; unset: either
-CONTAINER_RUNTIMES = ("docker", "podman")
-_IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")  # never an option: no leading '-'
-_RUNTIME_PATH_RE = re.compile(r"(/[A-Za-z0-9._+@-]+)+")
 
 KNOWN_HOSTS_ON_NODE = "~/.ssh/gpuctl_known_hosts"  # the controller's, copied by prepare
 PEER_SSH_OPTIONS = (
@@ -77,13 +70,6 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return address == "localhost"
-
-
-def peer_port(node: Node) -> int:
-    """The port other nodes reach the node's sshd on (see the gpuctl_cluster_ssh role)."""
-    if node.peer_ssh_port is not None:
-        return node.peer_ssh_port
-    return node.ssh_port if node.ssh_host == node.address else 22
 
 
 def peer_entry(node: Node) -> dict[str, Any]:
@@ -152,44 +138,6 @@ def build_payload(
     }
 
 
-def container_runtime(value: str | None = None) -> str | None:
-    """GPUCTL_CONTAINER_RUNTIME (or `value`): docker, podman or the absolute path of one of them;
-    None lets each node take whichever answers (docker first). ValueError for anything else."""
-    raw = (os.environ.get(CONTAINER_RUNTIME_ENV, "") if value is None else value).strip()
-    if not raw:
-        return None
-    if raw in CONTAINER_RUNTIMES or (_RUNTIME_PATH_RE.fullmatch(raw) and os.path.basename(raw) in CONTAINER_RUNTIMES):
-        return raw
-    raise ValueError(f"{CONTAINER_RUNTIME_ENV}={raw}: use docker, podman, or the absolute path of one of them")
-
-
-def container_plan(image: str, cluster: str, mounts: Sequence[str], runtime: str | None = None) -> dict[str, Any]:
-    """What the nodes need to run the job in `image`: the container's name (each node adds its own
-    name), the runtime asked for, and the destinations to bind (the workdir, file_mounts, buckets)."""
-    if not _IMAGE_RE.fullmatch(image):
-        raise ValueError(f"{image!r} is not a container image name (registry/name:tag, not starting with '-')")
-    return {"image": image, "name": f"gpuctl-{cluster}", "runtime": runtime, "mounts": list(dict.fromkeys(mounts))}
-
-
 def workdir_rsync_args(rules: WorkdirFilter) -> list[str]:
     """The workdir's rsync options on every hop (the controller's adds git's own list: upload.py)."""
     return [*WORKDIR_RSYNC_BASE, *rules.rsync_args()]
-
-
-CONTAINERS_MARK = "containers"  # clusters/<name>/containers: a job of the cluster ran in containers
-
-
-def container_name(cluster: str, node_name: str) -> str:
-    """The node's container for the cluster's jobs, as the agent names it (container_config)."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"gpuctl-{cluster}-{node_name}")
-    return name if name[:1].isalnum() else "gpuctl-" + name
-
-
-def remove_containers_command(names: Sequence[str]) -> str:
-    """Shell that removes exactly the containers `names` (no prefix or pattern: `gpuctl-a-head` must
-    not take `gpuctl-a-b-head` with it) with whichever runtime the node has; exit 1 if one failed."""
-    words = " ".join(shlex.quote(n) for n in names)
-    return (f"rc=0; if command -v docker >/dev/null 2>&1; then for c in {words}; do "
-            f"if docker container inspect -- \"$c\" >/dev/null 2>&1; then docker rm --force -- \"$c\" >/dev/null "
-            f"|| rc=1; fi; done; fi; if command -v podman >/dev/null 2>&1; then "
-            f"podman rm --force --ignore -- {words} >/dev/null || rc=1; fi; exit $rc")

@@ -22,20 +22,20 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gpuctl.jobplane import joblogs
 
 from gpuctl.jobplane import jobenv
 
-from gpuctl.provision import ssh
+from gpuctl.provision import containers, ssh
 
 from gpuctl.jobplane import stream
 from gpuctl.configplane import playbooks, prepare
 from gpuctl.configplane import fabricrecord
 from gpuctl.common.console import Reporter
-from gpuctl.common.errors import JobCancelled, JobFailed, UserError
-from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.common.errors import JobCancelled, JobFailed, PrepareFailed, UserError
+from gpuctl.provision.inventory import Inventory, Node, hostfile_lines
 from gpuctl.jobplane import client, gitignore, payload, upload
 from gpuctl.spec import buckets
 from gpuctl.spec.buckets import BucketMount
@@ -44,6 +44,10 @@ from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.common.paths import cluster_dir
 from gpuctl.provision.sshkeys import ensure_internal_key
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
+
+if TYPE_CHECKING:
+    from gpuctl.spec import Task
+    from gpuctl.spec.request import ClusterRequest
 
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL on the other ranks after a failure
 PLACED_FILE = "placed.json"  # file_mount and bucket destinations inside the workdir so far (JobRunner.placed)
@@ -64,6 +68,14 @@ class JobSpec:
     gpus_per_node: int = 0
     bucket_mounts: Sequence[BucketMount] = ()  # cloud buckets fetched (COPY) or mounted before setup
     container_image: str | None = None  # `image_id: docker:IMAGE`: setup and run inside this image
+
+    @classmethod
+    def of_task(cls, task: Task, req: ClusterRequest) -> JobSpec:
+        """The job a task YAML describes (`gpuctl apply`, `gpuctl launch`; the Python API's setup job)."""
+        return cls(name=task.name, run=task.run, setup=task.setup, workdir=task.workdir,
+                   file_mounts=dict(task.file_mounts), envs=dict(task.envs), secrets=dict(task.secrets),
+                   num_nodes=req.num_nodes, gpus_per_node=req.gpus_per_node,
+                   bucket_mounts=tuple(task.bucket_mounts.values()), container_image=task.container_image)
 
 
 @dataclass(frozen=True)
@@ -151,7 +163,7 @@ class JobRunner:
                 node = next((n for n in self.inv.nodes if n.name == host), None)
                 if node is not None and ssh.host_key_changed(reason):
                     raise UserError(ssh.host_key_error(node))
-            raise JobFailed(f"preparing the nodes failed: {describe_result(result)}")
+            raise PrepareFailed(f"preparing the nodes failed: {describe_result(result)}")
         if self.inv.cloud == "aws":
             self.check_console_host_keys()
         if found is not None:
@@ -163,9 +175,7 @@ class JobRunner:
 
     def publish(self) -> None:
         """Leave the cluster's records in the state bucket (shared state only), for the next runner."""
-        from gpuctl.provision.lifecycle import publish  # lifecycle imports this module
-
-        publish(self.inv.cluster, self.registry)
+        self.registry.publish(self.inv.cluster)
 
     def check_console_host_keys(self) -> None:
         """The keys learned at first contact against those each instance printed to its console."""
@@ -206,8 +216,8 @@ class JobRunner:
         inv = self.inv
         job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
         container = self.container_plan(spec)  # a bad GPUCTL_CONTAINER_RUNTIME stops here, before any job exists
-        if container is not None and not (self.cdir / payload.CONTAINERS_MARK).exists():
-            (self.cdir / payload.CONTAINERS_MARK).touch()  # `down` removes the nodes' containers
+        if container is not None and not (self.cdir / containers.CONTAINERS_MARK).exists():
+            (self.cdir / containers.CONTAINERS_MARK).touch()  # `down` removes the nodes' containers
             self.publish()  # also a `down` from another runner
         buckets.check(spec.bucket_mounts, spec.envs)  # so does a bucket the nodes could not mount safely
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
@@ -294,8 +304,8 @@ class JobRunner:
         return payload.build_payload(
             inv, job_id=node_job, fingerprint=fingerprint, job_nodes=len(job_nodes),
             setup=payload.stage_plan(spec.setup if run_setup else None, setup_env,
-                                     jobenv.hostfile_lines(inv.nodes)),
-            run=payload.stage_plan(spec.run, run_env, jobenv.hostfile_lines(job_nodes)),
+                                     hostfile_lines(inv.nodes)),
+            run=payload.stage_plan(spec.run, run_env, hostfile_lines(job_nodes)),
             sync=dests, grace=KILL_GRACE_S, container=container,
             buckets=buckets.payload_entries(spec.bucket_mounts),
             storage=buckets.storage_settings(spec.envs, cloud=inv.cloud, region=inv.region))
@@ -331,11 +341,8 @@ class JobRunner:
         the container a job with fewer needs is the same one)."""
         if not spec.container_image:
             return None
-        mounts = [payload.WORKDIR_DEST, *spec.file_mounts, *(b.dest for b in spec.bucket_mounts)]
-        try:
-            return payload.container_plan(spec.container_image, self.inv.cluster, mounts, payload.container_runtime())
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+        return containers.job_plan(spec.container_image, self.inv.cluster,
+                                   [*spec.file_mounts, *(b.dest for b in spec.bucket_mounts)])
 
     def _interrupted(self, job_id: int, job_nodes: Sequence[Node], session: client.Session | None) -> None:
         """Ctrl-C (or SIGTERM) at any moment: end whatever of the job started, on every node."""

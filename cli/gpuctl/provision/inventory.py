@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import yaml
-
 from gpuctl.common.errors import UserError
 from gpuctl.common.yamlfile import load_yaml
-
-NODE_GROUP = "gpuctl_nodes"
 
 # What may reach ssh's argv or an ssh config file from an inventory: host names
 # (RFC 1123 labels) or IP addresses, POSIX user names, ports. Nothing that
@@ -130,6 +125,18 @@ def node_name(rank: int) -> str:
     return "head" if rank == 0 else f"worker{rank}"
 
 
+def peer_port(node: Node) -> int:
+    """The port other nodes reach the node's sshd on (see the gpuctl_cluster_ssh role)."""
+    if node.peer_ssh_port is not None:
+        return node.peer_ssh_port
+    return node.ssh_port if node.ssh_host == node.address else 22
+
+
+def hostfile_lines(nodes: Iterable[Node]) -> list[str]:
+    """`IP slots=GPUS` per node, head first (DeepSpeed / MPI hostfile format)."""
+    return [f"{n.address} slots={n.gpus}" for n in sorted(nodes, key=lambda n: n.rank)]
+
+
 def inventory_from_outputs(
     outputs: Mapping[str, Any],
     *,
@@ -191,52 +198,6 @@ def inventory_from_outputs(
         )
     nodes.sort(key=lambda n: n.rank)
     return Inventory(cluster=cluster, cloud=cloud, region=region, zone=zone, nodes=tuple(nodes))
-
-
-def to_ansible(inv: Inventory) -> dict[str, Any]:
-    """The Ansible YAML inventory for `inv` (format: inventories/README.md)."""
-    hosts: dict[str, dict[str, Any]] = {}
-    for n in inv.nodes:
-        host: dict[str, Any] = {
-            "ansible_host": n.ssh_host,
-            "ansible_port": n.ssh_port,
-            "ansible_user": n.ssh_user,
-            "gpuctl_rank": n.rank,
-            "gpuctl_address": n.address,
-            "gpuctl_gpus": n.gpus,
-            "gpuctl_node_id": n.node_id,
-        }
-        if n.ssh_key:
-            host["ansible_ssh_private_key_file"] = n.ssh_key
-        if n.peer_ssh_port is not None:
-            host["gpuctl_peer_ssh_port"] = n.peer_ssh_port
-        from gpuctl.provision.ssh import host_key_options, proxy_command  # ssh builds on Node; kept one-way
-
-        common = [shlex.quote(a) for a in host_key_options(n)]
-        host["gpuctl_host_key_alias"] = n.host_key_alias
-        if n.proxy_jump:
-            host["gpuctl_proxy_jump"] = n.proxy_jump
-            common += ["-o", shlex.quote(f"ProxyCommand={proxy_command(n)}")]
-        host["ansible_ssh_common_args"] = " ".join(common)
-        hosts[n.name] = host
-    cluster_vars: dict[str, Any] = {"gpuctl_cluster": inv.cluster, "gpuctl_cloud": inv.cloud}
-    if inv.cloud == "local":
-        # Local nodes run their own sshd config, with fan-out limits already; the
-        # machine's /etc/ssh belongs to the developer.
-        cluster_vars["gpuctl_sshd_limits_manage"] = False
-    if inv.region:
-        cluster_vars["gpuctl_region"] = inv.region
-    if inv.zone:
-        cluster_vars["gpuctl_zone"] = inv.zone
-    return {"all": {"vars": cluster_vars, "children": {NODE_GROUP: {"hosts": hosts}}}}
-
-
-def write_inventory(inv: Inventory, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(to_ansible(inv), sort_keys=False))
-    tmp.replace(path)
-    return path
 
 
 def _walk_hosts(group: Mapping[str, Any], inherited: Mapping[str, Any]) -> Iterable[tuple[str, dict[str, Any]]]:

@@ -15,11 +15,10 @@ from typing import Any
 
 import yaml
 
-from gpuctl.jobplane import jobenv
-
 from gpuctl.provision import sshconfig
 from gpuctl.common.errors import UserError
-from gpuctl.provision.inventory import Inventory, to_ansible
+from gpuctl.provision.ansibleinventory import to_ansible
+from gpuctl.provision.inventory import Inventory, hostfile_lines
 from gpuctl.common.output import SCHEMA, node_doc
 
 FORMATS = ("ansible", "json", "hostfile", "ssh-config")
@@ -35,7 +34,7 @@ def export(inv: Inventory, fmt: str, *, ssh_config_path: Path | None = None) -> 
 
         return json.dumps(document(inv), indent=2, sort_keys=True) + "\n"
     if value == "hostfile":
-        return "".join(line + "\n" for line in jobenv.hostfile_lines(inv.nodes))
+        return "".join(line + "\n" for line in hostfile_lines(inv.nodes))
     if value == "ssh-config":
         return sshconfig.render(inv, path=ssh_config_path or "ssh config")
     raise UserError(f"--format {fmt}: use one of {', '.join(FORMATS)}")

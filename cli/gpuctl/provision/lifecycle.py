@@ -6,9 +6,9 @@ STOPPING -> gone), provision.provision / provision.destroy, the ssh config
 and the host keys of replaced nodes.
 
 With shared state (gpuctl.state.remotestate) both also hold the cluster's lock in
-the state bucket, start from the bucket's copy of the cluster (`adopt`) and
-leave theirs there (`publish`), so the next runner, or this one after a
-crash, carries on from it.
+the state bucket, start from the bucket's copy of the cluster (`Registry.adopt`)
+and leave theirs there (`Registry.publish`), so the next runner, or this one
+after a crash, carries on from it.
 """
 
 from __future__ import annotations
@@ -38,56 +38,8 @@ def _changing(name: str, command: str, reporter: Reporter, registry: Registry) -
             from gpuctl.state.remotestate.store import cluster_lock as remote_lock
 
             stack.enter_context(remote_lock(registry.remote.store, name, command=command, on_wait=reporter.info))
-            adopt(name, registry)
+            registry.adopt(name)
         yield
-
-
-def adopt(name: str, registry: Registry) -> bool:
-    """Bring the state bucket's copy of cluster `name` (files, record, jobs) into this state dir.
-
-    False when state is local or the bucket has no such cluster. A cluster this
-    runner knew from the bucket but the bucket no longer has (another runner
-    took it down) is dropped from the registry.
-    """
-    remote = registry.remote
-    if remote is None:
-        return False
-    from gpuctl.state.remotestate import sync
-
-    record = sync.get_record(remote.store, name)
-    if record is None:
-        known = registry.cluster(name)
-        if known is not None and known.request.get("state") == remote.where(name):
-            registry.remove_jobs(name)
-            registry.remove_cluster(name)
-        return False
-    sync.pull_files(remote.store, name, cluster_dir(name))
-    registry.import_cluster(record)
-    registry.import_jobs(name, sync.get_jobs(remote.store, name, cluster_dir(name)))
-    return True
-
-
-def adopt_all(registry: Registry) -> None:
-    """adopt() every cluster the state bucket has (for `gpuctl status` without a name)."""
-    if registry.remote is None:
-        return
-    from gpuctl.state.remotestate import sync
-
-    names = set(sync.cluster_names(registry.remote.store))
-    for rec in registry.clusters():
-        if rec.name not in names and rec.request.get("state") == registry.remote.where(rec.name):
-            names.add(rec.name)  # gone from the bucket: adopt() drops it
-    for name in sorted(names):
-        adopt(name, registry)
-
-
-def publish(name: str, registry: Registry) -> None:
-    """Leave this runner's copy of the cluster's directory in the state bucket (shared state only)."""
-    if registry.remote is None or not cluster_dir(name).is_dir():
-        return
-    from gpuctl.state.remotestate import sync
-
-    sync.push_files(registry.remote.store, name, cluster_dir(name))
 
 
 def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, workdir: Path | None = None,
@@ -116,10 +68,10 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
             inv = provisioner.provision(req, on_progress=reporter.info, on_start=record_start)
         except BaseException:
             if started:
-                publish(req.name, registry)  # a half-made cluster: the next runner can still take it down
+                registry.publish(req.name)  # a half-made cluster: the next runner can still take it down
                 registry.set_cluster_status(req.name, "INIT")
             raise
-        publish(req.name, registry)
+        registry.publish(req.name)
         registry.upsert_cluster(req.name, cloud=req.cloud, region=inv.region, zone=inv.zone,
                                 num_nodes=len(inv.nodes), status="UP",
                                 request={**asdict(req), **shared, "workdir": str(workdir) if workdir else None,
@@ -143,25 +95,15 @@ def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> bool:
 
     with _changing(name, "gpuctl down", reporter, registry), reporter.stage(f"Tearing down cluster '{name}'"):
         if not provisioner.cluster_exists(name):
-            _forget(name, registry)
+            registry.forget(name)
             reporter.info(f"Cluster '{name}' had nothing provisioned; its record is removed.")
             return False
         registry.set_cluster_status(name, "STOPPING")
         remove_containers(name, reporter)
         provisioner.destroy(name)
-        _forget(name, registry)
+        registry.forget(name)
     reporter.info(f"Cluster '{name}' is gone.")
     return True
-
-
-def _forget(name: str, registry: Registry) -> None:
-    """Drop a cluster's record and jobs, here and in the state bucket."""
-    if registry.remote is not None:
-        from gpuctl.state.remotestate import sync
-
-        sync.delete_cluster(registry.remote.store, name)
-    registry.remove_jobs(name)
-    registry.remove_cluster(name)
 
 
 def remove_containers(name: str, reporter: Reporter) -> None:
@@ -174,14 +116,13 @@ def remove_containers(name: str, reporter: Reporter) -> None:
     """
     import subprocess  # only `down` of a cluster that ran containers needs it
 
-    from gpuctl.provision import provisioner
-    from gpuctl.jobplane import payload
+    from gpuctl.provision import containers, provisioner
 
     cdir = cluster_dir(name)
-    inv = provisioner.load_inventory_of(name) if (cdir / payload.CONTAINERS_MARK).exists() else None
+    inv = provisioner.load_inventory_of(name) if (cdir / containers.CONTAINERS_MARK).exists() else None
     if inv is None or inv.cloud not in ("local", "ssh"):
         return
-    command = payload.remove_containers_command([payload.container_name(name, n.name) for n in inv.nodes])
+    command = containers.remove_containers_command([containers.container_name(name, n.name) for n in inv.nodes])
     results = ssh.run_on_all(inv.nodes, command, control_dir=ssh.control_dir_for(cdir / "cm"), timeout=120)
     if inv.cloud == "local":  # the store the nodes share: also when a node no longer answers
         subprocess.run(["bash", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
@@ -190,7 +131,7 @@ def remove_containers(name: str, reporter: Reporter) -> None:
         proc = results[node.rank]
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-            reporter.info(f"{node.name}: could not remove the container {payload.container_name(name, node.name)} "
+            reporter.info(f"{node.name}: could not remove the container {containers.container_name(name, node.name)} "
                           f"({why}); remove it there by hand")
 
 

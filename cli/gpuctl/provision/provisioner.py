@@ -30,8 +30,9 @@ from gpuctl.state import remotestate
 
 from gpuctl.provision import ssh
 from gpuctl.spec.request import ClusterRequest, check_cluster_name
-from gpuctl.common.errors import ProvisionError, UserError
-from gpuctl.provision.inventory import Inventory, inventory_from_outputs, load_inventory, write_inventory
+from gpuctl.common.errors import ClusterNotFound, ProvisionError, UserError
+from gpuctl.provision.ansibleinventory import write_inventory
+from gpuctl.provision.inventory import Inventory, inventory_from_outputs, load_inventory
 from gpuctl.common.paths import cluster_dir
 from gpuctl.providers import MODULE_NAME, Provider, get_provider
 from gpuctl.provision.sshkeys import KEY_NAME, ensure_cluster_key
@@ -78,7 +79,7 @@ def load_cluster(name: str) -> tuple[dict[str, Any], Inventory]:
     request = _read_request(cdir)
     inv = load_inventory_of(name)
     if request is None or inv is None:
-        raise UserError(f"cluster '{name}' not found (or never came up); `gpuctl status` lists the clusters you have")
+        raise ClusterNotFound(name, why=" (or never came up)")
     return request, inv
 
 
@@ -319,7 +320,7 @@ def destroy(name: str, *, on_progress: Progress = _quiet) -> None:
     check_cluster_name(name)
     cdir = cluster_dir(name)
     if not cdir.is_dir():
-        raise UserError(f"cluster '{name}' not found; `gpuctl status` lists the clusters you have")
+        raise ClusterNotFound(name)
     request = _read_request(cdir) or {}
     cloud = request.get("cloud") or ("local" if (cdir / "local.json").exists() else None)
     provider = get_provider(cloud) if cloud and cloud != "ssh" else None

@@ -19,18 +19,14 @@ if TYPE_CHECKING:
 def check_task(task: Task, req: ClusterRequest) -> None:
     """UserError on the first problem: the request (name, node count, instance type, an
     existing cluster's cloud, an ssh inventory), bucket mounts, the container runtime."""
-    from gpuctl.provision import provisioner
-    from gpuctl.jobplane import payload
+    from gpuctl.provision import containers, provisioner
     from gpuctl.spec import buckets
 
     provisioner.check_request(req)
     buckets.check(tuple(task.bucket_mounts.values()), task.envs)
     if task.container_image:
-        mounts = [payload.WORKDIR_DEST, *task.file_mounts, *(b.dest for b in task.bucket_mounts.values())]
-        try:
-            payload.container_plan(task.container_image, req.name, mounts, payload.container_runtime())
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+        containers.job_plan(task.container_image, req.name,
+                            [*task.file_mounts, *(b.dest for b in task.bucket_mounts.values())])
 
 
 def ssh_reach_problem(task: Task, req: ClusterRequest) -> str | None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 
 HOME = "~"
-WORKDIR = "~/gpuctl_workdir"  # payload.WORKDIR_DEST (a test keeps the two equal)
+WORKDIR = "~/gpuctl_workdir"  # where every job gets the workdir (payload.WORKDIR_DEST is this)
 MOUNT_MODES = ("MOUNT", "MOUNT_CACHED")
 # Never a destination, nor anything in them (agent.py: RESERVED_TREES, kept equal by a test).
 RESERVED_TREES = (

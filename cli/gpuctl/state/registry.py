@@ -15,6 +15,12 @@ working copy: cluster and job rows are written through to the state bucket,
 job ids are allocated there (an id is taken by creating its object, so two
 runners never get the same one), and `import_cluster` / `import_jobs` bring in
 what other runners wrote.
+
+The Registry is the one place that keeps the state dir and the bucket in step
+(remotestate.sync is the bucket's layout): besides the rows' write-through,
+`adopt` brings a cluster's directory, record and jobs down before a command
+acts, `publish` leaves its directory there after one changed it, and `forget`
+drops it on both sides. Each is a no-op with local state.
 """
 
 from __future__ import annotations
@@ -26,12 +32,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
-from gpuctl.common.paths import state_root
-
-if TYPE_CHECKING:
-    from gpuctl.state.remotestate import Remote
+from gpuctl.common.paths import cluster_dir, state_root
+from gpuctl.state import remotestate
+from gpuctl.state.remotestate import Remote, sync
 
 _CONFIGURED: Any = object()  # Registry(remote=...) default: the configured remote state, if any
 
@@ -111,8 +116,6 @@ class JobRecord:
 class Registry:
     def __init__(self, path: Path | None = None, remote: Remote | None = _CONFIGURED) -> None:
         if remote is _CONFIGURED:
-            from gpuctl.state import remotestate
-
             remote = remotestate.current()
         self.remote: Remote | None = remote
         self.path = path or state_root() / "state.db"
@@ -185,8 +188,6 @@ class Registry:
     def _publish_cluster(self, name: str) -> None:
         if self.remote is None:
             return
-        from gpuctl.state.remotestate import sync
-
         record = self.cluster(name)
         if record is not None:
             sync.put_record(self.remote.store, name, asdict(record))
@@ -194,8 +195,6 @@ class Registry:
     def _publish_job(self, cluster: str, job_id: int, *, new: bool = False) -> bool:
         if self.remote is None:
             return True
-        from gpuctl.state.remotestate import sync
-
         job = self.job(cluster, job_id)
         return job is None or sync.put_job(self.remote.store, cluster, asdict(job), new=new)
 
@@ -219,8 +218,6 @@ class Registry:
         token = secrets.token_hex(8)
         taken = 0
         if self.remote is not None:
-            from gpuctl.state.remotestate import sync
-
             taken = max(sync.job_ids(self.remote.store, cluster), default=0)
         while True:
             with self._connect() as db:
@@ -263,6 +260,53 @@ class Registry:
     def remove_jobs(self, cluster: str) -> None:
         with self._connect() as db:
             db.execute("DELETE FROM jobs WHERE cluster=?", (cluster,))
+
+    # shared state: the state dir as the working copy of the state bucket
+    def adopt(self, name: str) -> bool:
+        """Bring the state bucket's copy of cluster `name` (files, record, jobs) into this state dir.
+
+        False when state is local or the bucket has no such cluster. A cluster this
+        runner knew from the bucket but the bucket no longer has (another runner
+        took it down) is dropped from the registry.
+        """
+        remote = self.remote
+        if remote is None:
+            return False
+        record = sync.get_record(remote.store, name)
+        if record is None:
+            known = self.cluster(name)
+            if known is not None and known.request.get("state") == remote.where(name):
+                self.remove_jobs(name)
+                self.remove_cluster(name)
+            return False
+        sync.pull_files(remote.store, name, cluster_dir(name))
+        self.import_cluster(record)
+        self.import_jobs(name, sync.get_jobs(remote.store, name, cluster_dir(name)))
+        return True
+
+    def adopt_all(self) -> None:
+        """adopt() every cluster the state bucket has (for `gpuctl status` without a name)."""
+        if self.remote is None:
+            return
+        names = set(sync.cluster_names(self.remote.store))
+        for rec in self.clusters():
+            if rec.name not in names and rec.request.get("state") == self.remote.where(rec.name):
+                names.add(rec.name)  # gone from the bucket: adopt() drops it
+        for name in sorted(names):
+            self.adopt(name)
+
+    def publish(self, name: str) -> None:
+        """Leave this runner's copy of the cluster's directory in the state bucket (shared state only)."""
+        if self.remote is None or not cluster_dir(name).is_dir():
+            return
+        sync.push_files(self.remote.store, name, cluster_dir(name))
+
+    def forget(self, name: str) -> None:
+        """Drop a cluster's record and jobs, here and in the state bucket."""
+        if self.remote is not None:
+            sync.delete_cluster(self.remote.store, name)
+        self.remove_jobs(name)
+        self.remove_cluster(name)
 
 
 def _cluster(row: tuple[Any, ...]) -> ClusterRecord:
