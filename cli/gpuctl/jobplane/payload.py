@@ -5,7 +5,7 @@ how each node reaches the others (`peers`), each stage's script and
 environment, the destinations to copy from the head's copy, and the
 fingerprint of the prepared state the nodes must have. Secrets travel beside
 it on the same stdin, never in it (the head stores the payload for the job's
-lifetime; see agent.py).
+lifetime; see agent/).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpuctl.jobplane import jobenv
+from gpuctl.jobplane.protocol import PROTOCOL
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane.gitignore import WorkdirFilter
 
-PROTOCOL = 1
 DEFAULT_FANOUT = 32
 FANOUT_ENV = "GPUCTL_FANOUT"
 # Copies (workdir, file_mounts) from the head: each node pushes to this many others at once.
@@ -36,7 +36,7 @@ NODE_CONTROL_DIR = "~/.gpuctl/cm"  # made by the prepare play
 # destinations of other mounts inside the workdir left alone).
 WORKDIR_RSYNC_BASE = ("--delete-after", "--exclude=.git")
 
-# image_id: docker:IMAGE -- setup and run in one container per node (agent.py, "containers").
+# image_id: docker:IMAGE -- setup and run in one container per node (agent/containers.py).
 CONTAINER_RUNTIME_ENV = "GPUCTL_CONTAINER_RUNTIME"  # docker | podman | an absolute path to one; unset: either
 CONTAINER_RUNTIMES = ("docker", "podman")
 _IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")  # never an option: no leading '-'
