@@ -29,7 +29,7 @@ TEST_WORKERS ?= 4
 # What test-min and test-latest run: no nodes, no cloud, just gpuctl's code and CLI.
 BOUND_TESTS := tests/unit tests/integration/test_cli_errors.py tests/integration/test_cli_usage.py
 
-.PHONY: all deps system-deps venv demo test test-min test-latest versions lock lint tf-test collection clean
+.PHONY: all deps system-deps venv demo test test-min test-latest versions lock lint tf-test collection agent clean
 
 all: test
 
@@ -106,6 +106,12 @@ bound-venv:
 	$(BIN)/uv pip install -q --python $(VENV)-$(BOUND)/bin/python --no-deps -e .
 	@echo "==> $(BOUND): $$(grep -E '^(typer|click|pydantic|ansible-core|ansible-runner|boto3|rich|pyyaml|jinja2)==' $(VENV)-$(BOUND)/requirements.txt | tr '\n' ' ')"
 	$(VENV)-$(BOUND)/bin/python -m pytest -q $(BOUND_TESTS)
+
+# The node agent's one file, cli/gpuctl/jobplane/gpuctl_node.py, built from its modules
+# (cli/gpuctl/jobplane/agent/, protocol.py, spec/reserved.py); committed, and checked by
+# tests/unit/test_agent_build.py. Standard library only: any python3 >= 3.8 builds it.
+agent:
+	cd cli && $(PYTHON) -m gpuctl.jobplane.agent.build
 
 # gpuctl's roles and playbooks as the Ansible collection gpuctl.cluster (dist/gpuctl-cluster-VERSION.tar.gz).
 collection: venv

@@ -108,7 +108,7 @@ def test_prepare_setup_run_from_the_installed_collection(tmp_path: Path) -> None
             assert (home / "coll-hostfile.txt").read_text() == "".join(f"{m.address} slots=1\n" for m in nodes)
             agent = home / ".gpuctl" / "bin" / "gpuctl-node"
             assert os.access(agent, os.X_OK)
-            assert agent.read_bytes() == (REPO / "cli/gpuctl/jobplane/agent.py").read_bytes()
+            assert agent.read_bytes() == (REPO / "cli/gpuctl/jobplane/gpuctl_node.py").read_bytes()
             assert "NCCL_SOCKET_IFNAME=" in (home / ".gpuctl" / "fabric.env").read_text()
             assert (home / ".ssh" / "gpuctl_cluster").read_bytes() == key.read_bytes()  # node-to-node SSH
             assert f"HostName {nodes[1 - n.rank].address}" in (home / ".ssh" / "config").read_text()

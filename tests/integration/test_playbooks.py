@@ -23,7 +23,7 @@ import testhosts
 
 from gpuctl.provision import ssh
 
-from gpuctl.jobplane import stream
+from gpuctl.jobplane import protocol, stream
 from gpuctl.configplane import playbooks
 from gpuctl.provision.ansibleinventory import write_inventory
 from gpuctl.provision.inventory import Node
@@ -328,7 +328,7 @@ def test_kill_and_resume_after_dropped_connection(cluster: Cluster) -> None:
     assert codes == {0: 143, 1: 143}  # 128 + SIGTERM, recorded as killed
     expected = [f"line{i}" for i in range(1, 41)] + ["waiting"]
     assert seen == {0: expected, 1: expected}  # nothing lost, nothing repeated
-    status = ssh.run_on_all(cluster.nodes, ssh.agent_command("status", job, "run"), control_dir=ssh.control_dir_for(
+    status = ssh.run_on_all(cluster.nodes, protocol.agent_command(protocol.CMD_STATUS, job, protocol.STAGE_RUN), control_dir=ssh.control_dir_for(
         cluster.control))
     for res in status.values():
         assert res.returncode == 0, res.stderr

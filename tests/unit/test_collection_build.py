@@ -61,7 +61,7 @@ def test_playbooks_roles_agent_and_readme_inside(tarball: Path) -> None:
     # The agent and probe are links into cli/gpuctl/ in the repository: the tarball holds the files.
     for name in ("roles/gpuctl_node/files/gpuctl-node", "roles/gpuctl_node/files/gpuctl-fabric-probe"):
         assert members[name].isfile() and members[name].mode & 0o111, name
-    assert agent == (REPO / "cli/gpuctl/jobplane/agent.py").read_bytes()
+    assert agent == (REPO / "cli/gpuctl/jobplane/gpuctl_node.py").read_bytes()
     assert probe == (REPO / "cli/gpuctl/configplane/fabricprobe.py").read_bytes()
     assert readme == (ANSIBLE / "README.md").read_text()
     # gpuctl's own settings (roles_path, its ssh options) and lint caches are not the user's.

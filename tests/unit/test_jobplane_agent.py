@@ -28,7 +28,7 @@ from gpuctl.jobplane import client
 from gpuctl.jobplane.events import PIECE, Event, LineJoiner, Outcome, encode, parse_event
 from gpuctl.jobplane.stream import LineSplitter
 
-AGENT_PATH = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "agent.py"
+AGENT_PATH = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "gpuctl_node.py"  # built from jobplane/agent/
 
 
 def load_agent():

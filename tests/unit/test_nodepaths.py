@@ -14,7 +14,8 @@ from gpuctl.healthcheck.command import NODE_DIR as CHECK_DIR
 from gpuctl.common.errors import UserError
 from gpuctl.jobplane import payload
 from gpuctl.spec import buckets
-from gpuctl.spec import nodepaths
+from gpuctl.spec import nodepaths, reserved
+from gpuctl.jobplane.agent import build, destinations
 from gpuctl.spec.buckets import BucketMount
 from gpuctl.spec import load_task
 
@@ -106,8 +107,12 @@ def test_the_workdir_is_the_payloads():
 
 
 def test_the_agent_checks_the_same_places():
-    assert agent.RESERVED_TREES == nodepaths.RESERVED_TREES and agent.RESERVED_DIRS == nodepaths.RESERVED_DIRS
-    assert agent.WORKDIR == nodepaths.WORKDIR
+    # One list (spec/reserved.py): the agent's module reads the very objects nodepaths does, and the
+    # agent's file is built from that module (test_agent_build keeps the committed file fresh).
+    assert destinations.RESERVED_TREES is nodepaths.RESERVED_TREES is reserved.RESERVED_TREES
+    assert destinations.RESERVED_DIRS is nodepaths.RESERVED_DIRS is reserved.RESERVED_DIRS
+    assert destinations.WORKDIR is nodepaths.WORKDIR
+    assert "spec/reserved.py" in build.MODULES and agent.RESERVED_TREES == reserved.RESERVED_TREES
     assert agent.GPUCTL_COPIES == (CALLS_DIR, CHECK_DIR)  # the only reserved places gpuctl copies into itself
 
 

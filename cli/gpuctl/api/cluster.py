@@ -37,6 +37,7 @@ from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobFailed, PrepareFailed, UserError
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane.events import Event, Outcome
+from gpuctl.jobplane.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobOutcome, JobRunner, JobSpec
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.state.registry import Registry
@@ -80,7 +81,7 @@ class _CallRunner(JobRunner):
         self.outcome: Outcome | None = None
 
     def output_text(self, event: Event) -> str | None:
-        if event.stage != "run" or event.rank is None:
+        if event.stage != STAGE_RUN or event.rank is None:
             return event.text
         return self.collector.take(event.rank, event.text)
 

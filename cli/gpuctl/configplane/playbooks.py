@@ -284,7 +284,7 @@ def run_playbook(
     (default: `<private_data_dir>/../cm`, as launch.py's follow uses) holds the
     ControlMaster sockets, shortened by ssh.control_dir_for if the path is too
     long. `timeout` (s) and `cancel` stop ansible-playbook (not processes it
-    started on nodes: use kill.yml or ssh.kill_stage for those).
+    started on nodes: use kill.yml or jobplane.client.kill_stage for those).
     """
     import ansible_runner  # here, not at import: a job on a prepared cluster never needs it
 

@@ -37,7 +37,7 @@ from gpuctl.common.errors import UserError
 from gpuctl.provision.inventory import Inventory, peer_port
 from gpuctl.common.paths import ansible_dir
 
-AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "agent.py"
+AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "gpuctl_node.py"  # built by `make agent`
 # The parts of the Ansible tree that shape a prepared node.
 _PREPARE_TREE = ("playbooks/prepare.yml", "roles/gpuctl_node", "roles/gpuctl_cluster_ssh",
                  "roles/gpuctl_sshd_limits", "roles/gpuctl_storage", "roles/gpuctl_python")

@@ -28,6 +28,7 @@ from gpuctl.healthcheck import bandwidth, nccllog, ncclperf
 from gpuctl.healthcheck import fabriccheck
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane.events import Event
+from gpuctl.jobplane.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobRunner, JobSpec
 from gpuctl.common.paths import cluster_dir
 from gpuctl.state.registry import Registry
@@ -100,7 +101,7 @@ class _CheckRunner(JobRunner):
         self.lines: dict[int, list[str]] = {n.rank: [] for n in inv.nodes}
 
     def output_text(self, event: Event) -> str | None:
-        if event.stage == "run" and event.rank in self.lines:
+        if event.stage == STAGE_RUN and event.rank in self.lines:
             self.lines[event.rank].append(event.text)
         return event.text
 

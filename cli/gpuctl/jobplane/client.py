@@ -18,9 +18,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from gpuctl.provision import ssh
+from gpuctl.jobplane import protocol
 from gpuctl.provision.inventory import Node
 from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, Outcome, parse_event
 from gpuctl.jobplane.stream import LineSplitter
@@ -75,13 +76,13 @@ class Session:
                stop: Callable[[], bool] = lambda: False) -> Outcome | None:
         """Run the job; its outcome, or None when `stop()` said to leave it running."""
         data = (json.dumps(payload, separators=(",", ":")) + "\n" + json.dumps(secrets_text) + "\n").encode()
-        self._start(f"{ssh.AGENT} submit", data)
+        self._start(f"{protocol.AGENT} {protocol.CMD_SUBMIT}", data)
         return self._pump(stop, first=True)
 
     def attach(self, offset: int = 0, stop: Callable[[], bool] = lambda: False) -> Outcome | None:
         """Stream a submitted job's events from `offset` (0: all of them again)."""
         self.offset = offset
-        self._start(f"{ssh.AGENT} attach {_word(self.job)} --offset {offset}", None)
+        self._start(protocol.job_command(protocol.CMD_ATTACH, self.job, "--offset", str(offset)), None)
         return self._pump(stop, first=True)
 
     def _pump(self, stop: Callable[[], bool], *, first: bool) -> Outcome | None:
@@ -109,7 +110,7 @@ class Session:
             if failures > 3:
                 raise HeadUnreachable(f"the connection to the head dropped {failures} times: {why}")
             time.sleep(min(2.0 ** (failures - 1), 8.0))
-            self._start(f"{ssh.AGENT} attach {_word(self.job)} --offset {self.offset or 0}", None)
+            self._start(protocol.job_command(protocol.CMD_ATTACH, self.job, "--offset", str(self.offset or 0)), None)
 
     def _read_connection(self, stop: Callable[[], bool]) -> bool:
         """Read one connection to its end; True when the stream ended with the agent's sentinel."""
@@ -161,7 +162,7 @@ class Session:
 
     def _handle(self, event: Event) -> None:
         for whole in self.lines.feed(event):
-            if whole.kind == "D":
+            if whole.kind == protocol.EV_DONE:
                 self.outcome = Outcome.from_data(whole.text, whole.data)
             self.on_event(whole)
 
@@ -203,15 +204,10 @@ def event_splitter(offset: int | None) -> LineSplitter:
     return LineSplitter(offset=offset, max_line=MAX_EVENT, frames=True)
 
 
-def _word(job: str) -> str:
-    """A job's node name as one shell word that cannot be an option (ssh.job_dir checks it)."""
-    ssh.job_dir(job)
-    return job
-
-
 def cancel_on_head(head: Node, job: str, control_dir: Path, wait: float = 30.0) -> dict[str, Any] | None:
     """Ask the head's coordinator to end the job everywhere; its outcome, or None if unreachable."""
-    proc = ssh.run_ssh(head, f"{ssh.AGENT} cancel {_word(job)} --wait {wait:g}", control_dir, timeout=wait + 30)
+    proc = ssh.run_ssh(head, protocol.job_command(protocol.CMD_CANCEL, job, "--wait", f"{wait:g}"), control_dir,
+                       timeout=wait + 30)
     if proc.returncode != 0:
         return None
     try:
@@ -222,7 +218,7 @@ def cancel_on_head(head: Node, job: str, control_dir: Path, wait: float = 30.0) 
 
 def job_status_on_head(head: Node, job: str, control_dir: Path) -> dict[str, Any] | None:
     """The head's record of a job (job.json), {"status": "RUNNING"|"LOST"|"UNKNOWN"}, or None if unreachable."""
-    proc = ssh.run_ssh(head, f"{ssh.AGENT} job-status {_word(job)}", control_dir, timeout=30)
+    proc = ssh.run_ssh(head, protocol.job_command(protocol.CMD_JOB_STATUS, job), control_dir, timeout=30)
     if proc.returncode != 0:
         return None
     try:
@@ -230,3 +226,15 @@ def job_status_on_head(head: Node, job: str, control_dir: Path) -> dict[str, Any
     except (ValueError, IndexError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def kill_stage(nodes: Sequence[Node], *, job_id: str, stage: str | Sequence[str], control_dir: Path | None,
+               grace: float = 10.0, timeout: float = 60) -> dict[int, subprocess.CompletedProcess[str]]:
+    """SIGTERM, then SIGKILL after `grace` s, the stage's process group on every node at once.
+
+    Several stages are ended in one ssh round per node. stdout of each result
+    is the agent's JSON status ({pid, running, exit, killed}), a line per stage.
+    """
+    stages = [stage] if isinstance(stage, str) else list(stage)
+    command = "; ".join(protocol.agent_command(protocol.CMD_KILL, job_id, s, "--grace", f"{grace:g}") for s in stages)
+    return ssh.run_on_all(nodes, command, control_dir=control_dir, timeout=timeout + grace * len(stages))

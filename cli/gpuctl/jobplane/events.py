@@ -1,4 +1,4 @@
-"""The agent's event lines, as typed values (pure; the grammar is in agent.py's docstring).
+"""The agent's event lines, as typed values (pure; the letters and grammar are protocol.py's).
 
 A rank's output travels as `O RANK STAGE BYTES` (the end of a line) and
 `o RANK STAGE BYTES` (a piece of a line that goes on): the agent cuts every
@@ -14,7 +14,11 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-PIECE = 65536  # bytes of a rank's output per O/o event (the agent's OUT_PIECE)
+from gpuctl.jobplane.protocol import (
+    EV_CLAIMS, EV_DONE, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_PHASE, EV_PIECE, EV_STARTED, EV_SYNCED, OUT_PIECE,
+)
+
+PIECE = OUT_PIECE  # bytes of a rank's output per O/o event
 MAX_EVENT = 2 << 20  # the longest event line a reader takes (older agents' pieces were 1 MiB + 64 KiB)
 JOIN_LIMIT = 16 << 20  # characters of one line rejoined on the controller; a longer one goes on in parts
 JOIN_TOTAL = 64 << 20  # characters of all unfinished lines together
@@ -22,7 +26,7 @@ JOIN_TOTAL = 64 << 20  # characters of all unfinished lines together
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # H C Y B S O o X L P D
+    kind: str  # protocol.EV_*: H C Y S O o X L P D (B is not parsed here)
     rank: int | None = None
     stage: str | None = None
     text: str = ""  # O: the line's bytes, decoded UTF-8 with surrogateescape (encode back the same way)
@@ -44,35 +48,35 @@ def encode(text: str) -> bytes:
 def parse_event(line: str) -> Event | None:
     """One event line, or None for a line that is not one (kept out of the output)."""
     kind, _, rest = line.partition(" ")
-    if kind == "P":
-        return Event("P", text=rest.strip())
-    if kind == "D":
+    if kind == EV_PHASE:
+        return Event(EV_PHASE, text=rest.strip())
+    if kind == EV_DONE:
         status, _, blob = rest.partition(" ")
         try:
             data = json.loads(blob) if blob.strip() else {}
         except ValueError:
             data = {}
-        return Event("D", text=status, data=data if isinstance(data, dict) else {})
+        return Event(EV_DONE, text=status, data=data if isinstance(data, dict) else {})
     rank_text, _, rest = rest.partition(" ")
     if not rank_text.isdigit():
         return None
     rank = int(rank_text)
-    if kind in ("O", "o"):
+    if kind in (EV_OUTPUT, EV_PIECE):
         stage, _, text = rest.partition(" ")
         return Event(kind, rank, stage=stage, text=text)
-    if kind == "X":
+    if kind == EV_EXIT:
         stage, _, code = rest.partition(" ")
         code = code.strip()
-        return Event("X", rank, stage=stage, code=int(code) if code.lstrip("-").isdigit() else None)
-    if kind == "S":
-        return Event("S", rank, stage=rest.strip())
-    if kind in ("H", "L"):
+        return Event(EV_EXIT, rank, stage=stage, code=int(code) if code.lstrip("-").isdigit() else None)
+    if kind == EV_STARTED:
+        return Event(EV_STARTED, rank, stage=rest.strip())
+    if kind in (EV_HELLO, EV_LOST):
         return Event(kind, rank, text=rest)
-    if kind == "Y":
+    if kind == EV_SYNCED:
         code, _, text = rest.partition(" ")
-        return Event("Y", rank, code=int(code) if code.lstrip("-").isdigit() else None, text=text)
-    if kind == "C":
-        return Event("C", rank, text=rest)
+        return Event(EV_SYNCED, rank, code=int(code) if code.lstrip("-").isdigit() else None, text=text)
+    if kind == EV_CLAIMS:
+        return Event(EV_CLAIMS, rank, text=rest)
     return None
 
 
@@ -98,22 +102,22 @@ class LineJoiner:
     def feed(self, event: Event) -> list[Event]:
         """The events to hand on for `event` (none while a line is incomplete)."""
         key = (event.rank, event.stage)
-        if event.kind == "o":
+        if event.kind == EV_PIECE:
             self.pending.setdefault(key, []).append(event.text)
             self.sizes[key] = self.sizes.get(key, 0) + len(event.text)
             self.held += len(event.text)
             if self.sizes[key] >= self.limit or self.held >= self.total:
                 return [self._flush(key)]
             return []
-        if event.kind == "O":
+        if event.kind == EV_OUTPUT:
             if key not in self.pending:
                 return [event]
             return [replace(event, text=self._flush(key).text + event.text)]
-        if event.kind == "X":
+        if event.kind == EV_EXIT:
             ended = [key] if key in self.pending else []
-        elif event.kind == "L":
+        elif event.kind == EV_LOST:
             ended = [k for k in self.pending if k[0] == event.rank]
-        elif event.kind == "D":
+        elif event.kind == EV_DONE:
             ended = list(self.pending)
         else:
             return [event]
@@ -127,7 +131,7 @@ class LineJoiner:
     def _flush(self, key: tuple[int | None, str | None]) -> Event:
         parts = self.pending.pop(key)
         self.held -= self.sizes.pop(key)
-        return Event("O", key[0], stage=key[1], text="".join(parts), eol=False)
+        return Event(EV_OUTPUT, key[0], stage=key[1], text="".join(parts), eol=False)
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import IO, Callable
 
 from gpuctl.provision import ssh
+from gpuctl.jobplane import protocol
 from gpuctl.provision.inventory import Inventory
 from gpuctl.jobplane.events import LineJoiner, Outcome, decode, parse_event
 from gpuctl.common.paths import cluster_dir
 
-STAGES = ("setup", "run")
+STAGES = protocol.STAGES
 
 
 def local_job_dir(cluster: str, job_id: int | str) -> Path:
@@ -45,7 +46,7 @@ class LogWriter:
         """One line of output (event text: surrogate-escaped bytes); `eol` False: no newline came with it."""
         if self.failed:
             return
-        stage = stage if stage in STAGES else "run"  # the agent's own notes go with the run log
+        stage = stage if stage in STAGES else protocol.STAGE_RUN  # the agent's own notes go with the run log
         try:
             fh = self.files.get((stage, rank))
             if fh is None:
@@ -82,7 +83,7 @@ def fetch(inv: Inventory, job_id: int | str, node_job: str, *, control_dir: Path
           timeout: float = 300) -> Outcome | None:
     """Rebuild job `job_id`'s local logs from the head's events.log (of `node_job`, its name on the
     nodes: JobRecord.node_job); the outcome if the job ended."""
-    argv = ssh.ssh_argv(inv.head, f"cat -- {ssh.job_dir(node_job)}/events.log", control_dir=control_dir)
+    argv = ssh.ssh_argv(inv.head, f"cat -- {protocol.node_job_dir(node_job)}/events.log", control_dir=control_dir)
     try:  # bytes: the ranks' output may be anything but a newline
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -97,13 +98,13 @@ def fetch(inv: Inventory, job_id: int | str, node_job: str, *, control_dir: Path
         for raw in proc.stdout.split(b"\n"):
             event = parse_event(decode(raw))
             for whole in joiner.feed(event) if event is not None else ():
-                if whole.kind == "O" and whole.rank in ranks:
-                    writer.write(whole.stage or "run", whole.rank, whole.text, whole.eol)
-                elif whole.kind == "D":
+                if whole.kind == protocol.EV_OUTPUT and whole.rank in ranks:
+                    writer.write(whole.stage or protocol.STAGE_RUN, whole.rank, whole.text, whole.eol)
+                elif whole.kind == protocol.EV_DONE:
                     outcome = Outcome.from_data(whole.text, whole.data)
         for held in joiner.flush_all():  # a line still being written, or cut by a killed coordinator
             if held.rank in ranks:
-                writer.write(held.stage or "run", held.rank, held.text, held.eol)
+                writer.write(held.stage or protocol.STAGE_RUN, held.rank, held.text, held.eol)
     finally:
         writer.close()
     return outcome

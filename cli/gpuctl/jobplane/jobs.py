@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from gpuctl.jobplane import joblogs
 
 from gpuctl.provision import ssh
+from gpuctl.jobplane import protocol
 
 from gpuctl.jobplane import stream
 from gpuctl.common.console import Reporter
@@ -60,8 +61,8 @@ class StageStatus:
 def node_status(nodes: Sequence[Node], node_job: str, stage: str, control_dir: Path) -> dict[int, StageStatus]:
     """Ask every node's agent about one stage of a job (its name on the nodes), all at once (when the
     head cannot say)."""
-    results = ssh.run_on_all(nodes, ssh.agent_command("status", node_job, stage), control_dir=control_dir,
-                             timeout=30)
+    command = protocol.agent_command(protocol.CMD_STATUS, node_job, stage)
+    results = ssh.run_on_all(nodes, command, control_dir=control_dir, timeout=30)
     out: dict[int, StageStatus] = {}
     for rank, proc in results.items():
         if proc.returncode != 0:
@@ -112,14 +113,14 @@ def _refresh_from_nodes(runner: JobRunner, job: JobRecord) -> None:
     to answer for it (the head's whole agent may have died): it is stopped
     before the job is recorded as ended."""
     nodes = job_nodes(runner.inv, job)
-    stage = "setup" if job.status == "SETTING_UP" else "run"
+    stage = protocol.STAGE_SETUP if job.status == "SETTING_UP" else protocol.STAGE_RUN
     status = node_status(nodes, job.node_job, stage, runner.control_dir)
     if any(s.running for s in status.values()) or not all(s.reachable for s in status.values()):
         return
     report = runner.stop_leftovers(job.job_id, nodes)
     stopped = [f"stopped what still ran of it on rank {r}" for r in report.stopped]
     codes = {rank: s.exit for rank, s in status.items()}
-    if stage == "setup":
+    if stage == protocol.STAGE_SETUP:
         runner.record_outcome(job.job_id, "FAILED_SETUP", codes, describe_codes(codes, runner.by_rank) + stopped)
     else:
         failed = describe_codes(codes, runner.by_rank)

@@ -5,7 +5,7 @@ how each node reaches the others (`peers`), each stage's script and
 environment, the destinations to copy from the head's copy, and the
 fingerprint of the prepared state the nodes must have. Secrets travel beside
 it on the same stdin, never in it (the head stores the payload for the job's
-lifetime; see agent.py).
+lifetime; see agent/).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpuctl.jobplane import jobenv
+from gpuctl.jobplane.protocol import PROTOCOL
 from gpuctl.provision.inventory import Inventory, Node, peer_port
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.spec import nodepaths
 
-PROTOCOL = 1
 DEFAULT_FANOUT = 32
 FANOUT_ENV = "GPUCTL_FANOUT"
 # Copies (workdir, file_mounts) from the head: each node pushes to this many others at once.

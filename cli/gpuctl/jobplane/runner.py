@@ -36,7 +36,7 @@ from gpuctl.configplane import fabricrecord
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobCancelled, JobFailed, PrepareFailed, UserError
 from gpuctl.provision.inventory import Inventory, Node, hostfile_lines
-from gpuctl.jobplane import client, gitignore, payload, upload
+from gpuctl.jobplane import client, gitignore, payload, protocol, upload
 from gpuctl.spec import buckets
 from gpuctl.spec.buckets import BucketMount
 from gpuctl.jobplane.events import Event, Outcome
@@ -440,7 +440,7 @@ class JobRunner:
     def stop_leftovers(self, job_id: int, job_nodes: Sequence[Node]) -> LeftoverReport:
         """Stop every stage of the job still running on its nodes, whatever the job's recorded state
         (a record can say FAILED while a rank whose owner was killed still runs); secrets go too."""
-        results = ssh.kill_stage(job_nodes, job_id=self.node_job(job_id), stage=("setup", "run"),
+        results = client.kill_stage(job_nodes, job_id=self.node_job(job_id), stage=protocol.STAGES,
                                  control_dir=self.control_dir, grace=KILL_GRACE_S)
         stopped, unreachable = [], []
         for rank, proc in sorted(results.items()):
@@ -509,40 +509,41 @@ class _JobView:
     def on_event(self, event: Event) -> None:
         runner, by_rank = self.runner, self.runner.by_rank
         cluster = runner.inv.cluster
-        if event.kind == "O" and event.rank in by_rank:
+        if event.kind == protocol.EV_OUTPUT and event.rank in by_rank:
             text = runner.output_text(event)
             if text is not None:
-                self.logs.write(event.stage or "run", event.rank, text, event.eol)
+                self.logs.write(event.stage or protocol.STAGE_RUN, event.rank, text, event.eol)
                 if self.echo and (self.ranks is None or event.rank in self.ranks):
                     runner.print_line(by_rank[event.rank], text)
-        elif event.kind == "P" and not self.quiet:
+        elif event.kind == protocol.EV_PHASE and not self.quiet:
             n = len(runner.inv.nodes)
-            if event.text == "sync" and n > 1:
+            if event.text == protocol.PHASE_SYNC and n > 1:
                 runner.reporter.info(f"Copying from the head to the other {n - 1} node(s)")
-            elif event.text.startswith("plan ") and n > 1:
-                for line in describe_copies(event.text[5:], n):
+            elif event.text.startswith(protocol.PHASE_PLAN + " ") and n > 1:
+                for line in describe_copies(event.text[len(protocol.PHASE_PLAN) + 1:], n):
                     runner.reporter.info(f"  {line}")
-            elif event.text == "setup":
+            elif event.text == protocol.PHASE_SETUP:
                 runner.registry.update_job(cluster, self.job_id, status="SETTING_UP", started_at=time.time())
                 runner.reporter.info(f"Running setup on {n} node(s)")
-            elif event.text == "run":
+            elif event.text == protocol.PHASE_RUN:
                 # Printed as the ranks start, before their first lines (scripts read the job id here).
                 runner.reporter.info(f"Starting job {self.job_id} on {len(self.job_nodes)} node(s)")
                 runner.reporter.info(f"Job {self.job_id} running ({self.task})")
-            elif event.text == "running":  # every rank started
+            elif event.text == protocol.PHASE_RUNNING:  # every rank started
                 job = runner.registry.job(cluster, self.job_id)
                 runner.registry.update_job(cluster, self.job_id, status="RUNNING",
                                            started_at=(job.started_at if job and job.started_at else time.time()))
                 self.running = True
-        elif event.kind == "X" and event.stage == "run" and event.code not in (0, None) and not self.failed_seen:
+        elif (event.kind == protocol.EV_EXIT and event.stage == protocol.STAGE_RUN and event.code not in (0, None)
+              and not self.failed_seen):
             self.failed_seen = True
             if not self.quiet and event.rank in by_rank:
                 others = len(self.job_nodes) - 1
                 runner.reporter.info(f"rank {event.rank} ({by_rank[event.rank].name}) exited with code "
                                      f"{event.code}; stopping the other {others} rank(s)")
-        elif event.kind == "L" and not self.quiet and event.rank in by_rank:
+        elif event.kind == protocol.EV_LOST and not self.quiet and event.rank in by_rank:
             runner.reporter.info(f"rank {event.rank} ({by_rank[event.rank].name}) lost: {event.text}")
-        elif event.kind == "D":
+        elif event.kind == protocol.EV_DONE:
             self.logs.close()
 
 

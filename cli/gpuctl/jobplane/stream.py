@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from gpuctl.provision import ssh
+from gpuctl.jobplane import protocol
+from gpuctl.jobplane.protocol import OFFSET_HEADER, SENTINEL
 from gpuctl.provision.inventory import Node
 
-SENTINEL = "__GPUCTL_EXIT__"
-OFFSET_HEADER = "__GPUCTL_OFFSET__"
 MAX_LINE = 1 << 20  # a longer run without newline is passed on in pieces
 
 
@@ -162,7 +162,7 @@ class _Follower:
 
 def _follow_command(job_id: str, stage: str, offset: int | None, from_start: bool) -> str:
     where = ["--offset", str(offset)] if offset is not None else ([] if from_start else ["--tail", "0"])
-    return ssh.agent_command("follow", job_id, stage, *where, "--print-offset")
+    return protocol.agent_command(protocol.CMD_FOLLOW, job_id, stage, *where, "--print-offset")
 
 
 def follow(

@@ -1,7 +1,7 @@
 """Controller -> head: the workdir and file_mounts, once, over the head's ControlMaster.
 
 Bytes leave the controller once whatever the cluster size: the head's agent
-copies them on to the workers (agent.py, `sync`). The workdir keeps its
+copies them on to the workers (agent/relay.py, `sync`). The workdir keeps its
 rsync rules (payload.workdir_rsync_args) on this hop too, and on this hop
 only also leaves out every path git itself reports ignored (gitignore.py),
 read by rsync from its stdin: what leaves this machine is git's answer.
@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Mapping
 
 from gpuctl.provision import ssh
+from gpuctl.jobplane.protocol import AGENT, CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX
 from gpuctl.provision.inventory import Node
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.payload import WORKDIR_DEST, workdir_rsync_args
 
-CLAIM_EXCLUDE = "--exclude=/.gpuctl-claim-*"
+CLAIM_EXCLUDE = f"--exclude=/{CLAIM_PREFIX}*"
 # rsync's quick check compares whole seconds: a same-size edit within the second of the
 # last copy would be skipped. -1 compares nanoseconds (receiver rsync >= 3.1.3).
 NANOSECOND_MTIMES = "--modify-window=-1"
-REFUSED = "gpuctl-node: "  # the head's check-dest refused the destination (agent.py)
+REFUSED = MESSAGE_PREFIX  # the head's check-dest refused the destination (agent/destinations.py)
 
 
 class UploadError(Exception):
@@ -52,9 +53,9 @@ def rsync_argv(head: Node, item: Item, control_dir: Path, extra: tuple[str, ...]
     remote = remote_path(item.dest)
     parent = str(Path(remote).parent) if not item.is_dir else remote
     # The head's agent first checks the real path (a symlink into ~/.ssh, a mount in the workdir:
-    # agent.py, check-dest); one that is missing is installed again at submit, so it is skipped.
+    # agent/destinations.py, check-dest); one that is missing is installed again at submit, so it is skipped.
     # The destination's directory may not exist on the head yet: make it then.
-    check = f"{{ test ! -x {ssh.AGENT} || {ssh.AGENT} check-dest -- {shlex.quote(item.dest)}; }}"
+    check = f"{{ test ! -x {AGENT} || {AGENT} {CMD_CHECK_DEST} -- {shlex.quote(item.dest)}; }}"
     rsync_path = f"{check} && mkdir -p -- {shlex.quote(parent)} && rsync"
     host = f"[{head.ssh_host}]" if ":" in head.ssh_host else head.ssh_host
     src = str(item.src).rstrip("/") + ("/" if item.is_dir else "")

@@ -29,8 +29,6 @@ from gpuctl.provision.inventory import Node
 _SOCKET_PATH_MAX = 104
 _CONTROL_NAME_LEN = 40 + 1 + 17
 CONTROL_PERSIST = "300s"
-AGENT = "~/.gpuctl/bin/gpuctl-node"  # node-side layout: docs/architecture.md
-JOBS_DIR = "~/.gpuctl/jobs"
 
 COMMON_OPTIONS = (
     "LogLevel=ERROR",
@@ -208,27 +206,3 @@ def run_on_all(nodes: Sequence[Node], command: str | Sequence[str], *, control_d
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(nodes))), thread_name_prefix="ssh") as pool:
         futures = {n.rank: pool.submit(run_ssh, n, command, control_dir, timeout) for n in nodes}
         return {rank: f.result() for rank, f in futures.items()}
-
-
-def job_dir(job_id: str) -> str:
-    """The node-side job directory as a shell word (`~` expands on the node)."""
-    if not job_id or not all(c.isalnum() or c in "._-" for c in job_id) or job_id.startswith("."):
-        raise ValueError(f"job id {job_id!r} must be letters, digits, '.', '_' or '-'")
-    return f"{JOBS_DIR}/{job_id}"
-
-
-def agent_command(action: str, job_id: str, stage: str, *args: str) -> str:
-    """The shell command running `gpuctl-node ACTION JOBDIR STAGE ARGS...` on a node."""
-    return " ".join([AGENT, shlex.quote(action), job_dir(job_id), shlex.quote(stage), *map(shlex.quote, args)])
-
-
-def kill_stage(nodes: Sequence[Node], *, job_id: str, stage: str | Sequence[str], control_dir: Path | None,
-               grace: float = 10.0, timeout: float = 60) -> dict[int, subprocess.CompletedProcess[str]]:
-    """SIGTERM, then SIGKILL after `grace` s, the stage's process group on every node at once.
-
-    Several stages are ended in one ssh round per node. stdout of each result
-    is the agent's JSON status ({pid, running, exit, killed}), a line per stage.
-    """
-    stages = [stage] if isinstance(stage, str) else list(stage)
-    command = "; ".join(agent_command("kill", job_id, s, "--grace", f"{grace:g}") for s in stages)
-    return run_on_all(nodes, command, control_dir=control_dir, timeout=timeout + grace * len(stages))

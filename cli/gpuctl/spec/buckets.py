@@ -3,7 +3,7 @@
 The spec layer turns `file_mounts: {/data: s3://bucket/prefix}` and the
 object form (`source`/`name`/`mode`/`store`) into `BucketMount`s; the node
 agent fetches (COPY) or mounts (MOUNT, MOUNT_CACHED) each one on every node
-before setup (agent.py, "buckets"), with rclone:
+before setup (jobplane/agent/buckets.py), with rclone:
 
 - COPY: `rclone copy` onto the node's disk, by one node per shared filesystem
   (the claim markers of the workdir copy);
@@ -17,7 +17,7 @@ next job finds the same mount and reuses it, a dead one is mounted again. A
 mount made with the job's own AWS_* secrets (they are in its `rclone mount`
 daemon's environment) goes when the job ends on the node, once its writes are
 uploaded and no other running job holds it, so the secrets leave with the job.
-A mount is the node user's alone (agent.py, rclone_mount_argv). Credentials never travel in the payload, an argv
+A mount is the node user's alone (agent/buckets.py, rclone_mount_argv). Credentials never travel in the payload, an argv
 or a log: rclone takes AWS's own chain (`env_auth`), that is the node's
 instance profile, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
 AWS_SESSION_TOKEN given under the task's `secrets:`, which reach the node on

@@ -26,39 +26,21 @@ which would delete through the mount into the bucket.
 
 Symlinks can only be resolved on the node: the agent checks the real paths of
 the workdir, the file_mounts and the buckets again in its hello, before anything
-is copied, fetched or mounted there (agent.py, `destinations_problem`), with the
-same lists; on the head, before each of the controller's copies lands too
-(upload.py runs `gpuctl-node check-dest` ahead of rsync).
+is copied, fetched or mounted there (jobplane/agent/destinations.py,
+`destinations_problem`), with the same lists (reserved.py); on the head, before
+each of the controller's copies lands too (upload.py runs `gpuctl-node
+check-dest` ahead of rsync).
 """
 
 from __future__ import annotations
 
 import re
 
+# The lists themselves are reserved.py's, which the node agent is built with (the same objects).
+from gpuctl.spec.reserved import RESERVED_DIRS, RESERVED_TREES, WORKDIR  # noqa: F401 - WORKDIR: nodepaths.WORKDIR
+
 HOME = "~"
-WORKDIR = "~/gpuctl_workdir"  # where every job gets the workdir (payload.WORKDIR_DEST is this)
 MOUNT_MODES = ("MOUNT", "MOUNT_CACHED")
-# Never a destination, nor anything in them (agent.py: RESERVED_TREES, kept equal by a test).
-RESERVED_TREES = (
-    "~/.ssh", "~/.gpuctl",
-    # the login shell's startup files: sshd runs every command of gpuctl's through them, and one that
-    # prints or exits breaks rsync and the agent for every later job (as a bad authorized_keys would)
-    "~/.bashrc", "~/.bash_profile", "~/.bash_login", "~/.bash_logout", "~/.profile", "~/.zshenv", "~/.zprofile",
-    "~/.zshrc", "~/.cshrc", "~/.tcshrc",
-    "/etc/ssh", "/etc/sudoers", "/etc/sudoers.d", "/etc/pam.d", "/etc/passwd", "/etc/shadow", "/etc/group",
-    "/etc/gshadow", "/etc/fuse.conf", "/etc/security", "/etc/profile", "/etc/profile.d", "/etc/bash.bashrc",
-    "/etc/environment", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/nsswitch.conf",
-    "/etc/ld.so.preload", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ld.so.cache",
-    # the programs and libraries gpuctl runs (python3, rsync, ssh, bash): never replaced by a copy
-    "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32",
-    "/usr/lib64", "/usr/libx32", "/usr/libexec",
-    "/proc", "/sys", "/dev", "/run", "/var/run", "/boot",
-)
-# Never a destination themselves; a new directory below them is fine (agent.py: RESERVED_DIRS).
-RESERVED_DIRS = (
-    "/", "~", "/etc", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/usr", "/var", "/usr/local",
-    "/usr/local/bin", "/usr/share", "/var/lib", "/var/log", "/var/tmp",
-)
 # A home on the nodes: /root, or /home/NAME (the controller does not know the login user's).
 _HOME_RE = re.compile(r"^(/root|/home/[^/]+)(/.*)?$")
 _HOME_VAR_RE = re.compile(r"^\$(HOME|\{HOME\})(?=/|$)")

@@ -1,0 +1,505 @@
+"""One node's part of a job (`relay`): its own rank, and the ssh tree of relays below it.
+
+The head's coordinator and every worker's `gpuctl-node relay` run a `Relay`:
+it checks the node (H), writes the job's files, and does each command that
+comes down the tree (protocol.py: claim, sync, buckets, start, kill, ...)
+here before or after passing it to its children (`Child`: ssh to a worker
+running `relay` for a subtree of ranks). Events from its own stages and from
+its children go up as they come; a child whose connection ends owes its ranks
+as L events.
+"""
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from gpuctl.jobplane.protocol import (
+    AGENT, CLAIM_PREFIX, CMD_RELAY, EV_CLAIMS, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_STARTED, EV_SYNCED,
+    HELLO_OK, HELLO_PROBLEM, HELLO_UNPREPARED, PROTOCOL, RELAY_BUCKETS, RELAY_CLAIM, RELAY_CLEANUP, RELAY_END,
+    RELAY_KILL, RELAY_RELEASE, RELAY_START, RELAY_SYNC, STAGES, STAGE_AGENT, STAGE_RUN, STAGE_SETUP,
+)
+from gpuctl.jobplane.agent.jobdir import (
+    FABRIC_ENV, Stage, cannot_write, dest_paths, job_dir, prepared_problem, remove, shell_quote, take_job_dir,
+    write_private,
+)
+from gpuctl.jobplane.agent.containers import CONTAINER_FILE, container_config
+from gpuctl.jobplane.agent.stages import kill_stage, stage_env_text, start_stage
+from gpuctl.jobplane.agent.follow import LineReader, LocalStage, OUTPUT_HEADS, Out, ev
+from gpuctl.jobplane.agent.destinations import claim_destinations, destinations_problem, release_claims
+from gpuctl.jobplane.agent.buckets import NodeBuckets, bucket_tools_problem
+
+
+# A child's events as bytes (Relay._from_child reads them without decoding).
+_EXIT, _LOST, _HELLO = EV_EXIT.encode(), EV_LOST.encode(), EV_HELLO.encode()
+_UNPREPARED = (" " + HELLO_UNPREPARED).encode()  # in an H: the rank owes nothing more
+_PROBLEM = (" %s " % HELLO_PROBLEM).encode()
+
+
+def partition(ranks, branching):
+    """Split `ranks` into at most `branching` contiguous groups of near-equal size."""
+    groups = []
+    n = len(ranks)
+    k = min(max(branching, 1), n)
+    start = 0
+    for i in range(k):
+        size = n // k + (1 if i < n % k else 0)
+        groups.append(ranks[start:start + size])
+        start += size
+    return [g for g in groups if g]
+
+
+class Child(object):
+    """A child relay: `ssh child gpuctl-node relay`, carrying a subtree of ranks."""
+
+    def __init__(self, relay, subtree):
+        self.relay = relay
+        self.rank = subtree[0]
+        self.subtree = subtree
+        self.open_ranks = set(subtree)  # ranks whose end this child still owes
+        self.hello = False  # the child answered (H)
+        self.err = b""
+        peer = relay.peers[self.rank]
+        argv = ["ssh"] + list(peer["ssh"]) + ["--", peer["host"], "%s %s" % (AGENT, CMD_RELAY)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     close_fds=True)
+        self.out = LineReader(self.proc.stdout.fileno())
+        self.errs = LineReader(self.proc.stderr.fileno())
+        payload = dict(relay.payload, subtree=subtree)
+        self.send(json.dumps(payload, separators=(",", ":")).encode() + b"\n"
+                  + json.dumps(relay.secrets).encode() + b"\n")
+
+    def send(self, data):
+        if self.proc.stdin is None:
+            return
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def close_stdin(self):
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            self.proc.stdin = None
+
+    def reason(self):
+        text = self.err.decode("utf-8", "replace").strip().splitlines()
+        return (text[-1] if text else "ssh exited with code %s" % self.proc.poll())[:300]
+
+
+def describe_by_node(peers, messages):
+    """One clause per distinct message, naming its nodes: `head, worker1: TEXT`."""
+    names = {}
+    for r in sorted(messages):
+        names.setdefault(messages[r], []).append(peers[r]["name"])
+    return "; ".join("%s: %s" % (", ".join(n[:3]) + (" and %d more node(s)" % (len(n) - 3) if len(n) > 3 else ""),
+                                 text) for text, n in names.items())
+
+
+class Relay(object):
+    """One node's part of a job: its own rank, and the children it fans out to.
+
+    The head's coordinator and every worker's `relay` command run this; a
+    command given to a relay is done here and passed on to its children.
+    """
+
+    def __init__(self, payload, secrets, rank, emit):
+        self.payload = payload
+        self.secrets = secrets
+        self.rank = rank
+        self.emit = emit
+        self.job = payload["job"]
+        self.jobdir = job_dir(self.job)
+        self.peers = dict((p["rank"], p) for p in payload["peers"])
+        self.subtree = payload.get("subtree") or [rank]
+        self.children = []
+        self.stages = {}
+        self.claim_owners = []
+        self.pushes = []  # running rsync pushes: (proc, to_rank, reader of stderr, its lines)
+        self.ok = False
+        self.closing = False  # `end` was sent: children closing now are not lost
+        self.node_buckets = None  # this node's part of the bucket fetch (NodeBuckets)
+        # Held open (never written) for as long as this process lives: each stage's supervisor
+        # stops its stage when it reads EOF here (see _supervise). Not inherited across exec.
+        self.lifeline, self._lifeline_w = os.pipe()
+
+    # -- setup ---------------------------------------------------------------
+    def prepare_local(self):
+        """Check the node's prepared state and write the job's files; emits H."""
+        try:
+            return self._prepare_local()
+        except OSError as exc:  # a full disk, a read-only home: prepare would not help, the job cannot run
+            self.emit(ev(EV_HELLO, self.rank, HELLO_PROBLEM, cannot_write(exc, self.jobdir)))
+            return False
+
+    def _prepare_local(self):
+        problem = prepared_problem(self.payload.get("fingerprint"))
+        if problem:
+            self.emit(ev(EV_HELLO, self.rank, HELLO_UNPREPARED, problem))
+            return False
+        if self.rank != 0:  # the head's submit already made its job directory
+            problem = take_job_dir(self.jobdir, self.payload.get("nonce"))
+            if problem:
+                self.emit(ev(EV_HELLO, self.rank, HELLO_PROBLEM, problem))
+                return False
+        os.chmod(self.jobdir, 0o700)
+        stages = self.payload.get("stages") or {}
+        for stage, spec in stages.items():
+            if not spec or stage not in STAGES:
+                continue
+            if stage == STAGE_RUN and self.rank >= self.payload.get("job_ranks", len(self.peers)):
+                continue
+            write_private(os.path.join(self.jobdir, stage + ".sh"), spec["script"], 0o700)
+            write_private(os.path.join(self.jobdir, stage + ".env.sh"),
+                          stage_env_text(stage, spec, self.rank, self.jobdir), 0o600)
+        first = stages.get(STAGE_SETUP) or stages.get(STAGE_RUN)
+        if first and first.get("hostfile") is not None:
+            self.write_hostfile(first)
+        problem = (self.prepare_container() or bucket_tools_problem(self.payload.get("buckets"))
+                   or destinations_problem(self.payload))
+        if problem:  # nothing can run here: the job ends before anything runs anywhere
+            self.emit(ev(EV_HELLO, self.rank, HELLO_PROBLEM, problem))
+            return False
+        self.emit(ev(EV_HELLO, self.rank, HELLO_OK))
+        self.ok = True
+        return True
+
+    def prepare_container(self):
+        """image_id docker:IMAGE: a container runtime that answers, and JOBDIR/container.json; the problem, or None."""
+        box = self.payload.get("container")
+        if not box:
+            return None
+        cfg, problem = container_config(box, self.peers[self.rank]["name"],
+                                        self.payload.get("workdir") or "~/gpuctl_workdir")
+        if problem:
+            return problem
+        if os.path.isfile(FABRIC_ENV):  # the container sees the job directory, not ~/.gpuctl
+            shutil.copyfile(FABRIC_ENV, os.path.join(self.jobdir, "fabric.env"))
+        write_private(os.path.join(self.jobdir, CONTAINER_FILE), json.dumps(cfg))
+        return None
+
+    def write_hostfile(self, spec):
+        """JOBDIR/hostfile: every cluster node during setup, the job's nodes during run (one path:
+        GPUCTL_HOSTFILE is the same in both stages)."""
+        write_private(os.path.join(self.jobdir, "hostfile"), "".join(line + "\n" for line in spec["hostfile"]),
+                      0o644)
+
+    def spawn_children(self):
+        for group in partition(self.subtree[1:], int(self.payload.get("branching") or 32)):
+            try:
+                self.children.append(Child(self, group))
+            except OSError as exc:
+                for r in group:
+                    self.emit(ev(EV_LOST, r, "cannot start ssh: %s" % exc))
+
+    # -- commands ------------------------------------------------------------
+    def command(self, line):
+        """Do one command here and pass it to every child.
+
+        A claim is made here before the children hear of it, so a node claims
+        ahead of every node below it: the head owns whatever it shares, and
+        nothing is copied into the directory the head's copy already is.
+        """
+        words = line.split(" ", 1)
+        claims = words[0] in (RELAY_CLAIM, RELAY_BUCKETS)
+        if not claims:
+            self.forward(line)
+        try:
+            self._do(line)
+        finally:
+            if claims:
+                self.forward(line)
+
+    def forward(self, line):
+        for child in self.children:
+            child.send(line.encode() + b"\n")
+
+    def _do(self, line):
+        words = line.split(" ", 1)
+        verb, rest = words[0], (words[1] if len(words) > 1 else "")
+        if verb == RELAY_END:
+            self.closing = True
+        if not self.ok and verb not in (RELAY_KILL, RELAY_CLEANUP, RELAY_END):
+            return
+        try:
+            if verb == RELAY_CLAIM:
+                self._claim(rest.strip())
+            elif verb == RELAY_SYNC:
+                self._sync(json.loads(rest))
+            elif verb == RELAY_BUCKETS:
+                token, _, kinds = rest.strip().partition(" ")
+                self.node_buckets = NodeBuckets(self, token, json.loads(kinds or "[]"))
+                self.node_buckets.start()
+            elif verb == RELAY_START:
+                self._start(rest.strip())
+            elif verb == RELAY_KILL:
+                parts = rest.split()
+                self.kill_local(float(parts[0]), parts[1:])
+            elif verb == RELAY_RELEASE:
+                self.release()
+            elif verb == RELAY_CLEANUP:
+                self.cleanup()
+        except Exception as exc:  # noqa: BLE001 - a failed command is reported, never fatal to the tree
+            self.emit(ev(EV_OUTPUT, self.rank, STAGE_AGENT, "gpuctl-node: %s failed: %s" % (verb, exc)))
+            if verb == RELAY_START:
+                self.emit(ev(EV_EXIT, self.rank, rest.strip(), 127))
+
+    def _claim(self, token):
+        dests = self.payload.get("sync") or []
+        self.claim_token = token
+        self.claim_owners = claim_destinations(token, dests, self.rank)
+        self.emit(ev(EV_CLAIMS, self.rank, json.dumps(self.claim_owners, separators=(",", ":"))))
+
+    def _sync(self, wave):
+        """Push the destinations named in this wave to the ranks this node feeds."""
+        dests = self.payload.get("sync") or []
+        for src, dst, indexes in wave:
+            if src != self.rank:
+                continue
+            peer = self.peers[dst]
+            for i in indexes:
+                self._push(dests[i], dst, peer)
+
+    def _push(self, dest, to_rank, peer):
+        local, remote = dest_paths(dest["path"])
+        # --modify-window=-1: mtimes to the nanosecond, as upload.py (same-size edits within a second)
+        argv = ["rsync", "--archive", "--modify-window=-1", "--exclude=/" + CLAIM_PREFIX + "*"]
+        argv += list(dest.get("rsync_args") or [])
+        rsh = " ".join(shell_quote(a) for a in ["ssh"] + list(peer["ssh"]))
+        host = peer["host"]
+        target = "%s:%s" % ("[%s]" % host if ":" in host else host, remote)
+        if dest.get("dir"):
+            argv += ["-e", rsh, "--", local.rstrip("/") + "/", target.rstrip("/") + "/"]
+        else:
+            argv += ["-e", rsh, "--", local, target]
+        if shutil.which("rsync") is None:
+            self.emit(ev(EV_SYNCED, to_rank, 127, "rsync is not installed on %s" % self.peers[self.rank]["name"]))
+            return
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                close_fds=True)
+        self.pushes.append((proc, to_rank, LineReader(proc.stderr.fileno()), []))
+
+    def _start(self, stage):
+        if stage not in STAGES:
+            return
+        if stage == STAGE_RUN and self.rank >= self.payload.get("job_ranks", len(self.peers)):
+            return
+        spec = (self.payload.get("stages") or {}).get(stage) or {}
+        if spec.get("hostfile") is not None:
+            self.write_hostfile(spec)
+        st = Stage(self.jobdir, stage)
+        if self.secrets:  # written for the stage; its supervisor removes it when the stage ends
+            write_private(st.secrets, self.secrets)
+        code, err = start_stage(st, self.payload.get("workdir") or "~/gpuctl_workdir", lifeline=self.lifeline,
+                                grace=float(self.payload.get("grace") or 3.0))
+        if code != 0:
+            self.emit(ev(EV_OUTPUT, self.rank, stage, "gpuctl-node: %s" % err))
+            self.emit(ev(EV_EXIT, self.rank, stage, 127))
+            return
+        self.stages[stage] = LocalStage(st)
+        self.emit(ev(EV_STARTED, self.rank, stage))
+
+    def kill_local(self, grace, stages):
+        for stage in stages:
+            if stage in STAGES:
+                st = Stage(self.jobdir, stage)
+                if st.pgid() is not None:
+                    kill_stage(st, grace)
+
+    def release(self):
+        """Remove this node's claim markers (the copies are done)."""
+        if self.claim_owners:
+            release_claims(getattr(self, "claim_token", ""), self.payload.get("sync") or [], self.claim_owners,
+                           self.rank)
+            self.claim_owners = []
+        if self.node_buckets is not None:
+            self.node_buckets.release()
+
+    def cleanup(self):
+        remove(os.path.join(self.jobdir, "secrets.sh"))
+        self.release()
+        if self.node_buckets is not None:
+            self.node_buckets.end()  # mounts holding the job's credentials go too
+
+    # -- the loop ------------------------------------------------------------
+    def fds(self):
+        out = []
+        for child in self.children:
+            if not child.out.eof:
+                out.append((child.out.fd, ("out", child)))
+            if not child.errs.eof:
+                out.append((child.errs.fd, ("err", child)))
+        for push in self.pushes:
+            if not push[2].eof:
+                out.append((push[2].fd, ("push", push)))
+        return out
+
+    def busy(self):
+        return (bool(self.pushes) or any(not s.done for s in self.stages.values())
+                or (self.node_buckets is not None and self.node_buckets.busy()))
+
+    def step(self, extra=(), timeout=0.5):
+        """One round: read children and pushes, poll local stages; returns the ready `extra` fds."""
+        watched = dict(self.fds())
+        for fd in extra:
+            watched[fd] = ("extra", None)
+        wait = 0.05 if self.busy() else timeout
+        try:
+            ready, _, _ = select.select(list(watched), [], [], wait) if watched else ([], [], [])
+        except InterruptedError:
+            ready = []
+        if not watched:
+            time.sleep(wait)
+        extra_ready = []
+        for fd in ready:
+            kind, obj = watched[fd]
+            if kind == "extra":
+                extra_ready.append(fd)
+            elif kind == "out":
+                for line in obj.out.read_lines():
+                    self._from_child(obj, line)
+                if obj.out.eof:
+                    self._child_ended(obj)
+            elif kind == "err":
+                for line in obj.errs.read_lines():
+                    obj.err = (obj.err + line + b"\n")[-4096:]
+            elif kind == "push":
+                for line in obj[2].read_lines():
+                    obj[3].append(line.decode("utf-8", "replace"))
+        for push in list(self.pushes):
+            proc, to_rank, reader, errs = push
+            if reader.eof and proc.poll() is not None:
+                self.pushes.remove(push)
+                msg = (errs[-1] if errs else "") if proc.returncode else "ok"
+                self.emit(ev(EV_SYNCED, to_rank, proc.returncode, msg.strip()[:300] or "rsync exit code %d" % proc.returncode))
+        for stage in list(self.stages.values()):
+            if not stage.done:
+                stage.poll(self.emit, self.rank)
+        if self.node_buckets is not None:
+            self.node_buckets.poll(self.emit)
+        return extra_ready
+
+    def _from_child(self, child, line):
+        if line[:2] in OUTPUT_HEADS:  # a rank's output: passed on as it is
+            self.emit(line + b"\n")
+            return
+        kind, _, rest = line.partition(b" ")
+        if kind in (_EXIT, _LOST, _HELLO):
+            rank_text = rest.split(b" ", 1)[0]
+            if rank_text.isdigit():
+                rank = int(rank_text)
+                if kind == _HELLO and rank == child.rank:
+                    child.hello = True
+                if kind == _LOST or (kind == _HELLO and (_UNPREPARED in rest or _PROBLEM in rest)):
+                    child.open_ranks.discard(rank)
+        self.emit(line + b"\n")
+
+    def _child_ended(self, child):
+        """The child's connection closed: every rank it still owed is lost."""
+        child.proc.wait()
+        while not child.errs.eof:  # ssh has exited: the rest of its stderr (its reason) is there to read
+            os.set_blocking(child.errs.fd, True)
+            for line in child.errs.read_lines():
+                child.err = (child.err + line + b"\n")[-4096:]
+        if self.closing:
+            child.open_ranks.clear()
+            return
+        reason = child.reason()
+        if not child.hello and child.proc.returncode in (126, 127):
+            # ssh reached the node but there is no agent to run: prepare puts it back.
+            self.emit(ev(EV_HELLO, child.rank, HELLO_UNPREPARED, "no gpuctl agent: %s" % reason))
+            child.open_ranks.discard(child.rank)
+        for rank in sorted(child.open_ranks):
+            self.emit(ev(EV_LOST, rank, "connection to %s ended: %s" % (self.peers[child.rank]["name"], reason)))
+        child.open_ranks.clear()
+
+    def close(self, grace=3.0):
+        """End of the job on this node: stop what still runs, drop secrets, close the children.
+
+        Every stage started here is stopped, also one that was seen to end: what
+        its script left running in the background, or what a dead supervisor
+        left behind, is still in its process group."""
+        self.kill_local(grace, list(self.stages))
+        remove(os.path.join(self.jobdir, "secrets.sh"))
+        for child in self.children:
+            child.close_stdin()
+        deadline = time.time() + 10
+        for child in self.children:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+        for proc, _, _, _ in self.pushes:
+            if proc.poll() is None:
+                proc.kill()
+        if self.node_buckets is not None:
+            self.node_buckets.kill()  # a COPY under way; mounts stay
+
+
+def read_payload(stream):
+    """The job (first line, JSON) and its secrets (second line, a JSON string) from a pipe."""
+    payload = json.loads(stream.readline().decode("utf-8"))
+    if payload.get("v") != PROTOCOL:
+        raise SystemExit("gpuctl-node: job protocol %r, this agent speaks %d" % (payload.get("v"), PROTOCOL))
+    secrets_line = stream.readline()
+    secrets = json.loads(secrets_line.decode("utf-8")) if secrets_line.strip() else ""
+    return payload, secrets
+
+
+def cmd_relay(args):
+    """A worker's part of a job: commands from the parent on stdin, events to stdout."""
+    stdin = sys.stdin.buffer
+    payload, secrets = read_payload(stdin)
+    out = Out()
+    out_lost = []
+
+    def emit(data):
+        if out_lost:
+            return
+        try:
+            out.write(data)
+        except (BrokenPipeError, OSError):
+            out_lost.append(True)
+
+    rank = payload["subtree"][0]
+    relay = Relay(payload, secrets, rank, emit)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the parent's ssh going away shows as stdin EOF
+    relay.spawn_children()
+    try:
+        if relay.prepare_local():
+            # Who fed this node (the parent's address): the fan-out tree, for people and tests.
+            with open(os.path.join(relay.jobdir, "relay.from"), "w") as fh:
+                fh.write(os.environ.get("SSH_CONNECTION", "") + "\n")
+    except Exception as exc:  # noqa: BLE001
+        emit(ev(EV_HELLO, rank, HELLO_UNPREPARED, "cannot write the job: %s" % exc))
+    commands = LineReader(stdin.fileno())
+    try:
+        while not commands.eof and not out_lost:
+            for fd in relay.step(extra=[commands.fd]):
+                for line in commands.read_lines():
+                    text = line.decode("utf-8", "replace").strip()
+                    if text == RELAY_END:
+                        relay.command(text)  # passed on: the children close too, and are not lost
+                        commands.eof = True
+                        break
+                    if text:
+                        relay.command(text)
+    finally:
+        # Parent gone or job over: nothing of the job may outlive it here.
+        relay.close(grace=float(payload.get("grace") or 3.0))
+        while relay.children and any(not c.out.eof for c in relay.children):
+            relay.step(timeout=0.1)
+            if all(c.proc.poll() is not None for c in relay.children):
+                for c in relay.children:
+                    for line in c.out.read_lines():
+                        relay._from_child(c, line)
+                break
+    return 0
