@@ -20,6 +20,7 @@ import yaml
 
 from gpuctl.common.errors import UserError
 from gpuctl.common.yamlfile import load_yaml
+from gpuctl.providers import get_provider
 
 NODE_GROUP = "gpuctl_nodes"
 
@@ -220,7 +221,7 @@ def to_ansible(inv: Inventory) -> dict[str, Any]:
         host["ansible_ssh_common_args"] = " ".join(common)
         hosts[n.name] = host
     cluster_vars: dict[str, Any] = {"gpuctl_cluster": inv.cluster, "gpuctl_cloud": inv.cloud}
-    if inv.cloud == "local":
+    if get_provider(inv.cloud).local:
         # Local nodes run their own sshd config, with fan-out limits already; the
         # machine's /etc/ssh belongs to the developer.
         cluster_vars["gpuctl_sshd_limits_manage"] = False
