@@ -63,7 +63,8 @@ from gpuctl.common.errors import UserError
 from gpuctl.spec.buckets import MODES as BUCKET_MODES
 from gpuctl.spec.buckets import BucketMount
 from gpuctl.spec.nodepaths import destination_problem
-from gpuctl.spec.infra import WHAT_IS_SUPPORTED, Infra, UnsupportedInfra, infra_from_legacy, parse_infra
+from gpuctl.spec.infra import (CONFIG_ACTED_ON, REGION_CLOUDS, WHAT_IS_SUPPORTED, Infra, UnsupportedInfra,
+                               infra_from_legacy, parse_infra)
 from gpuctl.common.yamlfile import BoundedLoader, check_printable, compose_bounded, constructing, read_text
 
 __all__ = ["ENV_NAME_RE", "Resources", "Task", "load_task", "parse_env_assignments"]
@@ -89,7 +90,6 @@ _STORAGE_KEYS = frozenset({"source", "name", "mode", "store", "persistent", "typ
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # Read, kept, and not acted on: each gets a warning line saying so.
 _KEPT_UNUSED = ("ports", "labels", "disk_tier")
-_CONFIG_ACTED_ON = frozenset({"remote_identity"})  # config.aws.remote_identity: the nodes' instance profile
 _IGNORED_WHY = {
     "service": "gpuctl runs jobs, not SkyPilot services (no replicas, no load balancer)",
     "pool": "gpuctl has no worker pools; apply runs the task on one cluster",
@@ -381,9 +381,11 @@ def _region_from_images(data: dict[str, Any]) -> dict[str, Any]:
         return data
     first = str(next(iter(data["image_id"])))
     infra, cloud = data.get("infra"), data.get("cloud")
-    if isinstance(infra, str) and infra.strip().lower() in ("aws", "aws/*"):
-        return {**data, "infra": f"aws/{first}"}
-    if isinstance(cloud, str) and cloud.strip().lower() == "aws" and not data.get("zone"):
+    if isinstance(infra, str):
+        name, _, rest = infra.strip().lower().partition("/")
+        if name in REGION_CLOUDS and rest in ("", "*"):
+            return {**data, "infra": f"{name}/{first}"}
+    if isinstance(cloud, str) and cloud.strip().lower() in REGION_CLOUDS and not data.get("zone"):
         return {**data, "region": first}
     if infra is None and cloud is None:
         return {**data, "image_id": next(iter(data["image_id"].values()))}
@@ -1191,9 +1193,10 @@ def _warnings(task: Task, unset: Iterable[str], where: Callable[..., str]) -> li
     if (task.resources.image_id or "").startswith(SKYPILOT_IMAGE_PREFIX):
         ignored.append((("resources", "image_id"), "skypilot_image"))
     config = task.config or {}
-    aws = config["aws"] if isinstance(config.get("aws"), dict) else {}
-    ignored += [(("config", str(k)), "config") for k in config if k != "aws"]
-    ignored += [(("config", "aws", str(k)), "config") for k in aws if k not in _CONFIG_ACTED_ON]
+    ignored += [(("config", str(k)), "config") for k in config if k not in CONFIG_ACTED_ON]
+    for section, acted_on in CONFIG_ACTED_ON.items():  # config.<cloud>.<key>: spec/infra.py
+        keys = config[section] if isinstance(config.get(section), dict) else {}
+        ignored += [(("config", section, str(k)), "config") for k in keys if k not in acted_on]
     for key, field in ignored:
         out.append(f"{where(*key)}: {'.'.join(key)}: ignored; {_IGNORED_WHY.get(field, 'gpuctl does not act on it')}")
     return out

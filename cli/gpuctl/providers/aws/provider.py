@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from gpuctl.providers.aws import hostkeys
 from gpuctl.providers.aws.catalog import first_available, gpudirect_rdma, resolve_instance_type
-from gpuctl.spec.request import X_REMOTE_IDENTITY, ClusterRequest
+from gpuctl.spec.request import ClusterRequest, remote_identity_key
 from gpuctl.common.config import CIDRS_ENV, AwsSettings, aws_settings, config_path, instance_profile
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_terraform_dir, readable_state_file, terraform_dir
@@ -62,6 +62,8 @@ ENDPOINT_SERVICES = ("ec2", "sts", "iam", "ssm")
 PASSED_OUTPUTS = ("nodes", "ssh_user", "bastion", "efa_interfaces_per_node", "placement_group_name",
                   "availability_zone", "ansible_inventory")
 
+# req.extra: the task's config.aws.remote_identity as JSON (spec/request.py puts it there)
+X_REMOTE_IDENTITY = remote_identity_key("aws")
 # req.extra keys written by prepare()
 X_EFA_INTERFACES = "aws.efa_interfaces"
 X_OFFERED_ZONES = "aws.offered_zones"
