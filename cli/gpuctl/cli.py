@@ -37,7 +37,7 @@ from gpuctl.provision import ssh
 
 from gpuctl.provision import sshconfig
 from gpuctl.spec.request import ClusterRequest, check_cluster_name
-from gpuctl.providers import get_provider, request_for
+from gpuctl.providers import get_provider, request_for, resources_problem
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import JobCancelled, JobFailed, ProvisionError, UserError
@@ -83,7 +83,7 @@ def _load(file: Path, env: list[str] | None, secret: list[str] | None = None, *,
 
     return load_task(file, env_overrides=parse_env_assignments(env or []),
                      secret_overrides=parse_env_assignments(secret or [], flag="--secret", secret=True),
-                     require_values=require_values, infra_override=infra)
+                     require_values=require_values, infra_override=infra, resources_check=resources_problem)
 
 
 def _warn(task: Task, req: ClusterRequest) -> list[str]:

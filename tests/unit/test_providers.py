@@ -130,3 +130,16 @@ def test_nothing_probes_a_provider_for_hooks() -> None:
     bad = [str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py"))
            if "getattr(provider" in path.read_text()]
     assert bad == []
+
+
+def test_resources_problem_is_the_providers_word_at_validation(tmp_path: Path) -> None:
+    from gpuctl.providers import resources_problem
+
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\nresources:\n  infra: aws\n  accelerators: H800:8\nrun: x\n")
+    res = load_task(path).resources  # spec alone checks the cloud only
+    assert resources_problem("aws", res)[0] == "accelerators"
+    assert "no AWS instance type known for it" in resources_problem("aws", res)[1]
+    assert resources_problem("local", res) is None and BaseProvider().resources_problem(res) is None
+    with pytest.raises(UserError, match=r"t.yaml:4: resources.accelerators: 'H800': no AWS instance type"):
+        load_task(path, resources_check=resources_problem)

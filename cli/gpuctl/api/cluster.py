@@ -38,7 +38,7 @@ from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.runner import JobOutcome, JobRunner, JobSpec
 from gpuctl.common.paths import cluster_dir, state_root
-from gpuctl.providers import get_provider, request_for
+from gpuctl.providers import get_provider, request_for, resources_problem
 from gpuctl.state.registry import Registry
 
 if TYPE_CHECKING:
@@ -379,7 +379,8 @@ def _load_task(path: Path) -> Task:
             for key, value in (raw.get(section) or {}).items() if isinstance(raw.get(section), dict) else ():
                 if value is None and isinstance(key, str) and key in os.environ:
                     values[key] = os.environ[key]
-    return load_task(path, env_overrides=overrides["envs"], secret_overrides=overrides["secrets"])
+    return load_task(path, env_overrides=overrides["envs"], secret_overrides=overrides["secrets"],
+                     resources_check=resources_problem)
 
 
 def _task_from_keywords(name: str, infra: str | None, num_nodes: int | None,
@@ -397,7 +398,8 @@ def _task_from_keywords(name: str, infra: str | None, num_nodes: int | None,
     if num_nodes is not None:
         data["num_nodes"] = num_nodes
     try:
-        return Task.model_validate(data, context={"base_dir": Path.cwd(), "cwd": Path.cwd()})
+        return Task.model_validate(data, context={"base_dir": Path.cwd(), "cwd": Path.cwd(),
+                                                  "resources_check": resources_problem})
     except pydantic.ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "resources") or "Cluster"

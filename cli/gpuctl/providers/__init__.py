@@ -26,10 +26,10 @@ from gpuctl.providers.base import BaseProvider, Provider
 from gpuctl.spec.request import ClusterRequest, request_from_task
 
 if TYPE_CHECKING:
-    from gpuctl.spec import Task
+    from gpuctl.spec import Resources, Task
 
-__all__ = ["BaseProvider", "Provider", "get_provider", "render_root", "request_for", "MODULE_NAME",
-           "CONTRACT_OUTPUTS"]
+__all__ = ["BaseProvider", "Provider", "get_provider", "render_root", "request_for", "resources_problem",
+           "MODULE_NAME", "CONTRACT_OUTPUTS"]
 
 # cloud name -> module defining PROVIDER (the registration line of a new cloud)
 _PROVIDER_MODULES = {
@@ -74,6 +74,12 @@ def get_provider(cloud: str) -> Provider:
             raise UserError(f"infra '{cloud}' is not available in this gpuctl installation") from None
         raise
     return module.PROVIDER
+
+
+def resources_problem(cloud: str, resources: "Resources") -> tuple[str, str] | None:
+    """spec.load_task's `resources_check`: the provider's offline word on `resources` (the cloud
+    is one spec/infra.py parsed, so it has a provider)."""
+    return get_provider(cloud).resources_problem(resources)
 
 
 def request_for(task: "Task", *, name: str | None = None, infra: str | None = None,

@@ -31,7 +31,7 @@ from gpuctl.common.paths import terraform_dir
 from gpuctl.spec.request import ClusterRequest
 
 if TYPE_CHECKING:
-    from gpuctl.spec import Task
+    from gpuctl.spec import Resources, Task
 
 
 @runtime_checkable
@@ -73,7 +73,12 @@ class Provider(Protocol):
         """After `terraform destroy` succeeded: remove what Terraform could not know of."""
         ...
 
-    # -- the request (cli.py, api/cluster.py, provision/taskchecks.py) ---------------------------
+    # -- the task and the request (cli.py, api/cluster.py, provision/taskchecks.py) ---------------
+
+    def resources_problem(self, resources: "Resources") -> tuple[str, str] | None:
+        """(field, why) when these resources cannot be provisioned, known offline; spec.load_task
+        refuses them with FILE:LINE and skips such any_of/ordered alternatives."""
+        ...
 
     def pick_accelerator(self, req: ClusterRequest, accelerators: Mapping[str, float]) -> tuple[str, float]:
         """Of the task's accelerator choices (`{A100: 8, H100: 8}`), the one to provision."""
@@ -149,6 +154,9 @@ class BaseProvider:
         return None, None
 
     def cleanup(self, cluster_dir: Path) -> None:
+        return None
+
+    def resources_problem(self, resources: "Resources") -> tuple[str, str] | None:
         return None
 
     def pick_accelerator(self, req: ClusterRequest, accelerators: Mapping[str, float]) -> tuple[str, float]:

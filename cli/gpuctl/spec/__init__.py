@@ -57,7 +57,6 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, Strict, Validat
                       model_validator)
 from pydantic_core import PydanticCustomError
 
-from gpuctl.providers.aws import catalog
 from gpuctl.common.envargs import _ENV_NAME_RULE, ENV_NAME_RE, parse_env_assignments
 from gpuctl.common.errors import UserError
 from gpuctl.spec.buckets import MODES as BUCKET_MODES
@@ -80,6 +79,9 @@ _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)
 # A Path that also validates from a str, so a task dumped to JSON loads back.
 _LocalPath = Annotated[Path, Strict(False)]
 _WHERE_FIELDS = ("infra", "cloud", "region", "zone")
+# The provider's offline word on a location's resources: (cloud, resources) -> (field, why) or None.
+# load_task's callers pass gpuctl.providers.resources_problem (spec/ never imports providers/).
+ResourcesCheck = Callable[[str, "Resources"], "tuple[str, str] | None"]
 # SkyPilot's aliases: `gpus` (RESOURCE_CONFIG_ALIASES) and the older `spot_recovery`.
 _STORE_NAMES = {"gs": "gcs (gs://)", "gcs": "gcs (gs://)", "r2": "Cloudflare R2 (r2://)",
                 "cos": "IBM COS (cos://)", "oci": "OCI (oci://)", "nebius": "Nebius (nebius://)",
@@ -647,24 +649,15 @@ class Resources(_Model):
         accel = ", ".join(f"{k}:{_number_text(v)}" for k, v in (self.accelerators or {}).items())
         return ", ".join(x for x in (where, self.instance_type, accel) if x)
 
-    def provision_problem(self) -> tuple[str, str] | None:
+    def provision_problem(self, check: ResourcesCheck | None = None) -> tuple[str, str] | None:
         """(field, why) when gpuctl cannot provision these resources: a cloud it does not
-        support, or on AWS no instance type for the accelerators / cpus / memory asked for."""
+        support, or what `check` (the provider's, e.g. AWS: no instance type for the
+        accelerators / cpus / memory asked for) finds."""
         fields = [("infra", self.infra)] if self.infra else [("cloud", self.cloud)] if self.cloud else []
         for field, value in fields:
             if problem := _infra_problem(value, field, unsupported_too=True):
                 return field, problem
-        if self.infra_spec().cloud != "aws" or self.instance_type:
-            return None
-        try:
-            if self.accelerators:
-                catalog.default_instance_type(*catalog.first_available(self.accelerators))
-            else:
-                catalog.default_cpu_instance_type(self.cpus, self.memory)
-        except UserError as err:
-            field = "accelerators" if self.accelerators else "cpus" if self.cpus else "memory"
-            return field, err.message.removeprefix("resources.accelerators ").removeprefix("resources: ")
-        return None
+        return check(self.infra_spec().cloud, self) if check is not None else None
 
     def accelerator_pair(self) -> tuple[str | None, float]:
         """("A100", 8.0) for the accelerator that is provisioned; (None, 0.0) if none."""
@@ -866,19 +859,21 @@ class Task(_Model):
                    f"write '{info.field_name}: |' and the commands on the lines below")
 
     @model_validator(mode="after")
-    def _choose_resources(self) -> Task:
+    def _choose_resources(self, info: ValidationInfo) -> Task:
         """Of any_of/ordered alternatives, the first gpuctl can provision (SkyPilot would
-        shop across clouds; gpuctl takes the first that it supports and can resolve)."""
+        shop across clouds; gpuctl takes the first that it supports and can resolve, as the
+        validation context's `resources_check` -- the providers' -- says)."""
+        check = (info.context or {}).get("resources_check")
         group = "any_of" if self.resources.any_of else "ordered" if self.resources.ordered else None
         if group is None:
-            if problem := self.resources.provision_problem():
+            if problem := self.resources.provision_problem(check):
                 raise _bad(problem[1], "resources", problem[0])
             return self
         skipped: list[str] = []
         choices = getattr(self.resources, group)
         for index, choice in enumerate(choices):
             merged = self.resources.with_choice(choice)
-            problem = merged.provision_problem()
+            problem = merged.provision_problem(check)
             if problem is None:
                 self.resources = merged
                 if len(choices) > 1:
@@ -1111,6 +1106,7 @@ def load_task(
     secret_overrides: Mapping[str, str] | None = None,
     require_values: bool = True,
     infra_override: str | None = None,
+    resources_check: ResourcesCheck | None = None,
 ) -> Task:
     """Read and validate a SkyPilot-format task YAML.
 
@@ -1122,6 +1118,9 @@ def load_task(
     `FILE:LINE: FIELD: MESSAGE` (`FILE:LINE:COLUMN: ...` for YAML syntax).
     `infra_override` (`--infra`) replaces every location in the file, the
     alternatives' too, as SkyPilot's `--infra` does.
+    `resources_check(cloud, resources)`: the provider's offline word on resources
+    (gpuctl.providers.resources_problem; spec/ does not import providers/), which
+    refuses them and skips any_of/ordered alternatives; without it only the cloud is checked.
     With `require_values=False` (validate) an env or secret still without a
     value is no error: it is listed in `Task.warnings` as needed at apply.
     Fields read but not acted on are listed there too, one line each.
@@ -1156,7 +1155,7 @@ def load_task(
         notes: list[tuple[tuple[str, ...], str]] = []
         task = Task.model_validate(data, context={"base_dir": file.absolute().parent, "cwd": Path.cwd(),
                                                   "from_yaml": True, "unset": {u.split(".", 1)[1] for u in unset},
-                                                  "notes": notes})
+                                                  "notes": notes, "resources_check": resources_check})
     except pydantic.ValidationError as err:
         raise UserError(_redact(_one_line(err, source, lines), secret_values)) from None
     task._where = lambda *key: f"{source}:{_line_of(lines, _as_written(lines, key))}"

@@ -34,10 +34,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
 from gpuctl.providers.aws import hostkeys
-from gpuctl.providers.aws.catalog import first_available, gpudirect_rdma, resolve_instance_type
+from gpuctl.providers.aws.catalog import (default_cpu_instance_type, default_instance_type, first_available,
+                                          gpudirect_rdma, resolve_instance_type)
 from gpuctl.spec.request import ClusterRequest, remote_identity_key
 from gpuctl.common.config import CIDRS_ENV, AwsSettings, aws_settings, config_path, instance_profile
 from gpuctl.common.errors import ProvisionError, UserError
@@ -52,6 +53,9 @@ from gpuctl.providers.aws.preflight import (
     next_zone,
 )
 from gpuctl.providers.base import BaseProvider
+
+if TYPE_CHECKING:
+    from gpuctl.spec import Resources
 
 MODULE_NAME = "aws-gpu-instance-group"
 MODULE_KEY = "cluster"  # module "cluster" { ... } in the rendered root
@@ -383,6 +387,21 @@ class AwsProvider(BaseProvider):
         starts clean; only ever for a cluster that had no nodes before (see prepare).
         """
         return retry_zone(req, error)
+
+    def resources_problem(self, resources: "Resources") -> tuple[str, str] | None:
+        """No AWS instance type for the accelerators / cpus / memory asked for (an instance_type given
+        is taken as it is; preflight asks EC2 about it)."""
+        if resources.instance_type:
+            return None
+        try:
+            if resources.accelerators:
+                default_instance_type(*first_available(resources.accelerators))
+            else:
+                default_cpu_instance_type(resources.cpus, resources.memory)
+        except UserError as err:
+            field = "accelerators" if resources.accelerators else "cpus" if resources.cpus else "memory"
+            return field, err.message.removeprefix("resources.accelerators ").removeprefix("resources: ")
+        return None
 
     def pick_accelerator(self, req: ClusterRequest, accelerators: Mapping[str, float]) -> tuple[str, float]:
         """Of several choices, the first AWS sells (an instance_type given decides by itself)."""
