@@ -36,7 +36,8 @@ from gpuctl.common import output
 from gpuctl.provision import ssh
 
 from gpuctl.provision import sshconfig
-from gpuctl.spec.request import ClusterRequest, check_cluster_name, request_from_task
+from gpuctl.spec.request import ClusterRequest, check_cluster_name
+from gpuctl.providers import get_provider, request_for, resources_problem
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobFailed, ProvisionError, UserError
@@ -82,25 +83,13 @@ def _load(file: Path, env: list[str] | None, secret: list[str] | None = None, *,
 
     return load_task(file, env_overrides=parse_env_assignments(env or []),
                      secret_overrides=parse_env_assignments(secret or [], flag="--secret", secret=True),
-                     require_values=require_values, infra_override=infra)
+                     require_values=require_values, infra_override=infra, resources_check=resources_problem)
 
 
 def _warn(task: Task, req: ClusterRequest) -> list[str]:
     """One line on stderr per thing in the task gpuctl will not do as written; the warnings' texts."""
     lines = [f"warning: {w}" for w in task.warnings]
-    if req.cloud == "local":
-        res = task.resources
-        from gpuctl.providers.local.provider import local_gpus_present
-
-        if req.accelerator and not local_gpus_present():
-            lines.append(f"warning: {task.where('resources', 'accelerators')}: resources.accelerators: the local "
-                         f"nodes have no GPU (no NVIDIA device on this machine); jobs still see "
-                         f"SKYPILOT_NUM_GPUS_PER_NODE={req.gpus_per_node}")
-        unused = [k for k in ("instance_type", "use_spot", "disk_size", "network_tier") if getattr(res, k)]
-        unused += ["image_id"] if res.image_id and not task.container_image else []
-        for key in unused:
-            lines.append(f"warning: {task.where('resources', key)}: resources.{key}: ignored on infra local "
-                         "(nodes on this machine)")
+    lines += [f"warning: {w}" for w in get_provider(req.cloud).task_warnings(task, req)]
     if task.choice_note:
         lines.append(f"note: {task.choice_note}")
     for line in lines:
@@ -110,8 +99,7 @@ def _warn(task: Task, req: ClusterRequest) -> list[str]:
 
 def _request(task: Task, file: Path, *, cluster: str | None, infra: str | None,
              num_nodes: int | None) -> ClusterRequest:
-    return request_from_task(task, name=cluster, infra=infra, num_nodes=num_nodes,
-                             base_dir=file.resolve().parent)
+    return request_for(task, name=cluster, infra=infra, num_nodes=num_nodes, base_dir=file.resolve().parent)
 
 
 EnvOption = typer.Option(None, "--env", metavar="K=V", help="K=V (or K to take it from your environment); repeatable.")
@@ -128,7 +116,6 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
              secret: Optional[List[str]] = SecretOption, infra: Optional[str] = InfraOption,
              output_format: str = OutputOption) -> None:
     """Check a cluster.yaml as apply would, offline: nothing is provisioned or contacted."""
-    from gpuctl.providers.aws.catalog import resolve_instance_type
     from gpuctl.provision.taskchecks import check_task, ssh_reach_problem
 
     as_json = wants_json(output_format)
@@ -141,10 +128,8 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
         typer.echo(f"warning: {reach}", err=True)
         warnings.append(reach)
     parts = [f"{req.num_nodes} node(s) on {req.cloud}"]
-    instance_type = None
-    if req.cloud == "aws":
-        instance_type = resolve_instance_type(req.instance_type, req.accelerator, req.gpus_per_node, req.cpus,
-                                              req.memory)
+    instance_type = get_provider(req.cloud).instance_type(req)
+    if instance_type:
         parts.append(instance_type)
     if req.accelerator:
         parts.append(f"{req.accelerator}:{req.gpus_per_node}")
@@ -197,10 +182,8 @@ def apply(
                                   "plan": {"add": summary.add, "change": summary.change, "destroy": summary.destroy},
                                   "lines": summary.describe()})
         return
-    if req.cloud == "aws" and not provision_only and (task.run or task.setup):
-        from gpuctl.providers.aws.provider import require_ssh_reach
-
-        require_ssh_reach()
+    if not provision_only and (task.run or task.setup):
+        get_provider(req.cloud).check_reach()
     registry = Registry()
     inv = lifecycle.bring_up(req, reporter=reporter, registry=registry, workdir=task.workdir,
                              container_image=task.container_image)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.jobplane import jobenv
+from gpuctl.providers import get_provider
+from gpuctl.providers.aws.catalog import GPUDIRECT_RDMA_FAMILIES
+from gpuctl.providers.aws.provider import efa_fabric_env
 from gpuctl.configplane import fabricprobe, playbooks, prepare
 from gpuctl.configplane import fabricrecord
 from gpuctl.provision.inventory import Inventory, Node
@@ -288,18 +290,33 @@ def test_unreadable_devices_fall_back_to_the_static_defaults(tree: Tree, monkeyp
     def broken(*_a):
         raise PermissionError(13, "Permission denied")
     monkeypatch.setattr(fabricprobe, "read_devices", broken)
-    static = jobenv.fabric_env("aws", efa=True, instance_type="p5.48xlarge")
+    static = efa_fabric_env(efa=True, instance_type="p5.48xlarge")
     got = tree.probe(fallback_env=static)
     assert got["kind"] == "socket" and "Permission denied" in got["error"]
     assert got["env"] == {**static, "NCCL_SOCKET_IFNAME": "ens5"}
 
 
 def test_static_cloud_defaults_table():
-    assert jobenv.fabric_env("aws", efa=True, instance_type="p5.48xlarge") == {
+    aws, local, ssh = get_provider("aws"), get_provider("local"), get_provider("ssh")
+    best = {"network_tier": "best", "instance_type": "p5.48xlarge"}
+    assert aws.fabric_env(best) == efa_fabric_env(efa=True, instance_type="p5.48xlarge") == {
         "FI_PROVIDER": "efa", "NCCL_SOCKET_IFNAME": "^lo,docker", "FI_EFA_FORK_SAFE": "1",
         "FI_EFA_USE_DEVICE_RDMA": "1"}
-    assert "FI_EFA_USE_DEVICE_RDMA" not in jobenv.fabric_env("aws", efa=True, instance_type="g6e.48xlarge")
-    assert jobenv.fabric_env("aws", efa=False) == {} and jobenv.fabric_env("local", efa=True) == {}
+    assert "FI_EFA_USE_DEVICE_RDMA" not in aws.fabric_env({**best, "instance_type": "g6e.48xlarge"})
+    assert aws.fabric_env({"network_tier": "standard"}) == {} and aws.fabric_env(None) == {}
+    assert local.fabric_env(best) == {} and ssh.fabric_env(best) == {}
+
+
+def test_the_controller_and_the_probe_agree_on_gpudirect_rdma_families():
+    """The probe runs on the nodes (standard library only), so it carries its own copy."""
+    assert fabricprobe.RDMA_FAMILIES == GPUDIRECT_RDMA_FAMILIES
+
+
+def test_the_attached_fabric_is_the_providers_word():
+    assert fabricrecord.expected_kind("aws", {"network_tier": "best"}) == "efa"
+    assert fabricrecord.expected_kind("aws", {"network_tier": "standard"}) is None
+    assert fabricrecord.expected_kind("local", {"network_tier": "best"}) is None
+    assert fabricrecord.expected_kind("ssh", {"network_tier": "best"}) is None
 
 
 # -- the file it writes, and the script prepare runs -------------------------------------------
@@ -362,7 +379,7 @@ def test_the_probe_is_part_of_the_prepare_fingerprint():
     inv = _inv()
     settings = fabricrecord.probe_settings("aws", {"network_tier": "best", "instance_type": "p5.48xlarge"})
     assert settings == {"instance_type": "p5.48xlarge",
-                        "fallback_env": jobenv.fabric_env("aws", efa=True, instance_type="p5.48xlarge")}
+                        "fallback_env": efa_fabric_env(efa=True, instance_type="p5.48xlarge")}
     base = prepare.fingerprint(inv, internal_public_key="k", fabric_env=settings)
     other = fabricrecord.probe_settings("aws", {"network_tier": "best", "instance_type": "p4d.24xlarge"})
     assert prepare.fingerprint(inv, internal_public_key="k", fabric_env=other) != base

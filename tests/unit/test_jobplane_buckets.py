@@ -20,6 +20,7 @@ import pytest
 from gpuctl.jobplane import jobenv
 from gpuctl.configplane import prepare
 from gpuctl.common.errors import UserError
+from gpuctl.providers import get_provider
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.spec import buckets
 from gpuctl.spec.buckets import BucketMount
@@ -466,9 +467,12 @@ def test_tools_storage_and_entries():
     assert buckets.tools_needed([]) == () and buckets.tools_needed([copy]) == ("rclone",)
     assert buckets.tools_needed([copy, mount]) == ("rclone", "fuse")
     envs = {"AWS_ENDPOINT_URL": "http://b/", "AWS_ENDPOINT_URL_S3": "http://a/", "AWS_DEFAULT_REGION": "eu-west-1"}
-    assert buckets.storage_settings(envs, cloud="local", region=None) == {"endpoint": "http://a", "region": "eu-west-1"}
-    assert buckets.storage_settings({}, cloud="aws", region="us-west-2") == {"endpoint": None, "region": "us-west-2"}
-    assert buckets.storage_settings({}, cloud="local", region="x") == {"endpoint": None, "region": None}
+    local, aws = get_provider("local"), get_provider("aws")
+    assert buckets.storage_settings(envs, default_region=local.bucket_region(None)) == \
+        {"endpoint": "http://a", "region": "eu-west-1"}
+    assert buckets.storage_settings({}, default_region=aws.bucket_region("us-west-2")) == \
+        {"endpoint": None, "region": "us-west-2"}
+    assert buckets.storage_settings({}, default_region=local.bucket_region("x")) == {"endpoint": None, "region": None}
     assert buckets.payload_entries([copy, mount]) == [
         {"dest": "/d", "bucket": "b", "prefix": "p", "mode": "COPY", "create": False, "url": "s3://b/p"},
         {"dest": "~/c", "bucket": "c", "prefix": "", "mode": "MOUNT", "create": True, "url": "s3://c"}]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.spec.request import X_REMOTE_IDENTITY, request_from_task
+from gpuctl.providers.aws.provider import X_REMOTE_IDENTITY
+from gpuctl.spec.request import request_from_task
 from gpuctl.common.config import AwsSettings, aws_settings, instance_profile
 from gpuctl.common.errors import UserError
 from gpuctl.providers.aws.provider import AwsProvider, describe, module_inputs

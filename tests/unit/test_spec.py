@@ -11,9 +11,24 @@ import pytest
 from gpuctl.spec.request import request_from_task
 from gpuctl.common.errors import UserError
 from gpuctl.spec.infra import Infra
-from gpuctl.spec import Resources, Task, load_task, parse_env_assignments
+from gpuctl.providers import resources_problem
+from gpuctl.spec import Resources, Task, parse_env_assignments
+from gpuctl.spec import load_task as spec_load_task
 
 SPECS = Path(__file__).resolve().parents[1] / "data" / "specs"
+
+
+def load_task(path: str | Path, **kwargs: object) -> Task:
+    """As `gpuctl` loads a task: with the providers' offline check of the resources."""
+    return spec_load_task(path, resources_check=resources_problem, **kwargs)  # type: ignore[arg-type]
+
+
+def test_without_the_providers_check_only_the_cloud_is_checked(tmp_path: Path) -> None:
+    path = write(tmp_path, "resources:\n  infra: aws\n  accelerators: H800:8\n")
+    assert spec_load_task(path).resources.accelerators == {"H800": 8.0}  # the provider refuses it later
+    path = write(tmp_path, "resources:\n  any_of:\n    - {infra: aws, accelerators: H800:8}\n"
+                           "    - {infra: aws, accelerators: H100:8}\n")
+    assert load_task(path).resources.accelerators == {"H100": 8.0}
 
 
 def write(tmp_path: Path, text: str, name: str = "cluster.yaml") -> Path:

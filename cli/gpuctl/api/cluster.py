@@ -4,7 +4,7 @@
         results = train(data) @ cluster
 
 A Cluster is brought up through the CLI's own path (spec.load_task ->
-cluster.request_from_task -> lifecycle.bring_up: lock, registry,
+providers.request_for -> lifecycle.bring_up: lock, registry,
 provision.provision), and every broadcast is one gpuctl job
 (launch.JobRunner): it shows in `gpuctl queue`, its output streams with the
 usual rank prefixes and is kept for `gpuctl logs`, and the head stops the
@@ -40,6 +40,7 @@ from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobOutcome, JobRunner, JobSpec
 from gpuctl.common.paths import cluster_dir, state_root
+from gpuctl.providers import get_provider, request_for, resources_problem
 from gpuctl.state.registry import Registry
 
 if TYPE_CHECKING:
@@ -210,8 +211,6 @@ class Cluster(CallTarget):
                                 f"run `gpuctl down {self._name}`")
 
     def _request(self) -> tuple[Task, ClusterRequest]:
-        from gpuctl.spec.request import request_from_task
-
         if self.task_path is not None:
             if self.accelerators is not None:
                 raise UserError(f"{self.task_path}: set resources.accelerators in the task YAML; "
@@ -222,12 +221,12 @@ class Cluster(CallTarget):
             if task.run:
                 print(f"note: {self.task_path}: run: not run by gpuctl.Cluster (functions run with fn(...) @ cluster); "
                       "`gpuctl apply` runs it", file=sys.stderr)
-            req = request_from_task(task, name=self._name, infra=self.infra, num_nodes=self.num_nodes,
-                                    base_dir=self.task_path.resolve().parent)
+            req = request_for(task, name=self._name, infra=self.infra, num_nodes=self.num_nodes,
+                              base_dir=self.task_path.resolve().parent)
             return task, req
         task = _task_from_keywords(self._name or f"gpuctl-{_secrets.token_hex(3)}", self.infra, self.num_nodes,
                                    self.accelerators)
-        return task, request_from_task(task)
+        return task, request_for(task)
 
     def _inv(self) -> Inventory:
         if self.inventory is None:
@@ -261,7 +260,7 @@ class Cluster(CallTarget):
         body = dumps_call(target, {"fn": target, "args": args, "kwargs": kwargs,
                                    "plugins": list(self.plugins)})
         data = wire.encode_call(wire.CallHeader(nonce, wire.python_version(), name, cloudpickle.__version__), body)
-        local = inv.cloud == "local"
+        local = get_provider(inv.cloud).local
         python_before = self._want_node_python() if not local else None
         job_nodes = inv.first(num_nodes or len(inv.nodes))
         collector = wire.Collector(nonce)
@@ -380,7 +379,8 @@ def _load_task(path: Path) -> Task:
             for key, value in (raw.get(section) or {}).items() if isinstance(raw.get(section), dict) else ():
                 if value is None and isinstance(key, str) and key in os.environ:
                     values[key] = os.environ[key]
-    return load_task(path, env_overrides=overrides["envs"], secret_overrides=overrides["secrets"])
+    return load_task(path, env_overrides=overrides["envs"], secret_overrides=overrides["secrets"],
+                     resources_check=resources_problem)
 
 
 def _task_from_keywords(name: str, infra: str | None, num_nodes: int | None,
@@ -398,7 +398,8 @@ def _task_from_keywords(name: str, infra: str | None, num_nodes: int | None,
     if num_nodes is not None:
         data["num_nodes"] = num_nodes
     try:
-        return Task.model_validate(data, context={"base_dir": Path.cwd(), "cwd": Path.cwd()})
+        return Task.model_validate(data, context={"base_dir": Path.cwd(), "cwd": Path.cwd(),
+                                                  "resources_check": resources_problem})
     except pydantic.ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "resources") or "Cluster"

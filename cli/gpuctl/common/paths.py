@@ -46,3 +46,22 @@ def terraform_dir() -> Path:
 
 def ansible_dir() -> Path:
     return _asset_dir("ansible")
+
+
+# A Terraform root's state: the local file, and the read-only copy of a remote
+# backend's state (provision/terraform.py TerraformRoot.snapshot_state writes it).
+LOCAL_STATE_FILE = "terraform.tfstate"
+STATE_SNAPSHOT_FILE = "state-snapshot.json"
+
+
+def cluster_terraform_dir(name: str) -> Path:
+    """The cluster's Terraform root (clusters/<name>/terraform)."""
+    return cluster_dir(name) / "terraform"
+
+
+def readable_state_file(workdir: Path) -> Path:
+    """The state of the Terraform root in `workdir` to read: the local state, else the last
+    snapshot of the remote one (so providers read state without running Terraform)."""
+    local = workdir / LOCAL_STATE_FILE
+    snapshot = workdir / STATE_SNAPSHOT_FILE
+    return local if local.is_file() or not snapshot.is_file() else snapshot

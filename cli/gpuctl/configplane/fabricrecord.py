@@ -23,7 +23,7 @@ cannot do RDMA with each other, so NCCL ends up on TCP between them).
 Pure but for reading and writing those files; the controller's only inputs are
 what it passes the probe (`probe_settings`): the instance type, which the node
 may not know, and the static cloud defaults it writes only where detection
-cannot see (jobenv.fabric_env).
+cannot see (the provider's fabric_env hook).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from gpuctl.jobplane import jobenv
+from gpuctl.providers import get_provider
 from gpuctl.provision.inventory import Inventory
 
 FABRIC_FILE = "fabric.json"
@@ -46,14 +46,13 @@ def probe_settings(cloud: str, request: Mapping[str, Any] | None) -> dict[str, A
     """What prepare passes every node's probe (and hashes into the prepare fingerprint)."""
     req = request or {}
     itype = req.get("instance_type") or ""
-    return {"instance_type": str(itype),
-            "fallback_env": jobenv.fabric_env(cloud, efa=req.get("network_tier") == "best",
-                                              instance_type=itype or None)}
+    return {"instance_type": str(itype), "fallback_env": get_provider(cloud).fabric_env(req)}
 
 
 def expected_kind(cloud: str, request: Mapping[str, Any] | None) -> str | None:
-    """The fabric the cluster was provisioned for, when gpuctl attached one (AWS network_tier: best)."""
-    return "efa" if cloud == "aws" and (request or {}).get("network_tier") == "best" else None
+    """The fabric the cluster was provisioned for, when gpuctl attached one (the provider's
+    expected_fabric hook; AWS: EFA for network_tier: best)."""
+    return get_provider(cloud).expected_fabric(request)
 
 
 def cluster_kind(kinds: list[str]) -> str:

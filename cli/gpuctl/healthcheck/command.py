@@ -31,6 +31,7 @@ from gpuctl.jobplane.events import Event
 from gpuctl.jobplane.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobRunner, JobSpec
 from gpuctl.common.paths import cluster_dir
+from gpuctl.providers import get_provider
 from gpuctl.state.registry import Registry
 
 MARK = "__GPUCTL_CHECK__"  # probe.MARK (probe.py is not imported here: it runs on the nodes)
@@ -290,7 +291,7 @@ def run_check(inv: Inventory, *, registry: Registry, reporter: Reporter, options
     expected = fabriccheck.expected_fabric(override=options.expect_fabric,
                                       fabric_file=fabriccheck.read_fabric_file(cluster_dir(inv.cluster)), cloud=inv.cloud,
                                       request=record.request if record else None)
-    local = inv.cloud == "local"
+    local = get_provider(inv.cloud).local
     spec = JobSpec(name=JOB_NAME, run=run_script(options, python=sys.executable if local else None),
                    file_mounts=probe_files(), envs={**NCCL_ENV, **options.envs}, num_nodes=len(inv.nodes),
                    gpus_per_node=inv.head.gpus)

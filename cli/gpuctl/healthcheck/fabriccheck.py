@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gpuctl.common.errors import UserError
+from gpuctl.providers import get_provider
 
 FABRICS = ("efa", "ib", "roce", "socket")
 FABRIC_FILE = "fabric.json"
@@ -75,12 +76,14 @@ def expected_fabric(*, override: str | None, fabric_file: Mapping[str, Any] | No
         if isinstance(node, dict) and isinstance(node.get("rank"), int) and isinstance(node.get("kind"), str) \
                 and node["kind"].lower() in _STRENGTH:
             detected[node["rank"]] = node["kind"].lower()
-    if cloud == "aws" and req.get("network_tier") == "best":
-        return Expected("efa", "provisioned with network_tier: best", detected)
+    provider = get_provider(cloud)
+    attached = provider.expected_fabric(req)
+    if attached is not None:
+        return Expected(attached, f"provisioned with network_tier: {req.get('network_tier')}", detected)
     if detected:
         best = max(detected.values(), key=_STRENGTH.__getitem__)
         return Expected(best, "detected by prepare", detected)
-    return Expected("socket", "no fabric requested" if cloud != "local" else "local nodes")
+    return Expected("socket", "local nodes" if provider.local else "no fabric requested")
 
 
 def satisfies(kind: str | None, expected: str) -> bool:

@@ -15,7 +15,6 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from gpuctl.configplane.fabricprobe import gpudirect_rdma
 from gpuctl.provision.inventory import Inventory, Node
 
 DEFAULT_MASTER_PORT = 29500
@@ -117,19 +116,3 @@ def secrets_script(secrets: Mapping[str, str]) -> str:
         quoted = "'" + value.replace("'", "'\"'\"'") + "'"
         lines.append(f"export {key}={quoted}")
     return "\n".join(lines) + ("\n" if lines else "")
-
-
-def fabric_env(cloud: str, *, efa: bool, instance_type: str | None = None) -> dict[str, str]:
-    """The static NCCL/libfabric defaults of a cloud's fabric: what a node's fabric.env gets only
-    where detection cannot see (its RDMA devices could not be read; configplane/fabricprobe.py
-    decides everywhere else, from the node itself). The task's envs override them either way.
-
-    On EFA nodes NCCL must load aws-ofi-nccl (`NET/OFI`) or it silently falls
-    back to sockets; these are the awsome-distributed-training defaults.
-    """
-    if cloud != "aws" or not efa:
-        return {}
-    env = {"FI_PROVIDER": "efa", "NCCL_SOCKET_IFNAME": "^lo,docker", "FI_EFA_FORK_SAFE": "1"}
-    if gpudirect_rdma(instance_type):
-        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
-    return env

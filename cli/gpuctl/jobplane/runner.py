@@ -42,6 +42,7 @@ from gpuctl.spec.buckets import BucketMount
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.common.paths import cluster_dir
+from gpuctl.providers import get_provider
 from gpuctl.provision.sshkeys import ensure_internal_key
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
 
@@ -164,7 +165,7 @@ class JobRunner:
                 if node is not None and ssh.host_key_changed(reason):
                     raise UserError(ssh.host_key_error(node))
             raise PrepareFailed(f"preparing the nodes failed: {describe_result(result)}")
-        if self.inv.cloud == "aws":
+        if get_provider(self.inv.cloud).checks_console_host_keys:
             self.check_console_host_keys()
         if found is not None:
             for line in fabricrecord.warnings(found, fabricrecord.expected_kind(self.inv.cloud, self._request())):
@@ -179,18 +180,16 @@ class JobRunner:
 
     def check_console_host_keys(self) -> None:
         """The keys learned at first contact against those each instance printed to its console."""
-        from gpuctl.providers.aws import hostkeys
-
+        provider = get_provider(self.inv.cloud)
         unchecked = 0
         for node in self.inv.nodes:
             if not node.known_hosts:
                 continue
-            printed = hostkeys.console_fingerprints(hostkeys.console_output(node.node_id, self.inv.region))
+            printed, bad = provider.console_host_keys(node.node_id, self.inv.region, Path(node.known_hosts),
+                                                      node.host_key_alias)
             if not printed:
                 unchecked += 1
                 continue
-            bad = hostkeys.mismatched(hostkeys.learned_fingerprints(Path(node.known_hosts), node.host_key_alias),
-                                      printed)
             if bad:
                 ssh.forget_host_keys(Path(node.known_hosts), {node.host_key_alias})
                 prepare.forget(self.cdir)
@@ -308,7 +307,8 @@ class JobRunner:
             run=payload.stage_plan(spec.run, run_env, hostfile_lines(job_nodes)),
             sync=dests, grace=KILL_GRACE_S, container=container,
             buckets=buckets.payload_entries(spec.bucket_mounts),
-            storage=buckets.storage_settings(spec.envs, cloud=inv.cloud, region=inv.region))
+            storage=buckets.storage_settings(spec.envs,
+                                            default_region=get_provider(inv.cloud).bucket_region(inv.region)))
 
     # -- what the workdir copy leaves alone ------------------------------------
     def placed(self) -> list[str]:

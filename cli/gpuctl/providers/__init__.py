@@ -7,82 +7,39 @@ docs/architecture.md) through to `terraform output -json`.
 
 Providers are imported lazily by name, so a cloud's SDK (boto3 for AWS) is
 only imported when that cloud is used. A provider module `gpuctl.providers.<x>`
-exposes `PROVIDER`, an object satisfying `Provider` (subclassing BaseProvider
-gives the defaults and the optional `cleanup(cluster_dir)` hook that
-`provision.destroy` calls). `infra: ssh/...` has no provider: nothing is
-provisioned.
+exposes `PROVIDER`, an instance of a BaseProvider subclass (providers/base.py:
+the `Provider` protocol, every hook with its default). A new cloud is a folder
+`providers/<x>/`, its `provider.py` and one line in `_PROVIDER_MODULES`.
+`infra: ssh/...` is the provider that provisions nothing (providers/ssh).
 """
 
 from __future__ import annotations
 
 import importlib
+import math
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping
 
-from gpuctl.spec.request import ClusterRequest
 from gpuctl.common.errors import UserError
-from gpuctl.common.paths import terraform_dir
+from gpuctl.providers.base import BaseProvider, Provider
+from gpuctl.spec.request import ClusterRequest, request_from_task
 
-# cloud name -> module defining PROVIDER
+if TYPE_CHECKING:
+    from gpuctl.spec import Resources, Task
+
+__all__ = ["BaseProvider", "Provider", "get_provider", "render_root", "request_for", "resources_problem",
+           "MODULE_NAME", "CONTRACT_OUTPUTS"]
+
+# cloud name -> module defining PROVIDER (the registration line of a new cloud)
 _PROVIDER_MODULES = {
     "local": "gpuctl.providers.local.provider",
     "aws": "gpuctl.providers.aws.provider",
+    "ssh": "gpuctl.providers.ssh.provider",
 }
 # The root module's name for the provider's module: outputs read module.cluster.*
 MODULE_NAME = "cluster"
 CONTRACT_OUTPUTS = ("nodes", "ssh_user", "bastion")
-
-
-@runtime_checkable
-class Provider(Protocol):
-    name: str
-
-    def module_dir(self) -> Path:
-        """The packaged Terraform module this provider calls."""
-        ...
-
-    def check(self, req: ClusterRequest) -> None:
-        """Refuse (UserError) what needs no cloud call to know: node count, name length, type..."""
-        ...
-
-    def prepare(self, req: ClusterRequest) -> ClusterRequest:
-        """Preflight before rendering (quota, zone choice...); may return an adjusted request."""
-        ...
-
-    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
-        """The cluster's root module as Terraform JSON."""
-        ...
-
-
-class BaseProvider:
-    """Defaults for providers: no-op `check`, `prepare` that only checks, no-op `cleanup`, module dir by name."""
-
-    name = ""
-    module_name = ""  # directory under terraform/modules/
-
-    def module_dir(self) -> Path:
-        path = terraform_dir() / "modules" / self.module_name
-        if not (path / "main.tf").is_file():
-            raise FileNotFoundError(f"gpuctl installation is missing terraform/modules/{self.module_name}")
-        return path
-
-    def check(self, req: ClusterRequest) -> None:
-        """`gpuctl validate` and `apply` run it before anything is written; prepare runs it again
-        for the callers (the Python API, --dry-run) that come straight to provision."""
-        return None
-
-    def prepare(self, req: ClusterRequest) -> ClusterRequest:
-        self.check(req)
-        return req
-
-    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def cleanup(self, cluster_dir: Path) -> None:
-        """Optional hook, run after `terraform destroy` succeeded and before the
-        cluster directory is removed: delete what Terraform could not know of
-        (e.g. the leftovers of an interrupted apply)."""
-        return None
 
 
 def render_root(module_dir: Path, inputs: Mapping[str, Any], *, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -105,10 +62,10 @@ def render_root(module_dir: Path, inputs: Mapping[str, Any], *, extra: Mapping[s
 
 
 def get_provider(cloud: str) -> Provider:
-    """The provider for `cloud` (`local`, `aws`, ...); UserError for clouds without one."""
+    """The provider for `cloud` (`local`, `aws`, `ssh`, ...); UserError for clouds without one."""
     module_name = _PROVIDER_MODULES.get(cloud)
     if module_name is None:
-        known = ", ".join(sorted(_PROVIDER_MODULES))
+        known = ", ".join(sorted(set(_PROVIDER_MODULES) - {"ssh"}))  # ssh is named as ssh/PATH
         raise UserError(f"infra '{cloud}' has no Terraform provider in gpuctl; use one of {known} (or ssh/PATH)")
     try:
         module = importlib.import_module(module_name)
@@ -117,3 +74,21 @@ def get_provider(cloud: str) -> Provider:
             raise UserError(f"infra '{cloud}' is not available in this gpuctl installation") from None
         raise
     return module.PROVIDER
+
+
+def resources_problem(cloud: str, resources: "Resources") -> tuple[str, str] | None:
+    """spec.load_task's `resources_check`: the provider's offline word on `resources` (the cloud
+    is one spec/infra.py parsed, so it has a provider)."""
+    return get_provider(cloud).resources_problem(resources)
+
+
+def request_for(task: "Task", *, name: str | None = None, infra: str | None = None,
+                num_nodes: int | None = None, base_dir: Path | None = None) -> ClusterRequest:
+    """spec.request.request_from_task, then the provider's choice among the task's accelerators
+    (AWS: of `{A100: 8, H100: 8}` the first it sells). What cli.py and api/cluster.py call."""
+    req = request_from_task(task, name=name, infra=infra, num_nodes=num_nodes, base_dir=base_dir)
+    accelerators = task.resources.accelerators
+    if not accelerators or len(accelerators) < 2:
+        return req
+    accel, count = get_provider(req.cloud).pick_accelerator(req, accelerators)
+    return replace(req, accelerator=accel, gpus_per_node=math.ceil(count) if count else 0)

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gpuctl.providers import get_provider
 from gpuctl.provision.inventory import Inventory
 from gpuctl.provision.ssh import host_key_options, proxy_command
 
@@ -45,7 +46,7 @@ def to_ansible(inv: Inventory) -> dict[str, Any]:
         host["ansible_ssh_common_args"] = " ".join(common)
         hosts[n.name] = host
     cluster_vars: dict[str, Any] = {"gpuctl_cluster": inv.cluster, "gpuctl_cloud": inv.cloud}
-    if inv.cloud == "local":
+    if get_provider(inv.cloud).local:
         # Local nodes run their own sshd config, with fan-out limits already; the
         # machine's /etc/ssh belongs to the developer.
         cluster_vars["gpuctl_sshd_limits_manage"] = False

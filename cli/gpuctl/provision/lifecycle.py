@@ -21,6 +21,7 @@ from typing import Iterator
 from gpuctl.provision import ssh
 
 from gpuctl.provision import sshconfig
+from gpuctl.providers import get_provider
 from gpuctl.spec.request import ClusterRequest
 from gpuctl.state.lock import cluster_lock
 from gpuctl.common.console import Reporter
@@ -120,11 +121,14 @@ def remove_containers(name: str, reporter: Reporter) -> None:
 
     cdir = cluster_dir(name)
     inv = provisioner.load_inventory_of(name) if (cdir / containers.CONTAINERS_MARK).exists() else None
-    if inv is None or inv.cloud not in ("local", "ssh"):
+    if inv is None:
+        return
+    provider = get_provider(inv.cloud)
+    if not provider.containers_outlive_cluster:
         return
     command = containers.remove_containers_command([containers.container_name(name, n.name) for n in inv.nodes])
     results = ssh.run_on_all(inv.nodes, command, control_dir=ssh.control_dir_for(cdir / "cm"), timeout=120)
-    if inv.cloud == "local":  # the store the nodes share: also when a node no longer answers
+    if provider.local:  # the store the nodes share with this machine: also when a node no longer answers
         subprocess.run(["bash", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
         return
     for node in inv.nodes:

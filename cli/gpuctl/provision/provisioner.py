@@ -1,16 +1,16 @@
 """The provision layer: a ClusterRequest in, a ranked Inventory out.
 
-For Terraform-backed clouds (`local`, `aws`): render the cluster's root module
+For providers that provision (`local`, `aws`): render the cluster's root module
 (providers.*), `terraform init` + `apply`, read the outputs, and turn them into
 `clusters/<name>/inventory.yml`, keeping every surviving node's rank.
 
-Providers may offer optional hooks, looked up by name: `describe(req)` (lines
+The provider's hooks (providers/base.py) say the rest: `describe(req)` (lines
 shown before apply and in the plan), `retry_zone(req, error)` (after a failed
 apply: the request to try next, e.g. another AWS zone on
-InsufficientInstanceCapacity, and a line to show) and `cleanup(cluster_dir)`
-(after destroy). For
-`infra: ssh/PATH` nothing is provisioned: the hand-written inventory is checked
-and copied into the cluster directory.
+InsufficientInstanceCapacity, and a line to show; what the failed attempt made
+is destroyed first) and `cleanup(cluster_dir)` (after destroy). For a provider
+that provisions nothing (`infra: ssh/PATH`) the hand-written inventory is
+checked and copied into the cluster directory.
 
 `clusters/<name>/cluster.json` records the (prepared) request; it is written
 before `terraform apply`, so a cluster whose apply failed half-way is still
@@ -125,13 +125,13 @@ def _check_same_cloud(cdir: Path, req: ClusterRequest) -> None:
 def check_request(req: ClusterRequest) -> None:
     """Every refusal of `req` that needs no cloud call and changes nothing: the name, the
     cloud of an existing cluster of that name, the provider's own checks (node count...),
-    and for infra ssh the inventory. `gpuctl validate` runs it; so does apply, first."""
+    and for a provider that provisions nothing (infra ssh) the inventory. `gpuctl validate` runs it; so does apply, first."""
     check_cluster_name(req.name)
     _check_same_cloud(cluster_dir(req.name), req)
-    if req.cloud == "ssh":
+    provider = get_provider(req.cloud)
+    provider.check(req)
+    if not provider.provisions:
         _checked_ssh_inventory(req)
-    else:
-        get_provider(req.cloud).check(req)
 
 
 def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
@@ -147,10 +147,11 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     check_cluster_name(req.name)
     cdir = cluster_dir(req.name)
     _check_same_cloud(cdir, req)
-    if req.cloud == "ssh":
+    provider = get_provider(req.cloud)
+    if not provider.provisions:
+        provider.check(req)
         return _adopt_existing_hosts(req, cdir, on_progress, on_start)
 
-    provider = get_provider(req.cloud)
     remote = remotestate.current()
     root = TerraformRoot(cdir / "terraform")
     if remote is not None and root.root_file.is_file():
@@ -170,23 +171,22 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     _write_request(cdir, req)
     on_progress(f"terraform init ({root.workdir})")
     root.init()
-    describe = getattr(provider, "describe", None)
-    for line in describe(req) if describe else ():
+    for line in provider.describe(req):
         on_progress(line)
-    retry_zone = getattr(provider, "retry_zone", None)
     while True:
         on_progress(f"terraform apply: {req.num_nodes} {provider.name} node(s)")
         try:
             changed = root.apply()
             break
         except ProvisionError as exc:
-            # Optional provider hook (AWS): on a capacity shortage, the same
+            # The provider's hook (AWS): on a capacity shortage, the same
             # request in the next zone, and a line saying so.
-            nxt, line = retry_zone(req, exc) if retry_zone else (None, None)
+            nxt, line = provider.retry_zone(req, exc)
             if line:
                 on_progress(line)
             if nxt is None:
                 raise
+            root.destroy()  # what the failed attempt made (a subnet, some nodes): the retry starts clean
             req = nxt
             root.write(root_config(provider, req, cdir, public_key, remote))
             _write_request(cdir, req)
@@ -226,19 +226,20 @@ def _adopt_existing_hosts(req: ClusterRequest, cdir: Path, on_progress: Progress
     cdir.mkdir(parents=True, exist_ok=True)
     _write_request(cdir, req)
     path = write_inventory(inv, cdir / INVENTORY_FILE)
-    on_progress(f"infra ssh: using {len(inv.nodes)} existing host(s); inventory: {path}")
+    on_progress(f"infra {req.cloud}: using {len(inv.nodes)} existing host(s); inventory: {path}")
     return inv
 
 
 def _checked_ssh_inventory(req: ClusterRequest) -> Inventory:
-    if req.inventory_path is None:
-        raise UserError("resources.infra 'ssh' needs an inventory path: infra: ssh/path/to/inventory.yml")
+    """The hand-written inventory of a provider that provisions nothing (its check() made
+    sure there is a path), its hosts counted against num_nodes."""
+    assert req.inventory_path is not None
     inv = load_inventory(Path(req.inventory_path), cluster=req.name)
     if len(inv.nodes) < req.num_nodes:
         raise UserError(f"{req.inventory_path}: lists {len(inv.nodes)} host(s) but num_nodes is {req.num_nodes}; "
                         "add hosts or lower num_nodes")
     nodes = tuple(replace(n, gpus=n.gpus or req.gpus_per_node) for n in inv.nodes)
-    return replace(inv, cloud="ssh", nodes=nodes)
+    return replace(inv, cloud=req.cloud, nodes=nodes)
 
 
 # -- plan (--dry-run) ----------------------------------------------------------
@@ -254,11 +255,12 @@ def plan(req: ClusterRequest) -> PlanSummary:
     check_cluster_name(req.name)
     cdir = cluster_dir(req.name)
     _check_same_cloud(cdir, req)
-    if req.cloud == "ssh":
-        inv = _checked_ssh_inventory(req)
-        return PlanSummary(0, 0, 0, text=f"infra ssh: would use {len(inv.nodes)} existing host(s) from "
-                                          f"{req.inventory_path}; nothing to create.")
     provider = get_provider(req.cloud)
+    if not provider.provisions:
+        provider.check(req)
+        inv = _checked_ssh_inventory(req)
+        return PlanSummary(0, 0, 0, text=f"infra {req.cloud}: would use {len(inv.nodes)} existing host(s) from "
+                                          f"{req.inventory_path}; nothing to create.")
     req = provider.prepare(req)
     existing = _read_request(cdir) is not None
     with tempfile.TemporaryDirectory(prefix=f"gpuctl-plan-{req.name}-") as tmp:
@@ -277,12 +279,10 @@ def plan(req: ClusterRequest) -> PlanSummary:
             shutil.copy2(state, root.workdir / "terraform.tfstate")
         root.init()
         summary = root.plan()
-    describe = getattr(provider, "describe", None)
-    if describe is None:
+    lines = provider.describe(req)  # what the plan means (AWS: fabric, placement, reach)
+    if not lines:
         return summary
-    # Optional provider hook (AWS): what the plan means (fabric, placement, reach).
-    text = "\n".join([*describe(req), summary.text])
-    return replace(summary, text=text)
+    return replace(summary, text="\n".join([*lines, summary.text]))
 
 
 def state_drift(name: str) -> str:
@@ -293,8 +293,9 @@ def state_drift(name: str) -> str:
     """
     cdir = cluster_dir(name)
     request = _read_request(cdir) or {}
-    if request.get("cloud") == "ssh":
-        return "hand-written inventory (infra ssh): no Terraform state"
+    cloud = request.get("cloud")
+    if cloud and not get_provider(cloud).provisions:
+        return f"hand-written inventory (infra {cloud}): no Terraform state"
     root = TerraformRoot(cdir / "terraform")
     if not root.root_file.is_file():
         return "no Terraform root: the cluster never came up; `gpuctl down` removes what is left"
@@ -323,18 +324,16 @@ def destroy(name: str, *, on_progress: Progress = _quiet) -> None:
         raise ClusterNotFound(name)
     request = _read_request(cdir) or {}
     cloud = request.get("cloud") or ("local" if (cdir / "local.json").exists() else None)
-    provider = get_provider(cloud) if cloud and cloud != "ssh" else None
+    provider = get_provider(cloud) if cloud else None
     root = TerraformRoot(cdir / "terraform")
     if root.root_file.is_file():
-        if provider is not None and request:
+        if provider is not None and provider.provisions and request:
             _refresh_module_source(root, provider, request, cdir)
         on_progress(f"terraform destroy ({root.workdir})")
         root.init()
         root.destroy()
     if provider is not None:
-        cleanup = getattr(provider, "cleanup", None)
-        if cleanup is not None:
-            cleanup(cdir)
+        provider.cleanup(cdir)
     _refuse_mounts_under(cdir)
     shutil.rmtree(cdir)
     ssh.remove_control_dir(cdir / "cm")  # the ssh sockets' directory, when it lies outside cdir

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from gpuctl.spec.request import ClusterRequest
 from gpuctl.common.errors import UserError
+from gpuctl.providers import get_provider
 
 if TYPE_CHECKING:
     from gpuctl.spec import Task
@@ -30,16 +31,15 @@ def check_task(task: Task, req: ClusterRequest) -> None:
 
 
 def ssh_reach_problem(task: Task, req: ClusterRequest) -> str | None:
-    """Why apply would refuse to run this task's job on AWS (no ssh_ingress_cidrs), or None.
+    """Why apply would refuse to run this task's job: the provider's check_reach (AWS: no
+    ssh_ingress_cidrs), or None.
 
     Only apply without --provision-only refuses it, so validate prints it as a warning.
     """
-    if req.cloud != "aws" or not (task.run or task.setup):
+    if not (task.run or task.setup):
         return None
-    from gpuctl.providers.aws.provider import require_ssh_reach
-
     try:
-        require_ssh_reach()
+        get_provider(req.cloud).check_reach()
     except UserError as exc:
         return exc.message
     return None

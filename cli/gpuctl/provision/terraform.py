@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping
 from python_terraform import IsFlagged, Terraform
 
 from gpuctl.common.errors import ProvisionError, UserError
+from gpuctl.common.paths import STATE_SNAPSHOT_FILE, readable_state_file
 
 ROOT_FILE = "main.tf.json"
 # Long enough to wait out another gpuctl run on the same cluster, short enough
@@ -100,12 +101,11 @@ class TerraformRoot:
     @property
     def snapshot_file(self) -> Path:
         """A read-only copy of a remote backend's state (snapshot_state), for code that reads the state."""
-        return self.workdir / "state-snapshot.json"
+        return self.workdir / STATE_SNAPSHOT_FILE
 
     def state_file(self) -> Path:
         """The local state, else the last snapshot of the remote one."""
-        local = self.workdir / "terraform.tfstate"
-        return local if local.is_file() or not self.snapshot_file.is_file() else self.snapshot_file
+        return readable_state_file(self.workdir)
 
     # -- commands ----------------------------------------------------------
 

@@ -98,10 +98,12 @@ def endpoint_of(envs: Mapping[str, str]) -> str | None:
     return None
 
 
-def storage_settings(envs: Mapping[str, str], *, cloud: str, region: str | None) -> dict[str, Any]:
-    """How every node reaches the store (no credentials): the endpoint and the region."""
+def storage_settings(envs: Mapping[str, str], *, default_region: str | None) -> dict[str, Any]:
+    """How every node reaches the store (no credentials): the endpoint and the region, the task's
+    AWS_REGION / AWS_DEFAULT_REGION else `default_region` (the provider's bucket_region: on AWS
+    the cluster's own)."""
     chosen = next(((envs.get(n) or "").strip() for n in REGION_ENVS if (envs.get(n) or "").strip()), None)
-    return {"endpoint": endpoint_of(envs), "region": chosen or (region if cloud == "aws" else None)}
+    return {"endpoint": endpoint_of(envs), "region": chosen or default_region}
 
 
 def payload_entries(mounts: Sequence[BucketMount]) -> list[dict[str, Any]]:

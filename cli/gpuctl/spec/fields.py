@@ -26,7 +26,7 @@ from gpuctl.common.envargs import _ENV_NAME_RULE, ENV_NAME_RE
 from gpuctl.common.errors import UserError
 from gpuctl.spec.buckets import MODES as BUCKET_MODES
 from gpuctl.spec.buckets import BucketMount
-from gpuctl.spec.infra import UnsupportedInfra, infra_from_legacy, parse_infra
+from gpuctl.spec.infra import REGION_CLOUDS, UnsupportedInfra, infra_from_legacy, parse_infra
 
 _ACCEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ACCEL_HINT = "write NAME:COUNT such as A100:8"
@@ -309,9 +309,11 @@ def _region_from_images(data: dict[str, Any]) -> dict[str, Any]:
         return data
     first = str(next(iter(data["image_id"])))
     infra, cloud = data.get("infra"), data.get("cloud")
-    if isinstance(infra, str) and infra.strip().lower() in ("aws", "aws/*"):
-        return {**data, "infra": f"aws/{first}"}
-    if isinstance(cloud, str) and cloud.strip().lower() == "aws" and not data.get("zone"):
+    if isinstance(infra, str):
+        name, _, rest = infra.strip().lower().partition("/")
+        if name in REGION_CLOUDS and rest in ("", "*"):
+            return {**data, "infra": f"{name}/{first}"}
+    if isinstance(cloud, str) and cloud.strip().lower() in REGION_CLOUDS and not data.get("zone"):
         return {**data, "region": first}
     if infra is None and cloud is None:
         return {**data, "image_id": next(iter(data["image_id"].values()))}

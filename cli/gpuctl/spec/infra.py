@@ -1,4 +1,10 @@
-"""`resources.infra` strings: `local`, `ssh/PATH`, `aws`, `aws/REGION`, `aws/REGION/ZONE`."""
+"""`resources.infra` strings: `local`, `ssh/PATH`, `aws`, `aws/REGION`, `aws/REGION/ZONE`.
+
+The one place below providers/ that knows clouds by name: spec/ never imports
+providers/, so what it must know of a cloud before any provider is loaded is
+data here (which clouds take a region or a path, which `config.<cloud>` keys
+gpuctl acts on, what an AWS region name looks like).
+"""
 
 from __future__ import annotations
 
@@ -18,12 +24,31 @@ OTHER_CLOUDS = frozenset({
 WHAT_IS_SUPPORTED = "gpuctl provisions on aws, local (nodes on this machine) and ssh/PATH (your own machines)"
 
 
+# Clouds whose infra names a region (CLOUD/REGION/ZONE); a per-region image_id picks one of them.
+REGION_CLOUDS = frozenset({"aws"})
+# Clouds whose infra names a hand-written inventory (CLOUD/PATH).
+PATH_CLOUDS = frozenset({"ssh"})
+# SkyPilot's `config.<cloud>.<key>` that gpuctl acts on (the rest is warned about as ignored):
+# config.aws.remote_identity names the nodes' instance profile (providers/aws reads it).
+CONFIG_ACTED_ON: dict[str, frozenset[str]] = {"aws": frozenset({"remote_identity"})}
+
+
 class UnsupportedInfra(UserError):
     """A cloud SkyPilot supports and gpuctl does not: an any_of/ordered alternative
     naming it is skipped, anywhere else it is an error."""
-_REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+
+
+# AWS region and zone names; the region rule is also the one for the shared state's bucket
+# region (state/remotestate/settings.py).
+AWS_REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+_REGION_RE = AWS_REGION_RE
 _ZONE_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$|^[a-z]{2}-[a-z]+-\d-[a-z]+-\d[a-z]$")
 _REGION_PREFIX_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d")
+
+
+def is_aws_region(name: str) -> bool:
+    """Whether `name` is shaped like an AWS region (us-east-1, us-gov-west-1)."""
+    return bool(AWS_REGION_RE.fullmatch(name))
 
 
 @dataclass(frozen=True)

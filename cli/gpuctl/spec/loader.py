@@ -19,14 +19,13 @@ from gpuctl.common.errors import UserError
 from gpuctl.common.yamlfile import read_text
 from gpuctl.spec.compose import _as_written, _compose, _line_of
 from gpuctl.spec.fields import _WHERE_FIELDS, _kind
-from gpuctl.spec.infra import parse_infra
+from gpuctl.spec.infra import CONFIG_ACTED_ON, parse_infra
 from gpuctl.spec.messages import _one_line, _redact
-from gpuctl.spec.models import Task
+from gpuctl.spec.models import ResourcesCheck, Task
 
 SKYPILOT_IMAGE_PREFIX = "skypilot:"  # SkyPilot's own image tags (skypilot:gpu-ubuntu-2204)
 # Read, kept, and not acted on: each gets a warning line saying so.
 _KEPT_UNUSED = ("ports", "labels", "disk_tier")
-_CONFIG_ACTED_ON = frozenset({"remote_identity"})  # config.aws.remote_identity: the nodes' instance profile
 _IGNORED_WHY = {
     "service": "gpuctl runs jobs, not SkyPilot services (no replicas, no load balancer)",
     "pool": "gpuctl has no worker pools; apply runs the task on one cluster",
@@ -81,6 +80,7 @@ def load_task(
     secret_overrides: Mapping[str, str] | None = None,
     require_values: bool = True,
     infra_override: str | None = None,
+    resources_check: ResourcesCheck | None = None,
 ) -> Task:
     """Read and validate a SkyPilot-format task YAML.
 
@@ -92,6 +92,9 @@ def load_task(
     `FILE:LINE: FIELD: MESSAGE` (`FILE:LINE:COLUMN: ...` for YAML syntax).
     `infra_override` (`--infra`) replaces every location in the file, the
     alternatives' too, as SkyPilot's `--infra` does.
+    `resources_check(cloud, resources)`: the provider's offline word on resources
+    (gpuctl.providers.resources_problem; spec/ does not import providers/), which
+    refuses them and skips any_of/ordered alternatives; without it only the cloud is checked.
     With `require_values=False` (validate) an env or secret still without a
     value is no error: it is listed in `Task.warnings` as needed at apply.
     Fields read but not acted on are listed there too, one line each.
@@ -126,7 +129,7 @@ def load_task(
         notes: list[tuple[tuple[str, ...], str]] = []
         task = Task.model_validate(data, context={"base_dir": file.absolute().parent, "cwd": Path.cwd(),
                                                   "from_yaml": True, "unset": {u.split(".", 1)[1] for u in unset},
-                                                  "notes": notes})
+                                                  "notes": notes, "resources_check": resources_check})
     except pydantic.ValidationError as err:
         raise UserError(_redact(_one_line(err, source, lines), secret_values)) from None
     task._where = lambda *key: f"{source}:{_line_of(lines, _as_written(lines, key))}"
@@ -148,9 +151,10 @@ def _warnings(task: Task, unset: Iterable[str], where: Callable[..., str]) -> li
     if (task.resources.image_id or "").startswith(SKYPILOT_IMAGE_PREFIX):
         ignored.append((("resources", "image_id"), "skypilot_image"))
     config = task.config or {}
-    aws = config["aws"] if isinstance(config.get("aws"), dict) else {}
-    ignored += [(("config", str(k)), "config") for k in config if k != "aws"]
-    ignored += [(("config", "aws", str(k)), "config") for k in aws if k not in _CONFIG_ACTED_ON]
+    ignored += [(("config", str(k)), "config") for k in config if k not in CONFIG_ACTED_ON]
+    for section, acted_on in CONFIG_ACTED_ON.items():  # config.<cloud>.<key>: spec/infra.py
+        keys = config[section] if isinstance(config.get(section), dict) else {}
+        ignored += [(("config", section, str(k)), "config") for k in keys if k not in acted_on]
     for key, field in ignored:
         out.append(f"{where(*key)}: {'.'.join(key)}: ignored; {_IGNORED_WHY.get(field, 'gpuctl does not act on it')}")
     return out

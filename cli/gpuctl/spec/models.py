@@ -17,7 +17,6 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, Strict, ValidationInfo, field_validator,
                       model_validator)
 
-from gpuctl.providers.aws import catalog
 from gpuctl.common.errors import UserError
 from gpuctl.spec.buckets import BucketMount
 from gpuctl.spec.fields import (_CPUS_RE, _MANAGED_SECRETS, _MEMORY_RE, _RESOURCE_ALIASES, _WHERE_FIELDS, _accelerators,
@@ -26,6 +25,10 @@ from gpuctl.spec.fields import (_CPUS_RE, _MANAGED_SECRETS, _MEMORY_RE, _RESOURC
                                 _region_from_images, _region_of, _scalar_text, _show, _variables)
 from gpuctl.spec.infra import WHAT_IS_SUPPORTED, Infra, infra_from_legacy, parse_infra
 from gpuctl.spec.nodepaths import destination_problem
+
+# The provider's offline word on a location's resources: (cloud, resources) -> (field, why) or None.
+# load_task's callers pass gpuctl.providers.resources_problem (spec/ never imports providers/).
+ResourcesCheck = Callable[[str, "Resources"], "tuple[str, str] | None"]
 
 # A Path that also validates from a str, so a task dumped to JSON loads back.
 _LocalPath = Annotated[Path, Strict(False)]
@@ -193,24 +196,15 @@ class Resources(_Model):
         accel = ", ".join(f"{k}:{_number_text(v)}" for k, v in (self.accelerators or {}).items())
         return ", ".join(x for x in (where, self.instance_type, accel) if x)
 
-    def provision_problem(self) -> tuple[str, str] | None:
+    def provision_problem(self, check: ResourcesCheck | None = None) -> tuple[str, str] | None:
         """(field, why) when gpuctl cannot provision these resources: a cloud it does not
-        support, or on AWS no instance type for the accelerators / cpus / memory asked for."""
+        support, or what `check` (the provider's, e.g. AWS: no instance type for the
+        accelerators / cpus / memory asked for) finds."""
         fields = [("infra", self.infra)] if self.infra else [("cloud", self.cloud)] if self.cloud else []
         for field, value in fields:
             if problem := _infra_problem(value, field, unsupported_too=True):
                 return field, problem
-        if self.infra_spec().cloud != "aws" or self.instance_type:
-            return None
-        try:
-            if self.accelerators:
-                catalog.default_instance_type(*catalog.first_available(self.accelerators))
-            else:
-                catalog.default_cpu_instance_type(self.cpus, self.memory)
-        except UserError as err:
-            field = "accelerators" if self.accelerators else "cpus" if self.cpus else "memory"
-            return field, err.message.removeprefix("resources.accelerators ").removeprefix("resources: ")
-        return None
+        return check(self.infra_spec().cloud, self) if check is not None else None
 
     def accelerator_pair(self) -> tuple[str | None, float]:
         """("A100", 8.0) for the accelerator that is provisioned; (None, 0.0) if none."""
@@ -412,19 +406,21 @@ class Task(_Model):
                    f"write '{info.field_name}: |' and the commands on the lines below")
 
     @model_validator(mode="after")
-    def _choose_resources(self) -> Task:
+    def _choose_resources(self, info: ValidationInfo) -> Task:
         """Of any_of/ordered alternatives, the first gpuctl can provision (SkyPilot would
-        shop across clouds; gpuctl takes the first that it supports and can resolve)."""
+        shop across clouds; gpuctl takes the first that it supports and can resolve, as the
+        validation context's `resources_check` -- the providers' -- says)."""
+        check = (info.context or {}).get("resources_check")
         group = "any_of" if self.resources.any_of else "ordered" if self.resources.ordered else None
         if group is None:
-            if problem := self.resources.provision_problem():
+            if problem := self.resources.provision_problem(check):
                 raise _bad(problem[1], "resources", problem[0])
             return self
         skipped: list[str] = []
         choices = getattr(self.resources, group)
         for index, choice in enumerate(choices):
             merged = self.resources.with_choice(choice)
-            problem = merged.provision_problem()
+            problem = merged.provision_problem(check)
             if problem is None:
                 self.resources = merged
                 if len(choices) > 1:

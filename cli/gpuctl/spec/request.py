@@ -12,23 +12,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuctl.providers.aws.catalog import first_available
 from gpuctl.common.errors import UserError
-from gpuctl.spec.infra import Infra, parse_infra
+from gpuctl.spec.infra import CONFIG_ACTED_ON, PATH_CLOUDS, Infra, parse_infra
 from gpuctl.common.paths import CLUSTER_NAME_RE
 
 if TYPE_CHECKING:
     from gpuctl.spec import Task
 
-# ClusterRequest.extra: the task's config.aws.remote_identity as JSON (providers/aws.py reads it)
-X_REMOTE_IDENTITY = "aws.remote_identity"
+# ClusterRequest.extra: the task's config.<cloud>.remote_identity as JSON, for the clouds that
+# act on it (spec/infra.py CONFIG_ACTED_ON; providers/aws/provider.py reads "aws.remote_identity")
+REMOTE_IDENTITY = "remote_identity"
+
+
+def remote_identity_key(cloud: str) -> str:
+    return f"{cloud}.{REMOTE_IDENTITY}"
 
 
 @dataclass(frozen=True)
 class ClusterRequest:
     name: str
     num_nodes: int
-    cloud: str  # "local" | "aws" | "ssh"
+    cloud: str  # a provider's name (gpuctl.providers): "local" | "aws" | "ssh"
     region: str | None = None
     zone: str | None = None
     instance_type: str | None = None
@@ -40,7 +44,7 @@ class ClusterRequest:
     disk_size: int | None = None
     image_id: str | None = None
     network_tier: str = "standard"  # "standard" | "best"
-    inventory_path: Path | None = None  # infra "ssh": hand-written inventory
+    inventory_path: Path | None = None  # infra ssh/PATH: hand-written inventory
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -68,23 +72,27 @@ def request_from_task(
     num_nodes: int | None = None,
     base_dir: Path | None = None,
 ) -> ClusterRequest:
-    """Combine the validated task with CLI overrides (`-c`, `--infra`, `--num-nodes`)."""
+    """Combine the validated task with CLI overrides (`-c`, `--infra`, `--num-nodes`).
+
+    Of several accelerator choices the request holds the first; the provider may pick
+    another (gpuctl.providers.request_for, which cli.py and the Python API call)."""
     res = task.resources
     where: Infra = parse_infra(infra, field="--infra") if infra else res.infra_spec()
     if num_nodes is not None and num_nodes < 1:
         raise UserError(f"--num-nodes {num_nodes}: num_nodes should be a positive int")
     accel, count = res.accelerator_pair()
-    if where.cloud == "aws" and not res.instance_type and res.accelerators:
-        accel, count = first_available(res.accelerators)  # of several choices, the first AWS sells
     inventory_path = None
-    if where.cloud == "ssh":
+    if where.cloud in PATH_CLOUDS:
         if not where.path:
-            raise UserError("resources.infra 'ssh' needs an inventory path: infra: ssh/path/to/inventory.yml")
+            raise UserError(f"resources.infra '{where.cloud}' needs an inventory path: "
+                            f"infra: {where.cloud}/path/to/inventory.yml")
         inventory_path = Path(where.path)
         if not inventory_path.is_absolute():
             inventory_path = (base_dir or Path.cwd()) / inventory_path
-    aws_config = (task.config or {}).get("aws")
-    identity = aws_config.get("remote_identity") if isinstance(aws_config, dict) else None
+    cloud_config = (task.config or {}).get(where.cloud)
+    identity = None
+    if REMOTE_IDENTITY in CONFIG_ACTED_ON.get(where.cloud, ()) and isinstance(cloud_config, dict):
+        identity = cloud_config.get(REMOTE_IDENTITY)
     return ClusterRequest(
         name=check_cluster_name(name or default_cluster_name(task.name)),
         num_nodes=num_nodes if num_nodes is not None else task.num_nodes,
@@ -102,5 +110,5 @@ def request_from_task(
         image_id=None if task.container_image or (res.image_id or "").startswith("skypilot:") else res.image_id,
         network_tier=res.network_tier or "standard",
         inventory_path=inventory_path,
-        extra={X_REMOTE_IDENTITY: json.dumps(identity)} if identity is not None and where.cloud == "aws" else {},
+        extra={remote_identity_key(where.cloud): json.dumps(identity)} if identity is not None else {},
     )

@@ -34,13 +34,15 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
-from gpuctl.providers.aws.catalog import resolve_instance_type
-from gpuctl.spec.request import X_REMOTE_IDENTITY, ClusterRequest
+from gpuctl.providers.aws import hostkeys
+from gpuctl.providers.aws.catalog import (default_cpu_instance_type, default_instance_type, first_available,
+                                          gpudirect_rdma, resolve_instance_type)
+from gpuctl.spec.request import ClusterRequest, remote_identity_key
 from gpuctl.common.config import CIDRS_ENV, AwsSettings, aws_settings, config_path, instance_profile
 from gpuctl.common.errors import ProvisionError, UserError
-from gpuctl.common.paths import cluster_dir, terraform_dir
+from gpuctl.common.paths import cluster_terraform_dir, readable_state_file, terraform_dir
 from gpuctl.providers.aws.preflight import (
     BASTION_SSM_PARAMETER,
     DLAMI_SSM_PARAMETER,
@@ -50,7 +52,10 @@ from gpuctl.providers.aws.preflight import (
     failover_line,
     next_zone,
 )
-from gpuctl.providers import BaseProvider
+from gpuctl.providers.base import BaseProvider
+
+if TYPE_CHECKING:
+    from gpuctl.spec import Resources
 
 MODULE_NAME = "aws-gpu-instance-group"
 MODULE_KEY = "cluster"  # module "cluster" { ... } in the rendered root
@@ -61,6 +66,8 @@ ENDPOINT_SERVICES = ("ec2", "sts", "iam", "ssm")
 PASSED_OUTPUTS = ("nodes", "ssh_user", "bastion", "efa_interfaces_per_node", "placement_group_name",
                   "availability_zone", "ansible_inventory")
 
+# req.extra: the task's config.aws.remote_identity as JSON (spec/request.py puts it there)
+X_REMOTE_IDENTITY = remote_identity_key("aws")
 # req.extra keys written by prepare()
 X_EFA_INTERFACES = "aws.efa_interfaces"
 X_OFFERED_ZONES = "aws.offered_zones"
@@ -291,9 +298,28 @@ def node_zones_in_state(state_file: Path) -> set[str]:
 
 def state_file_of(name: str) -> Path:
     """The cluster's Terraform state file, or the snapshot of its remote state (shared state)."""
-    from gpuctl.provision.terraform import TerraformRoot
+    return readable_state_file(cluster_terraform_dir(name))
 
-    return TerraformRoot(cluster_dir(name) / "terraform").state_file()
+
+def efa_requested(request: Mapping[str, Any] | None) -> bool:
+    """The rule "AWS + network_tier: best means EFA", for a recorded request (cluster.json)."""
+    return (request or {}).get("network_tier") == "best"
+
+
+def efa_fabric_env(*, efa: bool, instance_type: str | None = None) -> dict[str, str]:
+    """The static NCCL/libfabric defaults of EFA: what a node's fabric.env gets only where
+    detection cannot see (its RDMA devices could not be read; configplane/fabricprobe.py
+    decides everywhere else, from the node itself). The task's envs override them either way.
+
+    On EFA nodes NCCL must load aws-ofi-nccl (`NET/OFI`) or it silently falls
+    back to sockets; these are the awsome-distributed-training defaults.
+    """
+    if not efa:
+        return {}
+    env = {"FI_PROVIDER": "efa", "NCCL_SOCKET_IFNAME": "^lo,docker", "FI_EFA_FORK_SAFE": "1"}
+    if gpudirect_rdma(instance_type):
+        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return env
 
 
 class AwsProvider(BaseProvider):
@@ -301,6 +327,7 @@ class AwsProvider(BaseProvider):
 
     name = "aws"
     module_name = MODULE_NAME
+    checks_console_host_keys = True  # instances print their host keys to the EC2 console
 
     def __init__(self, settings: AwsSettings | None = None) -> None:
         self._settings = settings
@@ -355,16 +382,52 @@ class AwsProvider(BaseProvider):
     def retry_zone(self, req: ClusterRequest, error: BaseException) -> tuple[ClusterRequest | None, str | None]:
         """provision()'s hook after a failed apply: the request for the next zone, if any.
 
-        Before handing it back, destroys what the failed attempt made (a subnet,
-        perhaps some nodes in the zone without capacity), so the next apply starts
-        clean; only ever for a cluster that had no nodes before (see prepare).
+        provision() destroys what the failed attempt made (a subnet, perhaps some
+        nodes in the zone without capacity) before applying it, so the next apply
+        starts clean; only ever for a cluster that had no nodes before (see prepare).
         """
-        nxt, line = retry_zone(req, error)
-        if nxt is not None:
-            from gpuctl.provision.terraform import TerraformRoot
+        return retry_zone(req, error)
 
-            TerraformRoot(state_file_of(req.name).parent).destroy()
-        return nxt, line
+    def resources_problem(self, resources: "Resources") -> tuple[str, str] | None:
+        """No AWS instance type for the accelerators / cpus / memory asked for (an instance_type given
+        is taken as it is; preflight asks EC2 about it)."""
+        if resources.instance_type:
+            return None
+        try:
+            if resources.accelerators:
+                default_instance_type(*first_available(resources.accelerators))
+            else:
+                default_cpu_instance_type(resources.cpus, resources.memory)
+        except UserError as err:
+            field = "accelerators" if resources.accelerators else "cpus" if resources.cpus else "memory"
+            return field, err.message.removeprefix("resources.accelerators ").removeprefix("resources: ")
+        return None
+
+    def pick_accelerator(self, req: ClusterRequest, accelerators: Mapping[str, float]) -> tuple[str, float]:
+        """Of several choices, the first AWS sells (an instance_type given decides by itself)."""
+        return next(iter(accelerators.items())) if req.instance_type else first_available(accelerators)
+
+    def instance_type(self, req: ClusterRequest) -> str | None:
+        return resolve_instance_type(req.instance_type, req.accelerator, req.gpus_per_node, req.cpus, req.memory)
+
+    def check_reach(self) -> None:
+        require_ssh_reach()
+
+    def expected_fabric(self, request: Mapping[str, Any] | None) -> str | None:
+        return "efa" if efa_requested(request) else None
+
+    def fabric_env(self, request: Mapping[str, Any] | None) -> dict[str, str]:
+        itype = (request or {}).get("instance_type") or None
+        return efa_fabric_env(efa=efa_requested(request), instance_type=itype)
+
+    def bucket_region(self, region: str | None) -> str | None:
+        return region  # S3 in the cluster's own region
+
+    def console_host_keys(self, node_id: str, region: str | None, known_hosts: Path,
+                          alias: str) -> tuple[set[str], list[str]]:
+        """The fingerprints cloud-init printed to the EC2 console, and the learned ones it did not."""
+        printed = hostkeys.console_fingerprints(hostkeys.console_output(node_id, region))
+        return printed, hostkeys.mismatched(hostkeys.learned_fingerprints(known_hosts, alias), printed)
 
 
 PROVIDER = AwsProvider()

@@ -35,12 +35,16 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from gpuctl.spec.request import ClusterRequest
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir as cluster_dir_of
-from gpuctl.providers import BaseProvider, render_root
+from gpuctl.providers import render_root
+from gpuctl.providers.base import BaseProvider
+
+if TYPE_CHECKING:
+    from gpuctl.spec import Task
 
 MODE_ENV = "GPUCTL_LOCAL_MODE"
 POOL_ENV = "GPUCTL_LOCAL_SUBNET_POOL"
@@ -347,6 +351,23 @@ def nodes_dir(cluster_dir: Path) -> Path:
 class LocalProvider(BaseProvider):
     name = "local"
     module_name = "local-nodes"
+    local = True  # sshd processes on this machine: its filesystem, Python and container store
+    containers_outlive_cluster = True
+
+    def task_warnings(self, task: "Task", req: ClusterRequest) -> list[str]:
+        """The local nodes have no GPU of their own, and no instance type, market, disk or fabric."""
+        lines = []
+        res = task.resources
+        if req.accelerator and not local_gpus_present():
+            lines.append(f"{task.where('resources', 'accelerators')}: resources.accelerators: the local "
+                         f"nodes have no GPU (no NVIDIA device on this machine); jobs still see "
+                         f"SKYPILOT_NUM_GPUS_PER_NODE={req.gpus_per_node}")
+        unused = [k for k in ("instance_type", "use_spot", "disk_size", "network_tier") if getattr(res, k)]
+        unused += ["image_id"] if res.image_id and not task.container_image else []
+        for key in unused:
+            lines.append(f"{task.where('resources', key)}: resources.{key}: ignored on infra local "
+                         "(nodes on this machine)")
+        return lines
 
     def check(self, req: ClusterRequest) -> None:
         if not 1 <= req.num_nodes <= MAX_NODES:

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 from gpuctl.common.config import config_block
 from gpuctl.common.errors import UserError
+from gpuctl.spec.infra import is_aws_region
 
 BACKENDS = ("local", "s3")
 KEYS = ("backend", "bucket", "prefix", "region", "endpoint_url", "kms_key_id", "profile", "lock_timeout")
@@ -38,7 +39,6 @@ DEFAULT_LOCK_TIMEOUT = 600
 # S3's rules for general purpose bucket names (lowercase, digits, dots, hyphens; 3-63).
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*$")
-_REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def state_settings(raw: Mapping[str, Any] | None, *, path: Path,
                         "such as teams/ml")
     region = str(values.get("region") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
                  or "us-east-1").strip()
-    if not _REGION_RE.fullmatch(region):
+    if not is_aws_region(region):
         raise UserError(f"{where.get('region', 'AWS_REGION')} '{region}': not an AWS region such as us-east-1")
     endpoint = str(values["endpoint_url"]).strip().rstrip("/") if values.get("endpoint_url") else None
     if endpoint and not endpoint.startswith(("http://", "https://")):

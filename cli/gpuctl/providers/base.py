@@ -1,0 +1,185 @@
+"""What a provider is: the `Provider` protocol and `BaseProvider`, its defaults.
+
+Every question the layers above ask about a cloud is a hook here, so none of
+them compares a cloud's name: a new provider subclasses BaseProvider and
+overrides what differs (docs/architecture.md, "Adding a provider"). Callers
+get the object from the registry (`gpuctl.providers.get_provider`) and call
+hooks directly; every hook has a default, so nothing is probed with getattr.
+
+Facts (class attributes):
+
+- `provisions`: whether gpuctl creates the nodes (Terraform); False for
+  `infra: ssh`, whose hosts exist already (provision/provisioner.py adopts
+  the hand-written inventory instead).
+- `local`: the nodes are processes on the controller's machine: they share
+  its filesystem, its Python and its container store, and their sshd
+  configuration is gpuctl's own.
+- `containers_outlive_cluster`: the nodes outlive the cluster (local nodes
+  share this machine's container store, ssh hosts stay), so `down` removes the
+  job containers from them; cloud instances are destroyed, containers and all.
+- `checks_console_host_keys`: the nodes print their SSH host keys to a
+  console gpuctl can read, so the keys learned at first contact are checked
+  against them (`console_host_keys`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
+
+from gpuctl.common.paths import terraform_dir
+from gpuctl.spec.request import ClusterRequest
+
+if TYPE_CHECKING:
+    from gpuctl.spec import Resources, Task
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+    module_name: str
+    provisions: bool
+    local: bool
+    containers_outlive_cluster: bool
+    checks_console_host_keys: bool
+
+    # -- provisioning (provision/provisioner.py) -------------------------------------------------
+
+    def module_dir(self) -> Path:
+        """The packaged Terraform module this provider calls."""
+        ...
+
+    def check(self, req: ClusterRequest) -> None:
+        """Refuse (UserError) what needs no cloud call to know: node count, name length, type..."""
+        ...
+
+    def prepare(self, req: ClusterRequest) -> ClusterRequest:
+        """Preflight before rendering (quota, zone choice...); may return an adjusted request."""
+        ...
+
+    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
+        """The cluster's root module as Terraform JSON."""
+        ...
+
+    def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:
+        """Lines shown before apply and with the plan (fabric, placement, reach)."""
+        ...
+
+    def retry_zone(self, req: ClusterRequest, error: BaseException) -> tuple[ClusterRequest | None, str | None]:
+        """After a failed apply: the request to try next (or None) and a line to show (or None)."""
+        ...
+
+    def cleanup(self, cluster_dir: Path) -> None:
+        """After `terraform destroy` succeeded: remove what Terraform could not know of."""
+        ...
+
+    # -- the task and the request (cli.py, api/cluster.py, provision/taskchecks.py) ---------------
+
+    def resources_problem(self, resources: "Resources") -> tuple[str, str] | None:
+        """(field, why) when these resources cannot be provisioned, known offline; spec.load_task
+        refuses them with FILE:LINE and skips such any_of/ordered alternatives."""
+        ...
+
+    def pick_accelerator(self, req: ClusterRequest, accelerators: Mapping[str, float]) -> tuple[str, float]:
+        """Of the task's accelerator choices (`{A100: 8, H100: 8}`), the one to provision."""
+        ...
+
+    def instance_type(self, req: ClusterRequest) -> str | None:
+        """The instance type the request resolves to, offline (None: the provider has none)."""
+        ...
+
+    def task_warnings(self, task: "Task", req: ClusterRequest) -> list[str]:
+        """`FILE:LINE: FIELD: ...` for what the task asks that this provider ignores."""
+        ...
+
+    def check_reach(self) -> None:
+        """Refuse (UserError), before anything is created, nodes the controller could not reach
+        over SSH to run a job (apply runs it unless --provision-only or nothing is to run)."""
+        ...
+
+    # -- the nodes (configplane/, jobplane/, healthcheck/) ---------------------------------------
+
+    def expected_fabric(self, request: Mapping[str, Any] | None) -> str | None:
+        """The fabric gpuctl attached to the nodes for this (recorded) request, e.g. "efa"; None: none."""
+        ...
+
+    def fabric_env(self, request: Mapping[str, Any] | None) -> dict[str, str]:
+        """Static NCCL/libfabric env for the attached fabric, for nodes whose devices cannot be read."""
+        ...
+
+    def bucket_region(self, region: str | None) -> str | None:
+        """The region bucket mounts use when the task's envs name none (None: the store's default)."""
+        ...
+
+    def console_host_keys(self, node_id: str, region: str | None, known_hosts: Path,
+                          alias: str) -> tuple[set[str], list[str]]:
+        """(the SSH host-key fingerprints the node printed to its console, empty when none yet;
+        those learned for `alias` in `known_hosts` that are not among them)."""
+        ...
+
+
+class BaseProvider:
+    """Every hook's default: a provider that attaches no fabric, has no instance types, no
+    console and no zones, and whose nodes are destroyed with the cluster."""
+
+    name = ""
+    module_name = ""  # directory under terraform/modules/
+    provisions = True
+    local = False
+    containers_outlive_cluster = False
+    checks_console_host_keys = False
+
+    def module_dir(self) -> Path:
+        path = terraform_dir() / "modules" / self.module_name
+        if not (path / "main.tf").is_file():
+            raise FileNotFoundError(f"gpuctl installation is missing terraform/modules/{self.module_name}")
+        return path
+
+    def check(self, req: ClusterRequest) -> None:
+        """`gpuctl validate` and `apply` run it before anything is written; prepare runs it again
+        for the callers (the Python API, --dry-run) that come straight to provision."""
+        return None
+
+    def prepare(self, req: ClusterRequest) -> ClusterRequest:
+        self.check(req)
+        return req
+
+    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
+        raise NotImplementedError(f"provider '{self.name}' renders no Terraform root")
+
+    def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:
+        return []
+
+    def retry_zone(self, req: ClusterRequest, error: BaseException) -> tuple[ClusterRequest | None, str | None]:
+        return None, None
+
+    def cleanup(self, cluster_dir: Path) -> None:
+        return None
+
+    def resources_problem(self, resources: "Resources") -> tuple[str, str] | None:
+        return None
+
+    def pick_accelerator(self, req: ClusterRequest, accelerators: Mapping[str, float]) -> tuple[str, float]:
+        return next(iter(accelerators.items()))
+
+    def instance_type(self, req: ClusterRequest) -> str | None:
+        return None
+
+    def task_warnings(self, task: "Task", req: ClusterRequest) -> list[str]:
+        return []
+
+    def check_reach(self) -> None:
+        return None
+
+    def expected_fabric(self, request: Mapping[str, Any] | None) -> str | None:
+        return None
+
+    def fabric_env(self, request: Mapping[str, Any] | None) -> dict[str, str]:
+        return {}
+
+    def bucket_region(self, region: str | None) -> str | None:
+        return None
+
+    def console_host_keys(self, node_id: str, region: str | None, known_hosts: Path,
+                          alias: str) -> tuple[set[str], list[str]]:
+        return set(), []
