@@ -69,7 +69,7 @@ STAGE_START = re.compile(r"^==> (?P<title>.+)$")
 STAGE_DONE = re.compile(r"^    (?P<title>.+): done in (?P<secs>[0-9.]+)s$")
 JOB_RUNNING = re.compile(r"^Job (?P<id>\d+) running \(")
 
-# Stage titles (cli.py / launch.py) -> short names; titles carry node counts.
+# Stage titles (cli.py / jobplane/runner.py) -> short names; titles carry node counts.
 STAGE_KEYS = (
     ("Provisioning", "provision"),
     ("Preparing", "prepare"),

@@ -1,9 +1,11 @@
 """gpuctl: multi-node GPU training clusters from one cluster.yaml.
 
-Layers, each its own module, passing plain values:
-spec (cluster.yaml) -> cluster (request) -> render/terraform (provision)
--> inventory (from `terraform output -json`) -> jobenv/playbooks (Ansible)
--> stream (live rank output) -> state (registry of clusters and jobs).
+One folder per layer, each importing only from the ones before it
+(docs/architecture.md, "Where code lives"; tests/unit/test_architecture.py):
+common -> spec (cluster.yaml -> Task) -> providers (one package per cloud) ->
+state (registry, locks, shared state) -> provision (Terraform -> inventory) ->
+configplane (Ansible prepares the nodes once) -> jobplane (both ends of a job:
+the runner on the controller, the node agent) -> healthcheck -> api -> cli.
 The Python API (gpuctl.Cluster, @gpuctl.function, ...) lives in gpuctl/api/.
 """
 

@@ -719,7 +719,7 @@ def _command_names() -> set[str]:
 
 def main() -> None:
     global _after_dashes
-    # Ctrl-C and SIGTERM both end the job on every node (launch.JobRunner.watch);
+    # Ctrl-C and SIGTERM both end the job on every node (jobplane.runner.JobRunner.watch);
     # set explicitly since a parent may have started us with SIGINT ignored.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)

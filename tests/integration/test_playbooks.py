@@ -101,7 +101,7 @@ def extravars(cluster: Cluster, job: str, **over: Any) -> dict[str, Any]:
 
 def follow_while(cluster: Cluster, name: str, ev: dict[str, Any], stage: str, nodes: tuple[Node, ...] | None = None,
                  **follow_kw: Any) -> tuple[playbooks.PlaybookResult, dict[int, int | None], list[tuple[float, int, str]]]:
-    """Run a stage's playbook in a thread while following its log (as launch.py does)."""
+    """Run a stage's playbook in a thread while following its log (as jobplane/runner.py does)."""
     nodes = nodes or cluster.nodes
     done = threading.Event()
     box: dict[str, playbooks.PlaybookResult] = {}

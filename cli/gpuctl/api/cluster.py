@@ -6,7 +6,7 @@
 A Cluster is brought up through the CLI's own path (spec.load_task ->
 providers.request_for -> lifecycle.bring_up: lock, registry,
 provision.provision), and every broadcast is one gpuctl job
-(launch.JobRunner): it shows in `gpuctl queue`, its output streams with the
+(jobplane.runner.JobRunner): it shows in `gpuctl queue`, its output streams with the
 usual rank prefixes and is kept for `gpuctl logs`, and the head stops the
 other ranks as soon as one fails. How a call travels is in wire.py; what
 runs on the node in remote.py.

@@ -2,7 +2,7 @@
 
 Each stage (wait, sync, setup, env, run, kill) is one playbook under
 `ansible/playbooks/`, a barrier across the nodes (linear strategy). Extravars
-contract, produced by the job layer (launch.py):
+contract, produced by the job layer (jobplane/runner.py):
 
     gpuctl_job_id          str
     gpuctl_workdir_src     local absolute dir, or None
@@ -281,7 +281,7 @@ def run_playbook(
     """Run playbook `name` ("setup" or "setup.yml") against `inventory`.
 
     forks defaults to the number of target hosts, capped at 256. `control_dir`
-    (default: `<private_data_dir>/../cm`, as launch.py's follow uses) holds the
+    (default: `<private_data_dir>/../cm`, as jobplane/runner.py's follow uses) holds the
     ControlMaster sockets, shortened by ssh.control_dir_for if the path is too
     long. `timeout` (s) and `cancel` stop ansible-playbook (not processes it
     started on nodes: use kill.yml or jobplane.client.kill_stage for those).

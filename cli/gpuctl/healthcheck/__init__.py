@@ -9,6 +9,6 @@ touches nothing outside its arguments:
 - ncclperf.py    nccl-tests' all_reduce_perf: the mpirun line, its output
 - probe.py       the node side (standard library + torch): torch.distributed
                  all_reduce timing; copied to the nodes as a file, never imported here
-- fabric.py      the fabric a cluster should use, and whether a transport is it
+- fabriccheck.py the fabric a cluster should use (the provider's expected_fabric), and whether a transport is it
 - command.py     the job, the collected lines, the verdict
 """

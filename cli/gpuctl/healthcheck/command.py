@@ -1,6 +1,6 @@
 """`gpuctl check NAME`: the all_reduce job, and what its output says about the fabric.
 
-run_check runs probe.py as ONE gpuctl job on every node (launch.JobRunner:
+run_check runs probe.py as ONE gpuctl job on every node (jobplane.runner.JobRunner:
 prepared if needed, listed in `gpuctl queue`, its output kept for `gpuctl
 logs`) with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET, collects every
 rank's lines, and `analyze` turns them into a Report (pure: unit-tested on

@@ -1,7 +1,7 @@
 """AWS checks before Terraform runs: one clear line for each thing a user can fix.
 
 `check_aws(req)` asks EC2 (through boto3, honouring the endpoint override of
-`gpuctl.config`) whether the request can work at all: credentials, a region,
+`gpuctl.common.config`) whether the request can work at all: credentials, a region,
 an instance type that exists, is offered in the zone, and supports EFA when
 `network_tier: best` asks for it. It returns the request with region, zone and
 instance type filled in, plus what it learnt (EFA interfaces per node, the
