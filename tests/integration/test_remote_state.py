@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from pathlib import Path
 
@@ -78,22 +79,54 @@ def ok(res: subprocess.CompletedProcess[str]) -> str:
 
 
 HOLD = """
-import sys, time
+import select, sys
 from gpuctl.state import remotestate
 from gpuctl.state.remotestate.store import cluster_lock
 remote = remotestate.current()
 with cluster_lock(remote.store, sys.argv[1], command="gpuctl apply", on_wait=print):
     print("held", flush=True)
-    time.sleep(float(sys.argv[2]))
+    select.select([sys.stdin], [], [], float(sys.argv[2]))  # until the test lets go (closes stdin), at most this
 """
 
 
 def hold_lock(name: str, seconds: float, env: dict[str, str]) -> subprocess.Popen[str]:
-    """Another runner in the middle of changing the cluster: gpuctl's own lock, held for `seconds`."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, name, str(seconds)], env=env, stdout=subprocess.PIPE,
-                            text=True)
+    """Another runner in the middle of changing the cluster: gpuctl's own lock, held until its stdin
+    closes (at most `seconds`)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, name, str(seconds)], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
+
+
+def release(holder: subprocess.Popen[str]) -> None:
+    if holder.stdin is not None and not holder.stdin.closed:
+        holder.stdin.close()
+    holder.wait(timeout=30)
+
+
+def apply_waiting_on(holder: subprocess.Popen[str], *args: str, env: dict[str, str],
+                     cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`gpuctl ARGS` started while `holder` has the lock, which it gives back once gpuctl says it waits
+    (not after a fixed time, which a loaded machine can outlast before gpuctl even reaches the lock)."""
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    watchdog = threading.Timer(120, release, (holder,))  # never wait forever on a gpuctl that does not wait
+    watchdog.start()
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "Waiting up to " in line:
+                break
+        release(holder)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines) + out, err)
 
 
 def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: Path, tf_cli_config: Path) -> None:
@@ -150,7 +183,7 @@ def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: P
         assert ok(gpuctl("queue", name, env=env_a, cwd=tmp_path)).count("SUCCEEDED") == 2  # A sees B's job
 
         # another runner is changing the cluster: refused at once with lock_timeout 0, naming it
-        holder = hold_lock(name, 6, env_a)
+        holder = hold_lock(name, 300, env_a)
         try:
             refused = gpuctl("apply", str(task), env={**env_b, "GPUCTL_STATE_LOCK_TIMEOUT": "0"}, cwd=tmp_path)
             assert refused.returncode == 3, refused.stdout + refused.stderr
@@ -159,11 +192,11 @@ def test_a_fresh_runner_takes_over_a_local_cluster(moto: MotoServer, tmp_path: P
             assert f"error: cluster '{name}' is locked by " in line and "`gpuctl apply`" in line
             assert f"gpuctl force-unlock {name}" in line
             # ... or waited for, with the default timeout
-            waited = ok(gpuctl("apply", str(task), "--provision-only", env=env_b, cwd=tmp_path))
+            waited = ok(apply_waiting_on(holder, "apply", str(task), "--provision-only", env=env_b, cwd=tmp_path))
             assert "Waiting up to 600s for " in waited
             assert "terraform apply: no changes, reusing the existing nodes" in waited
         finally:
-            holder.wait(timeout=30)
+            release(holder)
 
         # a runner that died holding the lock: force-unlock
         hold_lock(name, 60, env_a).kill()
