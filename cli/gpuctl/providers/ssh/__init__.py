@@ -1,0 +1,1 @@
+"""Existing hosts (`infra: ssh/INVENTORY`): nothing to provision; the inventory file is the cluster."""
