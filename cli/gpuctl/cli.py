@@ -35,17 +35,17 @@ from gpuctl.common import output
 
 from gpuctl.provision import ssh
 
-from gpuctl.provision import sshconfig
-from gpuctl.spec.request import ClusterRequest, check_cluster_name
-from gpuctl.providers import get_provider, request_for, resources_problem
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobFailed, ProvisionError, UserError
-from gpuctl.provision.inventory import Inventory, load_inventory
-from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
-from gpuctl.provision.lifecycle import write_ssh_config
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir, state_root
+from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
+from gpuctl.providers import get_provider, request_for, resources_problem
+from gpuctl.provision import sshconfig
+from gpuctl.provision.inventory import Inventory, load_inventory
+from gpuctl.provision.lifecycle import write_ssh_config
+from gpuctl.spec.request import ClusterRequest, check_cluster_name
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
 
 if TYPE_CHECKING:

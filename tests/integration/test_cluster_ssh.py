@@ -27,8 +27,8 @@ from typing import Iterator
 import pytest
 import testhosts
 
-from gpuctl.provision import ssh
 from gpuctl.configplane import playbooks
+from gpuctl.provision import ssh
 from gpuctl.provision.ansibleinventory import write_inventory
 from gpuctl.provision.inventory import Node
 from gpuctl.provision.sshkeys import ensure_internal_key

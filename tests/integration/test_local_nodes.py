@@ -22,12 +22,12 @@ import pytest
 from e2e import pids_with_env, running
 from mototest import free_port
 
-from gpuctl.provision import provisioner
-from gpuctl.spec.request import ClusterRequest
 from gpuctl.common.errors import ProvisionError
-from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.common.paths import cluster_dir
 from gpuctl.providers.local import provider as local_provider
+from gpuctl.provision import provisioner
+from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.spec.request import ClusterRequest
 
 pytestmark = pytest.mark.integration
 

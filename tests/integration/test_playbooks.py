@@ -23,11 +23,11 @@ import testhosts
 
 from gpuctl.provision import ssh
 
-from gpuctl.jobplane import protocol, stream
 from gpuctl.configplane import playbooks
+from gpuctl.jobplane import gitignore, payload
+from gpuctl.jobplane import protocol, stream
 from gpuctl.provision.ansibleinventory import write_inventory
 from gpuctl.provision.inventory import Node
-from gpuctl.jobplane import gitignore, payload
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ import torch
 import gpuctl
 from gpuctl.api import plugins, remote, runtime, wire
 from gpuctl.api.cluster import Cluster, _by_value_modules, dumps_call, run_script
-from gpuctl.configplane import prepare
 from gpuctl.common.errors import UserError
+from gpuctl.configplane import prepare
 from gpuctl.provision.inventory import Inventory, Node
 
 INFO = json.dumps({"cluster_name": "c", "cloud": "local", "region": None, "zone": None, "num_nodes": 3,

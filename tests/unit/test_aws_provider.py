@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.spec.request import ClusterRequest
 from gpuctl.common.config import AwsSettings
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import terraform_dir
 from gpuctl.providers.aws import provider as aws_provider
 from gpuctl.providers.aws.provider import AwsProvider, describe, render_root, retry_zone, with_capacity_failover
+from gpuctl.spec.request import ClusterRequest
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEXAMPLEEXAMPLEEXAMPLEEXAMPLEEXAMPLEEXAMP gpuctl\n"
 OFFERED = "us-east-1a,us-east-1b,us-east-1c,us-east-1d"

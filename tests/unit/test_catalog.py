@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpuctl.common.errors import UserError
 from gpuctl.providers.aws.catalog import (AWS_DEFAULT_TYPES, canonical_accelerator, default_instance_type, first_available,
                             resolve_instance_type)
-from gpuctl.common.errors import UserError
 
 
 @pytest.mark.parametrize(

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.common.paths import ansible_dir
+from gpuctl.configplane import fabricprobe, playbooks, prepare
+from gpuctl.configplane import fabricrecord
 from gpuctl.providers import get_provider
 from gpuctl.providers.aws.catalog import GPUDIRECT_RDMA_FAMILIES
 from gpuctl.providers.aws.provider import efa_fabric_env
-from gpuctl.configplane import fabricprobe, playbooks, prepare
-from gpuctl.configplane import fabricrecord
 from gpuctl.provision.inventory import Inventory, Node
-from gpuctl.common.paths import ansible_dir
 
 HEAD = "10.0.0.2"
 SHIPPED = ansible_dir() / "roles" / "gpuctl_node" / "files" / "gpuctl-fabric-probe"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.jobplane import gitworkdir
 from gpuctl.common.errors import UserError
+from gpuctl.jobplane import gitworkdir
 
 
 def _git(*args: str, cwd: Path) -> str:

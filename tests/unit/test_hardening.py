@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuctl.provision import sshconfig
-from gpuctl.spec.request import check_cluster_name
 from gpuctl.common.config import aws_settings
 from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import UserError
-from gpuctl.provision.inventory import Inventory, Node, load_inventory
 from gpuctl.jobplane.runner import JobSpec
 from gpuctl.providers.local import provider as local_provider
-from gpuctl.spec import load_task
+from gpuctl.provision import sshconfig
+from gpuctl.provision.inventory import Inventory, Node, load_inventory
 from gpuctl.provision.ssh import proxy_command, ssh_argv
+from gpuctl.spec import load_task
+from gpuctl.spec.request import check_cluster_name
 
 # -- 3. names match in full ---------------------------------------------------------
 

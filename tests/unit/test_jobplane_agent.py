@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from e2e import pids_matching, wait_for
-from gpuctl.jobplane import joblogs
-from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane import client
+from gpuctl.jobplane import joblogs
 from gpuctl.jobplane.events import PIECE, Event, LineJoiner, Outcome, encode, parse_event
 from gpuctl.jobplane.stream import LineSplitter
+from gpuctl.provision.inventory import Inventory, Node
 
 AGENT_PATH = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "gpuctl_node.py"  # built from jobplane/agent/
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.jobplane import jobenv
-from gpuctl.configplane import prepare
 from gpuctl.common.errors import UserError
+from gpuctl.configplane import prepare
+from gpuctl.jobplane import jobenv
+from gpuctl.jobplane.payload import build_payload
 from gpuctl.providers import get_provider
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.spec import buckets
 from gpuctl.spec.buckets import BucketMount
-from gpuctl.jobplane.payload import build_payload
 
 from e2e import wait_for
 from test_jobplane_agent import agent, node_home, payload, submit  # noqa: F401 (a fixture)

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.provision import provisioner
-from gpuctl.spec.request import ClusterRequest
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir, terraform_dir
 from gpuctl.providers import MODULE_NAME, get_provider, render_root
 from gpuctl.providers.local import provider as local_provider
+from gpuctl.provision import provisioner
 from gpuctl.provision.sshkeys import ensure_cluster_key
 from gpuctl.provision.terraform import PlanSummary, TerraformRoot, error_lines, parse_plan_json
+from gpuctl.spec.request import ClusterRequest
 
 needs_terraform = pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not on PATH")
 MODULE = terraform_dir() / "modules" / "local-nodes"

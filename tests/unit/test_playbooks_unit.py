@@ -15,8 +15,8 @@ import jinja2
 import pytest
 import yaml
 
-from gpuctl.configplane import playbooks
 from gpuctl.common.paths import ansible_dir
+from gpuctl.configplane import playbooks
 
 ENV_TEMPLATE = ansible_dir() / "roles" / "gpuctl_env" / "templates" / "env.sh.j2"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.providers.aws.provider import X_REMOTE_IDENTITY
-from gpuctl.spec.request import request_from_task
 from gpuctl.common.config import AwsSettings, aws_settings, instance_profile
 from gpuctl.common.errors import UserError
 from gpuctl.providers.aws.provider import AwsProvider, describe, module_inputs
+from gpuctl.providers.aws.provider import X_REMOTE_IDENTITY
 from gpuctl.spec import load_task
+from gpuctl.spec.request import request_from_task
 
 from test_aws_provider import KEY, p5_request
 

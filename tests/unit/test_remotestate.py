@@ -10,8 +10,9 @@ from typing import Iterator
 
 import boto3
 import pytest
-from gpuctl.state import remotestate
 from gpuctl.common.errors import UserError
+from gpuctl.state import remotestate
+from gpuctl.state.registry import Registry
 from gpuctl.state.remotestate import sync
 from gpuctl.state.remotestate.settings import StateSettings, state_settings
 from gpuctl.state.remotestate.store import (
@@ -21,7 +22,6 @@ from gpuctl.state.remotestate.store import (
     cluster_lock,
     read_lock,
 )
-from gpuctl.state.registry import Registry
 from moto import mock_aws
 
 BUCKET = "team-gpuctl-state"

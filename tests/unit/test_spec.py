@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.spec.request import request_from_task
 from gpuctl.common.errors import UserError
-from gpuctl.spec.infra import Infra
 from gpuctl.providers import resources_problem
 from gpuctl.spec import Resources, Task, parse_env_assignments
 from gpuctl.spec import load_task as spec_load_task
+from gpuctl.spec.infra import Infra
+from gpuctl.spec.request import request_from_task
 
 SPECS = Path(__file__).resolve().parents[1] / "data" / "specs"
 

@@ -16,12 +16,12 @@ import pytest
 
 from gpuctl.provision import ssh
 
-from gpuctl.jobplane import stream
 from gpuctl.common.console import Reporter
-from gpuctl.provision.inventory import Node
-from gpuctl.jobplane import client
-from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, decode, encode, parse_event
 from gpuctl.common.paths import ansible_dir
+from gpuctl.jobplane import client
+from gpuctl.jobplane import stream
+from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, decode, encode, parse_event
+from gpuctl.provision.inventory import Node
 
 AGENT = ansible_dir() / "roles" / "gpuctl_node" / "files" / "gpuctl-node"
 

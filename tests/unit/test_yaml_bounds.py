@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.spec import _compose, _line_of
 from gpuctl.common.yamlfile import MAX_ALIAS_NODES
+from gpuctl.spec import _compose, _line_of
 
 
 def _laughs(levels: int, width: int, shape: str) -> str:

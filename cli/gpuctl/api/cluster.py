@@ -29,18 +29,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from gpuctl.provision import lifecycle
 from gpuctl.api import wire
 from gpuctl.api.function import CallTarget, Function, unwrap
 from gpuctl.api.plugins import Plugin
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobFailed, PrepareFailed, UserError
-from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobOutcome, JobRunner, JobSpec
-from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.providers import get_provider, request_for, resources_problem
+from gpuctl.provision import lifecycle
+from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import Registry
 
 if TYPE_CHECKING:

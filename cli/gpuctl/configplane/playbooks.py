@@ -48,9 +48,9 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from gpuctl.provision import ssh
 from gpuctl.common.paths import ansible_dir
 from gpuctl.common.yamlfile import load_yaml
+from gpuctl.provision import ssh
 
 PLAYBOOKS = ("prepare", "wait", "sync", "setup", "env", "run", "kill")
 MAX_FORKS = 256

@@ -32,10 +32,10 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gpuctl.configplane import playbooks
 from gpuctl.common.errors import UserError
-from gpuctl.provision.inventory import Inventory, peer_port
 from gpuctl.common.paths import ansible_dir
+from gpuctl.configplane import playbooks
+from gpuctl.provision.inventory import Inventory, peer_port
 
 AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "gpuctl_node.py"  # built by `make agent`
 # The parts of the Ansible tree that shape a prepared node.

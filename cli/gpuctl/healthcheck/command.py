@@ -24,14 +24,14 @@ from typing import Any, Mapping, Sequence
 
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobCancelled, JobFailed, UserError
+from gpuctl.common.paths import cluster_dir
 from gpuctl.healthcheck import bandwidth, nccllog, ncclperf
 from gpuctl.healthcheck import fabriccheck
-from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane.events import Event
 from gpuctl.jobplane.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobRunner, JobSpec
-from gpuctl.common.paths import cluster_dir
 from gpuctl.providers import get_provider
+from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import Registry
 
 MARK = "__GPUCTL_CHECK__"  # probe.MARK (probe.py is not imported here: it runs on the nodes)

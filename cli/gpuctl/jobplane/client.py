@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gpuctl.provision import ssh
 from gpuctl.jobplane import protocol
-from gpuctl.provision.inventory import Node
 from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, Outcome, parse_event
 from gpuctl.jobplane.stream import LineSplitter
+from gpuctl.provision import ssh
+from gpuctl.provision.inventory import Node
 
 # ssh's exit codes that mean "the agent is not what this gpuctl expects":
 # 127 no such command, 126 not executable, 2 an older agent without `submit`.

@@ -14,11 +14,11 @@ import subprocess
 from pathlib import Path
 from typing import IO, Callable
 
-from gpuctl.provision import ssh
-from gpuctl.jobplane import protocol
-from gpuctl.provision.inventory import Inventory
-from gpuctl.jobplane.events import LineJoiner, Outcome, decode, parse_event
 from gpuctl.common.paths import cluster_dir
+from gpuctl.jobplane import protocol
+from gpuctl.jobplane.events import LineJoiner, Outcome, decode, parse_event
+from gpuctl.provision import ssh
+from gpuctl.provision.inventory import Inventory
 
 STAGES = protocol.STAGES
 

@@ -17,16 +17,16 @@ from typing import Callable, Sequence
 
 from gpuctl.jobplane import joblogs
 
-from gpuctl.provision import ssh
 from gpuctl.jobplane import protocol
+from gpuctl.provision import ssh
 
-from gpuctl.jobplane import stream
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import UserError
-from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.jobplane import client
+from gpuctl.jobplane import stream
 from gpuctl.jobplane.events import Outcome, decode
 from gpuctl.jobplane.runner import JobRunner, describe_codes
+from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import TERMINAL_JOB_STATES, JobRecord, Registry
 
 # `gpuctl logs --status` exit codes (SkyPilot's JobExitCode values).

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpuctl.jobplane import jobenv
+from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.protocol import PROTOCOL
 from gpuctl.provision.inventory import Inventory, Node, peer_port
-from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.spec import nodepaths
 
 DEFAULT_FANOUT = 32

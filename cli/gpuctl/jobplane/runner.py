@@ -30,20 +30,20 @@ from gpuctl.jobplane import jobenv
 
 from gpuctl.provision import containers, ssh
 
-from gpuctl.jobplane import stream
-from gpuctl.configplane import playbooks, prepare
-from gpuctl.configplane import fabricrecord
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobCancelled, JobFailed, PrepareFailed, UserError
-from gpuctl.provision.inventory import Inventory, Node, hostfile_lines
+from gpuctl.common.paths import cluster_dir
+from gpuctl.configplane import fabricrecord
+from gpuctl.configplane import playbooks, prepare
 from gpuctl.jobplane import client, gitignore, payload, protocol, upload
-from gpuctl.spec import buckets
-from gpuctl.spec.buckets import BucketMount
+from gpuctl.jobplane import stream
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.gitignore import WorkdirFilter
-from gpuctl.common.paths import cluster_dir
 from gpuctl.providers import get_provider
+from gpuctl.provision.inventory import Inventory, Node, hostfile_lines
 from gpuctl.provision.sshkeys import ensure_internal_key
+from gpuctl.spec import buckets
+from gpuctl.spec.buckets import BucketMount
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
 
 if TYPE_CHECKING:

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gpuctl.provision import ssh
 from gpuctl.jobplane import protocol
 from gpuctl.jobplane.protocol import OFFSET_HEADER, SENTINEL
+from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 
 MAX_LINE = 1 << 20  # a longer run without newline is passed on in pieces

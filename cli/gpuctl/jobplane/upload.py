@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from gpuctl.provision import ssh
-from gpuctl.jobplane.protocol import AGENT, CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX
-from gpuctl.provision.inventory import Node
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.payload import WORKDIR_DEST, workdir_rsync_args
+from gpuctl.jobplane.protocol import AGENT, CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX
+from gpuctl.provision import ssh
+from gpuctl.provision.inventory import Node
 
 CLAIM_EXCLUDE = f"--exclude=/{CLAIM_PREFIX}*"
 # rsync's quick check compares whole seconds: a same-size edit within the second of the

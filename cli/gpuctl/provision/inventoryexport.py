@@ -15,11 +15,11 @@ from typing import Any
 
 import yaml
 
-from gpuctl.provision import sshconfig
 from gpuctl.common.errors import UserError
+from gpuctl.common.output import SCHEMA, node_doc
+from gpuctl.provision import sshconfig
 from gpuctl.provision.ansibleinventory import to_ansible
 from gpuctl.provision.inventory import Inventory, hostfile_lines
-from gpuctl.common.output import SCHEMA, node_doc
 
 FORMATS = ("ansible", "json", "hostfile", "ssh-config")
 

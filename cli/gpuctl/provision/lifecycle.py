@@ -20,13 +20,13 @@ from typing import Iterator
 
 from gpuctl.provision import ssh
 
-from gpuctl.provision import sshconfig
+from gpuctl.common.console import Reporter
+from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.providers import get_provider
+from gpuctl.provision import sshconfig
+from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.request import ClusterRequest
 from gpuctl.state.lock import cluster_lock
-from gpuctl.common.console import Reporter
-from gpuctl.provision.inventory import Inventory
-from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.state.registry import Registry
 
 

@@ -28,15 +28,15 @@ from typing import Any, Callable
 
 from gpuctl.state import remotestate
 
-from gpuctl.provision import ssh
-from gpuctl.spec.request import ClusterRequest, check_cluster_name
 from gpuctl.common.errors import ClusterNotFound, ProvisionError, UserError
-from gpuctl.provision.ansibleinventory import write_inventory
-from gpuctl.provision.inventory import Inventory, inventory_from_outputs, load_inventory
 from gpuctl.common.paths import cluster_dir
 from gpuctl.providers import MODULE_NAME, Provider, get_provider
+from gpuctl.provision import ssh
+from gpuctl.provision.ansibleinventory import write_inventory
+from gpuctl.provision.inventory import Inventory, inventory_from_outputs, load_inventory
 from gpuctl.provision.sshkeys import KEY_NAME, ensure_cluster_key
 from gpuctl.provision.terraform import PlanSummary, TerraformRoot
+from gpuctl.spec.request import ClusterRequest, check_cluster_name
 
 Progress = Callable[[str], None]
 
@@ -134,6 +134,18 @@ def check_request(req: ClusterRequest) -> None:
         _checked_ssh_inventory(req)
 
 
+def _cluster_and_provider(req: ClusterRequest) -> tuple[Path, Provider]:
+    """The cluster's directory and provider, once the name and the cloud are known to fit (a provider
+    that provisions nothing is checked here: it has no preflight to do it)."""
+    check_cluster_name(req.name)
+    cdir = cluster_dir(req.name)
+    _check_same_cloud(cdir, req)
+    provider = get_provider(req.cloud)
+    if not provider.provisions:
+        provider.check(req)
+    return cdir, provider
+
+
 def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
               on_start: Callable[[ClusterRequest], None] = _no_start) -> Inventory:
     """Create or update the cluster so it matches `req`; return its inventory.
@@ -144,12 +156,8 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     passed, just before the first change to the cluster: a refusal before it
     left nothing to record.
     """
-    check_cluster_name(req.name)
-    cdir = cluster_dir(req.name)
-    _check_same_cloud(cdir, req)
-    provider = get_provider(req.cloud)
+    cdir, provider = _cluster_and_provider(req)
     if not provider.provisions:
-        provider.check(req)
         return _adopt_existing_hosts(req, cdir, on_progress, on_start)
 
     remote = remotestate.current()
@@ -252,12 +260,8 @@ def plan(req: ClusterRequest) -> PlanSummary:
     state (so the plan is a diff against it), for a new one from scratch; the
     cluster directory is never created or modified.
     """
-    check_cluster_name(req.name)
-    cdir = cluster_dir(req.name)
-    _check_same_cloud(cdir, req)
-    provider = get_provider(req.cloud)
+    cdir, provider = _cluster_and_provider(req)
     if not provider.provisions:
-        provider.check(req)
         inv = _checked_ssh_inventory(req)
         return PlanSummary(0, 0, 0, text=f"infra {req.cloud}: would use {len(inv.nodes)} existing host(s) from "
                                           f"{req.inventory_path}; nothing to create.")

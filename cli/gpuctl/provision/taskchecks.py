@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuctl.spec.request import ClusterRequest
 from gpuctl.common.errors import UserError
 from gpuctl.providers import get_provider
+from gpuctl.spec.request import ClusterRequest
 
 if TYPE_CHECKING:
     from gpuctl.spec import Task

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuctl.common.errors import UserError
-from gpuctl.spec.infra import CONFIG_ACTED_ON, PATH_CLOUDS, Infra, parse_infra
 from gpuctl.common.paths import CLUSTER_NAME_RE
+from gpuctl.spec.infra import CONFIG_ACTED_ON, PATH_CLOUDS, Infra, parse_infra
 
 if TYPE_CHECKING:
     from gpuctl.spec import Task

@@ -45,10 +45,10 @@ import tempfile
 import threading
 import time
 
-from gpuctl.jobplane.protocol import CMD_UNMOUNT_BUCKET, EV_BUCKETS
-from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, agent_file, dest_paths, read_text, remove, write_private
-from gpuctl.jobplane.agent.follow import LineReader, ev
 from gpuctl.jobplane.agent.destinations import claim_destinations, destinations_problem, mount_table, release_claims
+from gpuctl.jobplane.agent.follow import LineReader, ev
+from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, agent_file, dest_paths, read_text, remove, write_private
+from gpuctl.jobplane.protocol import CMD_UNMOUNT_BUCKET, EV_BUCKETS
 
 
 BUCKET_REMOTE = "gpuctls3"

@@ -18,6 +18,14 @@ import sys
 import threading
 import time
 
+from gpuctl.jobplane.agent.buckets import check_bucket_sources, parse_secrets, rclone_env
+from gpuctl.jobplane.agent.follow import OUTPUT_HEADS, Out, ev, follow_stage
+from gpuctl.jobplane.agent.jobdir import (
+    Stage, agent_file, cannot_write, job_dir, prepared_problem, read_int, read_text, take_job_dir, write_atomic,
+    write_private,
+)
+from gpuctl.jobplane.agent.procs import pid_alive
+from gpuctl.jobplane.agent.relay import Relay, describe_by_node, read_payload
 from gpuctl.jobplane.protocol import (
     CMD_COORDINATE, EV_BUCKETS, EV_CLAIMS, EV_DONE, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_PHASE, EV_STARTED,
     EV_SYNCED, EXIT_UNKNOWN, HELLO_OK, HELLO_PROBLEM, HELLO_UNPREPARED, OFFSET_HEADER, PHASE_BUCKETS,
@@ -25,14 +33,6 @@ from gpuctl.jobplane.protocol import (
     RELAY_BUCKETS, RELAY_CLAIM, RELAY_CLEANUP, RELAY_END, RELAY_KILL, RELAY_RELEASE, RELAY_START, RELAY_SYNC,
     SENTINEL, STAGE_AGENT, STAGE_EVENTS, STAGE_RUN, STAGE_SETUP,
 )
-from gpuctl.jobplane.agent.procs import pid_alive
-from gpuctl.jobplane.agent.jobdir import (
-    Stage, agent_file, cannot_write, job_dir, prepared_problem, read_int, read_text, take_job_dir, write_atomic,
-    write_private,
-)
-from gpuctl.jobplane.agent.follow import OUTPUT_HEADS, Out, ev, follow_stage
-from gpuctl.jobplane.agent.buckets import check_bucket_sources, parse_secrets, rclone_env
-from gpuctl.jobplane.agent.relay import Relay, describe_by_node, read_payload
 
 
 class Coordinator(object):

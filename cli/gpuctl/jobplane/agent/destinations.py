@@ -17,9 +17,9 @@ import re
 import sys
 import time
 
-from gpuctl.spec.reserved import RESERVED_DIRS, RESERVED_TREES, WORKDIR
-from gpuctl.jobplane.protocol import CLAIM_PREFIX, MESSAGE_PREFIX
 from gpuctl.jobplane.agent.jobdir import dest_paths, read_int, read_text, remove
+from gpuctl.jobplane.protocol import CLAIM_PREFIX, MESSAGE_PREFIX
+from gpuctl.spec.reserved import RESERVED_DIRS, RESERVED_TREES, WORKDIR
 
 
 def claim_destinations(token, dests, rank):

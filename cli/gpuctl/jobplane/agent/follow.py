@@ -12,10 +12,10 @@ import select
 import signal
 import time
 
-from gpuctl.jobplane.protocol import EV_EXIT, EV_OUTPUT, EV_PIECE, EXIT_UNKNOWN, OFFSET_HEADER, OUT_PIECE, SENTINEL
-from gpuctl.jobplane.agent.procs import kill_all, killpg, stage_processes
-from gpuctl.jobplane.agent.jobdir import Stage
 from gpuctl.jobplane.agent.containers import stage_container
+from gpuctl.jobplane.agent.jobdir import Stage
+from gpuctl.jobplane.agent.procs import kill_all, killpg, stage_processes
+from gpuctl.jobplane.protocol import EV_EXIT, EV_OUTPUT, EV_PIECE, EXIT_UNKNOWN, OFFSET_HEADER, OUT_PIECE, SENTINEL
 
 
 POLL_S = 0.15

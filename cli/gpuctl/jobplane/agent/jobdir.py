@@ -11,8 +11,8 @@ import os
 import re
 import shutil
 
-from gpuctl.jobplane.protocol import NODE_JOBS_DIR
 from gpuctl.jobplane.agent.procs import pid_alive
+from gpuctl.jobplane.protocol import NODE_JOBS_DIR
 
 
 GPUCTL_DIR = os.path.expanduser("~/.gpuctl")

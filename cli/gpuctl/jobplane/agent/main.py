@@ -3,17 +3,17 @@
 import argparse
 import sys
 
+from gpuctl.jobplane.agent.buckets import cmd_unmount_bucket
+from gpuctl.jobplane.agent.containers import cmd_container_stage
+from gpuctl.jobplane.agent.coordinator import cmd_attach, cmd_cancel, cmd_coordinate, cmd_job_status, cmd_submit
+from gpuctl.jobplane.agent.destinations import cmd_check_dest, cmd_claim
+from gpuctl.jobplane.agent.follow import cmd_follow
+from gpuctl.jobplane.agent.relay import cmd_relay
+from gpuctl.jobplane.agent.stages import cmd_kill, cmd_launch, cmd_status
 from gpuctl.jobplane.protocol import (
     CMD_ATTACH, CMD_CANCEL, CMD_CHECK_DEST, CMD_CLAIM, CMD_CONTAINER_STAGE, CMD_COORDINATE, CMD_FOLLOW,
     CMD_JOB_STATUS, CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT, CMD_UNMOUNT_BUCKET, OFFSET_HEADER,
 )
-from gpuctl.jobplane.agent.containers import cmd_container_stage
-from gpuctl.jobplane.agent.stages import cmd_kill, cmd_launch, cmd_status
-from gpuctl.jobplane.agent.follow import cmd_follow
-from gpuctl.jobplane.agent.destinations import cmd_check_dest, cmd_claim
-from gpuctl.jobplane.agent.buckets import cmd_unmount_bucket
-from gpuctl.jobplane.agent.relay import cmd_relay
-from gpuctl.jobplane.agent.coordinator import cmd_attach, cmd_cancel, cmd_coordinate, cmd_job_status, cmd_submit
 
 
 def main(argv=None):

@@ -18,20 +18,20 @@ import subprocess
 import sys
 import time
 
+from gpuctl.jobplane.agent.buckets import NodeBuckets, bucket_tools_problem
+from gpuctl.jobplane.agent.containers import CONTAINER_FILE, container_config
+from gpuctl.jobplane.agent.destinations import claim_destinations, destinations_problem, release_claims
+from gpuctl.jobplane.agent.follow import LineReader, LocalStage, OUTPUT_HEADS, Out, ev
+from gpuctl.jobplane.agent.jobdir import (
+    FABRIC_ENV, Stage, cannot_write, dest_paths, job_dir, prepared_problem, remove, shell_quote, take_job_dir,
+    write_private,
+)
+from gpuctl.jobplane.agent.stages import kill_stage, stage_env_text, start_stage
 from gpuctl.jobplane.protocol import (
     AGENT, CLAIM_PREFIX, CMD_RELAY, EV_CLAIMS, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_STARTED, EV_SYNCED,
     HELLO_OK, HELLO_PROBLEM, HELLO_UNPREPARED, PROTOCOL, RELAY_BUCKETS, RELAY_CLAIM, RELAY_CLEANUP, RELAY_END,
     RELAY_KILL, RELAY_RELEASE, RELAY_START, RELAY_SYNC, STAGES, STAGE_AGENT, STAGE_RUN, STAGE_SETUP,
 )
-from gpuctl.jobplane.agent.jobdir import (
-    FABRIC_ENV, Stage, cannot_write, dest_paths, job_dir, prepared_problem, remove, shell_quote, take_job_dir,
-    write_private,
-)
-from gpuctl.jobplane.agent.containers import CONTAINER_FILE, container_config
-from gpuctl.jobplane.agent.stages import kill_stage, stage_env_text, start_stage
-from gpuctl.jobplane.agent.follow import LineReader, LocalStage, OUTPUT_HEADS, Out, ev
-from gpuctl.jobplane.agent.destinations import claim_destinations, destinations_problem, release_claims
-from gpuctl.jobplane.agent.buckets import NodeBuckets, bucket_tools_problem
 
 
 # A child's events as bytes (Relay._from_child reads them without decoding).

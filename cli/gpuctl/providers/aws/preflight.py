@@ -17,10 +17,10 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from gpuctl.providers.aws.catalog import canonical_accelerator, resolve_instance_type
-from gpuctl.spec.request import ClusterRequest
 from gpuctl.common.config import AwsSettings, aws_settings
 from gpuctl.common.errors import UserError
+from gpuctl.providers.aws.catalog import canonical_accelerator, resolve_instance_type
+from gpuctl.spec.request import ClusterRequest
 
 MAX_ZONE_ATTEMPTS = 3
 EFA_EXAMPLE_TYPE = "p5.48xlarge"

@@ -36,13 +36,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
-from gpuctl.providers.aws import hostkeys
-from gpuctl.providers.aws.catalog import (default_cpu_instance_type, default_instance_type, first_available,
-                                          gpudirect_rdma, resolve_instance_type)
-from gpuctl.spec.request import ClusterRequest, remote_identity_key
 from gpuctl.common.config import CIDRS_ENV, AwsSettings, aws_settings, config_path, instance_profile
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_terraform_dir, readable_state_file, terraform_dir
+from gpuctl.providers.aws import hostkeys
+from gpuctl.providers.aws.catalog import (default_cpu_instance_type, default_instance_type, first_available,
+                                          gpudirect_rdma, resolve_instance_type)
 from gpuctl.providers.aws.preflight import (
     BASTION_SSM_PARAMETER,
     DLAMI_SSM_PARAMETER,
@@ -53,6 +52,7 @@ from gpuctl.providers.aws.preflight import (
     next_zone,
 )
 from gpuctl.providers.base import BaseProvider
+from gpuctl.spec.request import ClusterRequest, remote_identity_key
 
 if TYPE_CHECKING:
     from gpuctl.spec import Resources

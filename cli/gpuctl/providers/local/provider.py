@@ -37,11 +37,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from gpuctl.spec.request import ClusterRequest
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir as cluster_dir_of
 from gpuctl.providers import render_root
 from gpuctl.providers.base import BaseProvider
+from gpuctl.spec.request import ClusterRequest
 
 if TYPE_CHECKING:
     from gpuctl.spec import Task
