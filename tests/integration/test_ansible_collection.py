@@ -106,8 +106,10 @@ def test_prepare_setup_run_from_the_installed_collection(tmp_path: Path) -> None
             run_out = (home / "coll-run.txt").read_text()
             assert run_out == f"rank {n.rank} master {head} token {token} setup {n.rank} of 2\n"
             assert (home / "coll-hostfile.txt").read_text() == "".join(f"{m.address} slots=1\n" for m in nodes)
-            agent = home / ".gpuctl" / "bin" / "gpuctl-node"
-            assert os.access(agent, os.X_OK)
+            launcher = home / ".gpuctl" / "bin" / "gpuctl-node"
+            assert os.access(launcher, os.X_OK)
+            assert launcher.read_bytes() == (REPO / "ansible/roles/gpuctl_node/files/gpuctl-node").read_bytes()
+            agent = home / ".gpuctl" / "lib" / "gpuctl_node.py"
             assert agent.read_bytes() == (REPO / "cli/gpuctl/jobplane/gpuctl_node.py").read_bytes()
             assert "NCCL_SOCKET_IFNAME=" in (home / ".gpuctl" / "fabric.env").read_text()
             assert (home / ".ssh" / "gpuctl_cluster").read_bytes() == key.read_bytes()  # node-to-node SSH

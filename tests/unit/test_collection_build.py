@@ -49,7 +49,8 @@ def test_version_and_name_follow_pyproject(tarball: Path) -> None:
 def test_playbooks_roles_agent_and_readme_inside(tarball: Path) -> None:
     with tarfile.open(tarball) as tar:
         members = {m.name: m for m in tar.getmembers()}
-        agent = tar.extractfile("roles/gpuctl_node/files/gpuctl-node").read()  # type: ignore[union-attr]
+        agent = tar.extractfile("roles/gpuctl_node/files/gpuctl_node.py").read()  # type: ignore[union-attr]
+        launcher = tar.extractfile("roles/gpuctl_node/files/gpuctl-node").read()  # type: ignore[union-attr]
         probe = tar.extractfile("roles/gpuctl_node/files/gpuctl-fabric-probe").read()  # type: ignore[union-attr]
         readme = tar.extractfile("README.md").read().decode()  # type: ignore[union-attr]
     for name in ("MANIFEST.json", "FILES.json", "README.md", "CHANGELOG.md", "meta/runtime.yml"):
@@ -58,10 +59,13 @@ def test_playbooks_roles_agent_and_readme_inside(tarball: Path) -> None:
         assert f"playbooks/{playbook}" in members, playbook
     for role in sorted(p.name for p in (ANSIBLE / "roles").iterdir()):
         assert f"roles/{role}/tasks/main.yml" in members, role
-    # The agent and probe are links into cli/gpuctl/ in the repository: the tarball holds the files.
-    for name in ("roles/gpuctl_node/files/gpuctl-node", "roles/gpuctl_node/files/gpuctl-fabric-probe"):
+    # The agent and probe are links into cli/gpuctl/ in the repository: the tarball holds the files
+    # (the agent's command gpuctl-node, which imports it, is the role's own).
+    for name in ("roles/gpuctl_node/files/gpuctl-node", "roles/gpuctl_node/files/gpuctl_node.py",
+                 "roles/gpuctl_node/files/gpuctl-fabric-probe"):
         assert members[name].isfile() and members[name].mode & 0o111, name
     assert agent == (REPO / "cli/gpuctl/jobplane/gpuctl_node.py").read_bytes()
+    assert launcher == (ANSIBLE / "roles/gpuctl_node/files/gpuctl-node").read_bytes()
     assert probe == (REPO / "cli/gpuctl/configplane/fabricprobe.py").read_bytes()
     assert readme == (ANSIBLE / "README.md").read_text()
     # gpuctl's own settings (roles_path, its ssh options) and lint caches are not the user's.

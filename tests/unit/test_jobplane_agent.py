@@ -12,6 +12,7 @@ import os
 import random
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,8 @@ from gpuctl.jobplane.stream import LineSplitter
 from gpuctl.provision.inventory import Inventory, Node
 
 AGENT_PATH = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "gpuctl_node.py"  # built from jobplane/agent/
+# ~/.gpuctl/bin/gpuctl-node on a node: imports the agent from ~/.gpuctl/lib/gpuctl_node.py
+LAUNCHER_PATH = Path(__file__).resolve().parents[2] / "ansible" / "roles" / "gpuctl_node" / "files" / "gpuctl-node"
 
 
 def load_agent():
@@ -147,9 +150,10 @@ def payload(job: str, run: str | None, setup: str | None = None, **extra) -> dic
     return body
 
 
-def submit(home: Path, body: dict, secrets_text: str = "", timeout: float = 60) -> tuple[list, Outcome | None, str]:
+def submit(home: Path, body: dict, secrets_text: str = "", timeout: float = 60,
+           command: Path = AGENT_PATH) -> tuple[list, Outcome | None, str]:
     data = json.dumps(body) + "\n" + json.dumps(secrets_text) + "\n"
-    proc = subprocess.run([sys.executable, str(AGENT_PATH), "submit"], input=data.encode(), capture_output=True,
+    proc = subprocess.run([sys.executable, str(command), "submit"], input=data.encode(), capture_output=True,
                           timeout=timeout, env={**os.environ, "HOME": str(home)})
     splitter = client.event_splitter(None)  # as the controller reads it: 64 KiB at a time
     lines = [line for i in range(0, len(proc.stdout), 65536) for line in splitter.feed(proc.stdout[i:i + 65536])]
@@ -171,6 +175,27 @@ def test_one_node_job_streams_output_and_succeeds(node_home: Path):
     job = node_home / ".gpuctl" / "jobs" / "7"
     assert json.loads((job / "job.json").read_text())["status"] == "SUCCEEDED"
     assert (job / "run.log").read_text() == "rank=0 from-fabric task\nerr\n"
+
+
+def test_the_installed_command_imports_the_agent_and_keeps_its_bytecode(node_home: Path, monkeypatch):
+    """As the prepare play installs them: bin/gpuctl-node imports lib/gpuctl_node.py, so the first
+    call leaves the agent's bytecode in lib/__pycache__ and later calls do not compile it again; the
+    agent runs itself again (the coordinator, whose fork supervises the stage) through that command."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # as some images set it: the launcher caches all the same
+    lib = node_home / ".gpuctl" / "lib"
+    lib.mkdir()
+    shutil.copy(AGENT_PATH, lib / "gpuctl_node.py")
+    command = node_home / ".gpuctl" / "bin" / "gpuctl-node"
+    shutil.copy(LAUNCHER_PATH, command)
+    events, outcome, _ = submit(node_home, payload("12", 'tr "\\0" " " < /proc/$PPID/cmdline; echo'), command=command)
+    assert outcome is not None and outcome.status == "SUCCEEDED"
+    supervisor = [e.text for e in events if e.kind == "O" and e.stage == "run"]
+    assert supervisor and f"{command} coordinate 12" in supervisor[0], supervisor
+    assert list((lib / "__pycache__").glob("gpuctl_node.*.pyc"))
+    (lib / "gpuctl_node.py").unlink()  # a node whose agent is gone: 127, as for a missing command
+    gone = subprocess.run([sys.executable, str(command), "job-status", "12"], capture_output=True, text=True,
+                          env={**os.environ, "HOME": str(node_home)}, cwd=str(node_home))
+    assert gone.returncode == 127 and "gpuctl prepare" in gone.stderr
 
 
 def test_failing_setup_stops_before_run(node_home: Path):

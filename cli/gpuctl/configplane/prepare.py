@@ -51,7 +51,7 @@ def _tree_bytes() -> list[tuple[str, bytes]]:
         path = root / rel
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
         for f in files:
-            if f.name == "gpuctl-node":  # the agent again (a link to it)
+            if f.name == "gpuctl_node.py":  # the agent again (a link to it); its launcher gpuctl-node counts
                 continue
             out.append((str(f.relative_to(root)), f.read_bytes()))
     return out

@@ -30,10 +30,15 @@ WRAPPER = (
 )
 
 
+# Set by the launcher, ~/.gpuctl/bin/gpuctl-node, which imports this file from ~/.gpuctl/lib (so its
+# bytecode is cached there): the command this agent is run again by. None: this file is the command.
+LAUNCHER = None
+
+
 def agent_file():
-    """This agent's own file, run again for a detached part of a job (the coordinator, a stage
-    in a container, a mount's watcher) and named in its supervisors' command lines."""
-    return os.path.abspath(__file__)
+    """The agent's command, run again for a detached part of a job (the coordinator, a stage in a
+    container, a mount's watcher) and named in its supervisors' command lines."""
+    return os.path.abspath(LAUNCHER or __file__)
 
 
 class Stage(object):

@@ -1,0 +1,1 @@
+../../../../cli/gpuctl/jobplane/gpuctl_node.py
