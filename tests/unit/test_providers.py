@@ -143,3 +143,19 @@ def test_resources_problem_is_the_providers_word_at_validation(tmp_path: Path) -
     assert resources_problem("local", res) is None and BaseProvider().resources_problem(res) is None
     with pytest.raises(UserError, match=r"t.yaml:4: resources.accelerators: 'H800': no AWS instance type"):
         load_task(path, resources_check=resources_problem)
+
+
+def test_local_nodes_tell_ansible_their_python_so_it_discovers_none() -> None:
+    """Local nodes are processes of this machine: their python3 is the one a login finds here, and the
+    inventory names it (Ansible's interpreter discovery would cost one module run per node and play)."""
+    from gpuctl.provision.ansibleinventory import to_ansible
+    from gpuctl.provision.inventory import inventory_from_outputs
+
+    python = get_provider("local").node_python()
+    assert python is not None and Path(python).is_absolute() and Path(python).exists()
+    assert get_provider("aws").node_python() is None and get_provider("ssh").node_python() is None
+    out = {"nodes": [{"id": "n0", "private_ip": "10.0.0.2", "public_ip": None}], "ssh_user": "root", "bastion": None}
+    local = to_ansible(inventory_from_outputs(out, cluster="c", cloud="local", ssh_key="/k", gpus_per_node=0))
+    aws = to_ansible(inventory_from_outputs(out, cluster="c", cloud="aws", ssh_key="/k", gpus_per_node=0))
+    assert local["all"]["vars"]["ansible_python_interpreter"] == python
+    assert "ansible_python_interpreter" not in aws["all"]["vars"]

@@ -99,6 +99,11 @@ class Provider(Protocol):
 
     # -- the nodes (configplane/, jobplane/, healthcheck/) ---------------------------------------
 
+    def node_python(self) -> str | None:
+        """The nodes' python3 when the provider knows it (Ansible then skips its interpreter
+        discovery: one module run less per node and play); None: Ansible finds it."""
+        ...
+
     def expected_fabric(self, request: Mapping[str, Any] | None) -> str | None:
         """The fabric gpuctl attached to the nodes for this (recorded) request, e.g. "efa"; None: none."""
         ...
@@ -169,6 +174,9 @@ class BaseProvider:
         return []
 
     def check_reach(self) -> None:
+        return None
+
+    def node_python(self) -> str | None:
         return None
 
     def expected_fabric(self, request: Mapping[str, Any] | None) -> str | None:

@@ -46,10 +46,13 @@ def to_ansible(inv: Inventory) -> dict[str, Any]:
         host["ansible_ssh_common_args"] = " ".join(common)
         hosts[n.name] = host
     cluster_vars: dict[str, Any] = {"gpuctl_cluster": inv.cluster, "gpuctl_cloud": inv.cloud}
-    if get_provider(inv.cloud).local:
+    provider = get_provider(inv.cloud)
+    if provider.local:
         # Local nodes run their own sshd config, with fan-out limits already; the
         # machine's /etc/ssh belongs to the developer.
         cluster_vars["gpuctl_sshd_limits_manage"] = False
+    if python := provider.node_python():
+        cluster_vars["ansible_python_interpreter"] = python
     if inv.region:
         cluster_vars["gpuctl_region"] = inv.region
     if inv.zone:

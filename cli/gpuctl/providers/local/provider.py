@@ -348,12 +348,21 @@ def nodes_dir(cluster_dir: Path) -> Path:
 # -- the provider ----------------------------------------------------------------
 
 
+# The PATH sshd gives a login (OpenSSH's default for root): where a node's commands find python3.
+NODE_LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 class LocalProvider(BaseProvider):
     name = "local"
     module_name = "local-nodes"
     local = True  # sshd processes on this machine: its filesystem, Python and container store
     containers_outlive_cluster = True
 
+
+    def node_python(self) -> str | None:
+        """This machine's python3, as a node's login shell finds it (sshd's default PATH): the nodes
+        are processes here, so discovery would find the same one."""
+        return shutil.which("python3", path=NODE_LOGIN_PATH)
     def task_warnings(self, task: "Task", req: ClusterRequest) -> list[str]:
         """The local nodes have no GPU of their own, and no instance type, market, disk or fabric."""
         lines = []
