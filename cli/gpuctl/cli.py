@@ -22,27 +22,16 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 import typer
 
 from gpuctl import usage
-
-from gpuctl.jobplane import gitworkdir
-
-from gpuctl.jobplane import joblogs
-
-from gpuctl.jobplane import jobs
-
-from gpuctl.provision import lifecycle
-
 from gpuctl.common import output
-
-from gpuctl.provision import ssh
-
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobFailed, ProvisionError, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir, state_root
+from gpuctl.jobplane import gitworkdir, joblogs, jobs
 from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
 from gpuctl.providers import get_provider, request_for, resources_problem
-from gpuctl.provision import sshconfig
+from gpuctl.provision import lifecycle, ssh, sshconfig
 from gpuctl.provision.inventory import Inventory, load_inventory
 from gpuctl.provision.lifecycle import write_ssh_config
 from gpuctl.spec.request import ClusterRequest, check_cluster_name

@@ -21,11 +21,9 @@ from typing import Any, Iterator
 import pytest
 import testhosts
 
-from gpuctl.provision import ssh
-
 from gpuctl.configplane import playbooks
-from gpuctl.jobplane import gitignore, payload
-from gpuctl.jobplane import protocol, stream
+from gpuctl.jobplane import gitignore, payload, protocol, stream
+from gpuctl.provision import ssh
 from gpuctl.provision.ansibleinventory import write_inventory
 from gpuctl.provision.inventory import Node
 

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.common.paths import ansible_dir
-from gpuctl.configplane import fabricprobe, playbooks, prepare
-from gpuctl.configplane import fabricrecord
+from gpuctl.configplane import fabricprobe, fabricrecord, playbooks, prepare
 from gpuctl.providers import get_provider
 from gpuctl.providers.aws.catalog import GPUDIRECT_RDMA_FAMILIES
 from gpuctl.providers.aws.provider import efa_fabric_env

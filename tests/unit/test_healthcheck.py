@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.common.errors import UserError
-from gpuctl.healthcheck import bandwidth, command, nccllog, ncclperf
-from gpuctl.healthcheck import fabriccheck
+from gpuctl.healthcheck import bandwidth, command, fabriccheck, nccllog, ncclperf
 from gpuctl.provision.inventory import Inventory, Node
 
 PROBE = Path(command.__file__).resolve().parent / "probe.py"

@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from e2e import pids_matching, wait_for
-from gpuctl.jobplane import client
-from gpuctl.jobplane import joblogs
+from gpuctl.jobplane import client, joblogs
 from gpuctl.jobplane.events import PIECE, Event, LineJoiner, Outcome, encode, parse_event
 from gpuctl.jobplane.stream import LineSplitter
 from gpuctl.provision.inventory import Inventory, Node

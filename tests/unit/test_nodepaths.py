@@ -14,9 +14,7 @@ from gpuctl.common.errors import UserError
 from gpuctl.healthcheck.command import NODE_DIR as CHECK_DIR
 from gpuctl.jobplane import payload
 from gpuctl.jobplane.agent import build, destinations
-from gpuctl.spec import buckets
-from gpuctl.spec import load_task
-from gpuctl.spec import nodepaths, reserved
+from gpuctl.spec import buckets, load_task, nodepaths, reserved
 from gpuctl.spec.buckets import BucketMount
 
 from test_jobplane_agent import agent

@@ -11,8 +11,7 @@ import pytest
 
 from gpuctl.common.config import AwsSettings, aws_settings, instance_profile
 from gpuctl.common.errors import UserError
-from gpuctl.providers.aws.provider import AwsProvider, describe, module_inputs
-from gpuctl.providers.aws.provider import X_REMOTE_IDENTITY
+from gpuctl.providers.aws.provider import AwsProvider, X_REMOTE_IDENTITY, describe, module_inputs
 from gpuctl.spec import load_task
 from gpuctl.spec.request import request_from_task
 

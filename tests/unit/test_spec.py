@@ -10,8 +10,7 @@ import pytest
 
 from gpuctl.common.errors import UserError
 from gpuctl.providers import resources_problem
-from gpuctl.spec import Resources, Task, parse_env_assignments
-from gpuctl.spec import load_task as spec_load_task
+from gpuctl.spec import Resources, Task, load_task as spec_load_task, parse_env_assignments
 from gpuctl.spec.infra import Infra
 from gpuctl.spec.request import request_from_task
 

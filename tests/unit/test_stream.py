@@ -14,13 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.provision import ssh
-
 from gpuctl.common.console import Reporter
 from gpuctl.common.paths import ansible_dir
-from gpuctl.jobplane import client
-from gpuctl.jobplane import stream
+from gpuctl.jobplane import client, stream
 from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, decode, encode, parse_event
+from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 
 AGENT = ansible_dir() / "roles" / "gpuctl_node" / "files" / "gpuctl-node"

@@ -25,8 +25,7 @@ from typing import Any, Mapping, Sequence
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobCancelled, JobFailed, UserError
 from gpuctl.common.paths import cluster_dir
-from gpuctl.healthcheck import bandwidth, nccllog, ncclperf
-from gpuctl.healthcheck import fabriccheck
+from gpuctl.healthcheck import bandwidth, fabriccheck, nccllog, ncclperf
 from gpuctl.jobplane.events import Event
 from gpuctl.jobplane.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobRunner, JobSpec

@@ -15,17 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gpuctl.jobplane import joblogs
-
-from gpuctl.jobplane import protocol
-from gpuctl.provision import ssh
-
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import UserError
-from gpuctl.jobplane import client
-from gpuctl.jobplane import stream
+from gpuctl.jobplane import client, joblogs, protocol, stream
 from gpuctl.jobplane.events import Outcome, decode
 from gpuctl.jobplane.runner import JobRunner, describe_codes
+from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import TERMINAL_JOB_STATES, JobRecord, Registry
 

@@ -24,22 +24,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from gpuctl.jobplane import joblogs
-
-from gpuctl.jobplane import jobenv
-
-from gpuctl.provision import containers, ssh
-
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobCancelled, JobFailed, PrepareFailed, UserError
 from gpuctl.common.paths import cluster_dir
-from gpuctl.configplane import fabricrecord
-from gpuctl.configplane import playbooks, prepare
-from gpuctl.jobplane import client, gitignore, payload, protocol, upload
-from gpuctl.jobplane import stream
+from gpuctl.configplane import fabricrecord, playbooks, prepare
+from gpuctl.jobplane import client, gitignore, jobenv, joblogs, payload, protocol, stream, upload
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.providers import get_provider
+from gpuctl.provision import containers, ssh
 from gpuctl.provision.inventory import Inventory, Node, hostfile_lines
 from gpuctl.provision.sshkeys import ensure_internal_key
 from gpuctl.spec import buckets

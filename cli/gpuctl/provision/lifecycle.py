@@ -2,7 +2,7 @@
 
 One path for `gpuctl apply` / `gpuctl down` and the Python API
 (gpuctl.Cluster): the cluster's lock, its registry record (INIT -> UP,
-STOPPING -> gone), provision.provision / provision.destroy, the ssh config
+STOPPING -> gone), provisioner.provision / provisioner.destroy, the ssh config
 and the host keys of replaced nodes.
 
 With shared state (gpuctl.state.remotestate) both also hold the cluster's lock in
@@ -18,12 +18,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
-from gpuctl.provision import ssh
-
 from gpuctl.common.console import Reporter
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.providers import get_provider
-from gpuctl.provision import sshconfig
+from gpuctl.provision import ssh, sshconfig
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.request import ClusterRequest
 from gpuctl.state.lock import cluster_lock

@@ -26,8 +26,6 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuctl.state import remotestate
-
 from gpuctl.common.errors import ClusterNotFound, ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.providers import MODULE_NAME, Provider, get_provider
@@ -37,6 +35,7 @@ from gpuctl.provision.inventory import Inventory, inventory_from_outputs, load_i
 from gpuctl.provision.sshkeys import KEY_NAME, ensure_cluster_key
 from gpuctl.provision.terraform import PlanSummary, TerraformRoot
 from gpuctl.spec.request import ClusterRequest, check_cluster_name
+from gpuctl.state import remotestate
 
 Progress = Callable[[str], None]
 

@@ -24,8 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from gpuctl.common.envargs import _ENV_NAME_RULE, ENV_NAME_RE
 from gpuctl.common.errors import UserError
-from gpuctl.spec.buckets import BucketMount
-from gpuctl.spec.buckets import MODES as BUCKET_MODES
+from gpuctl.spec.buckets import BucketMount, MODES as BUCKET_MODES
 from gpuctl.spec.infra import REGION_CLOUDS, UnsupportedInfra, infra_from_legacy, parse_infra
 
 _ACCEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
