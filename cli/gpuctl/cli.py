@@ -179,7 +179,7 @@ def apply(
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provisioner.inventory_path(req.name)}")
         if as_json:
-            _emit_apply(registry, req.name, inv, job_id=None)
+            _emit_apply(registry, req.name, inv, job_id=None, phases=reporter.phases)
         return
     spec = JobSpec.of_task(task, req)
     job_id: int | None = None
@@ -193,15 +193,16 @@ def apply(
                           sync_file_mounts=True, detach=detach)
     except JobFailed:
         if as_json:  # the failed job is the result: its document, then the error line and exit code 1
-            _emit_apply(registry, req.name, inv, job_id=None, latest_job=True)
+            _emit_apply(registry, req.name, inv, job_id=None, latest_job=True, phases=reporter.phases)
         raise
     if as_json:
-        _emit_apply(registry, req.name, inv, job_id=job_id)
+        _emit_apply(registry, req.name, inv, job_id=job_id, phases=reporter.phases)
 
 
 def _emit_apply(registry: Registry, name: str, inv: Inventory, *, job_id: int | None,
-                latest_job: bool = False) -> None:
-    """apply's JSON document: the cluster as `status` shows it, and the job this apply ran (or null)."""
+                latest_job: bool = False, phases: list | None = None) -> None:
+    """apply's JSON document: the cluster as `status` shows it, the job this apply ran (or null), and
+    how long each phase took (provision, prepare, job)."""
     record = registry.cluster(name)
     job = registry.job(name, job_id) if job_id is not None else None
     if latest_job:
@@ -211,7 +212,7 @@ def _emit_apply(registry: Registry, name: str, inv: Inventory, *, job_id: int | 
     output.emit("apply", {"ok": job is None or job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
                           **{k: v for k, v in doc.items() if k != "name"},
                           "inventory": str(cluster_dir(name) / "inventory.yml"),
-                          "job": output.job_doc(job) if job is not None else None})
+                          "job": output.job_doc(job) if job is not None else None, "phases": phases or []})
 
 
 def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> int:
@@ -385,7 +386,7 @@ def exec_(
 def _emit_job(command: str, registry: Registry, name: str, job: Any) -> None:
     """exec's JSON document: the job it ran (null if it never got an id)."""
     output.emit(command, {"ok": job is not None and job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
-                          "job": output.job_doc(job) if job is not None else None})
+                          "job": output.job_doc(job) if job is not None else None, "phases": phases or []})
 
 
 def _fmt_time(ts: float | None) -> str:
@@ -561,7 +562,7 @@ def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluste
     if not target.known_hosts:
         raise UserError(f"cluster '{name}' keeps no host keys")
     dropped = ssh.forget_host_keys(Path(target.known_hosts), {target.host_key_alias})
-    prepare.forget(cluster_dir(name))  # the other nodes must learn the new key too: prepare runs again
+    prepare.forget(cluster_dir(name), [target])  # prepared again; the others learn its key from the next job
     typer.echo(f"Forgot {dropped} host key(s) of {target.name} ({target.ssh_host}); the next job learns its key "
                "again and copies it to the other nodes")
 

@@ -384,9 +384,9 @@ def test_nodes_venv_record_grows_and_is_in_the_fingerprint(tmp_path: Path):
     assert prepare.python_env(tmp_path) == {"version": "3.12", "packages": ["cloudpickle==3.1.2"]}
     inv = Inventory(cluster="c", cloud="aws", nodes=(Node(name="head", rank=0, address="10.0.0.1", ssh_host="h",
                                                           ssh_port=22, ssh_user="u", gpus=0, node_id="i-1"),))
-    base = prepare.fingerprint(inv, internal_public_key="k", fabric_env={})
-    with_python = prepare.fingerprint(inv, internal_public_key="k", fabric_env={}, python=prepare.python_env(tmp_path))
-    more = prepare.fingerprint(inv, internal_public_key="k", fabric_env={},
+    base = prepare.fingerprint(internal_public_key="k", fabric_env={})
+    with_python = prepare.fingerprint(internal_public_key="k", fabric_env={}, python=prepare.python_env(tmp_path))
+    more = prepare.fingerprint(internal_public_key="k", fabric_env={},
                                python={"version": "3.12", "packages": ["cloudpickle==3.1.2", "jax"]})
     assert len({base, with_python, more}) == 3
     names = [name for name, _ in prepare.python_runtime_files()]

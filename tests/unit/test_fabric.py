@@ -375,13 +375,12 @@ def _inv(n: int = 3, cloud: str = "aws") -> Inventory:
 def test_the_probe_is_part_of_the_prepare_fingerprint():
     names = dict(prepare._tree_bytes())
     assert names["roles/gpuctl_node/files/gpuctl-fabric-probe"] == Path(fabricprobe.__file__).read_bytes()
-    inv = _inv()
     settings = fabricrecord.probe_settings("aws", {"network_tier": "best", "instance_type": "p5.48xlarge"})
     assert settings == {"instance_type": "p5.48xlarge",
                         "fallback_env": efa_fabric_env(efa=True, instance_type="p5.48xlarge")}
-    base = prepare.fingerprint(inv, internal_public_key="k", fabric_env=settings)
+    base = prepare.fingerprint(internal_public_key="k", fabric_env=settings)
     other = fabricrecord.probe_settings("aws", {"network_tier": "best", "instance_type": "p4d.24xlarge"})
-    assert prepare.fingerprint(inv, internal_public_key="k", fabric_env=other) != base
+    assert prepare.fingerprint(internal_public_key="k", fabric_env=other) != base
 
 
 def test_run_prepare_passes_the_probe_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -390,18 +389,20 @@ def test_run_prepare_passes_the_probe_its_settings(tmp_path: Path, monkeypatch: 
     settings = fabricrecord.probe_settings("aws", {"network_tier": "best", "instance_type": "p5.48xlarge"})
     prepare.run_prepare(tmp_path / "inventory.yml", private_data_dir=tmp_path, control_dir=tmp_path,
                         fingerprint_value="f", internal_key=tmp_path / "k", fabric_env=settings,
-                        fabric_head="10.0.0.2", fabric_record=tmp_path / fabricrecord.RAW_FILE)
+                        fabric_head="10.0.0.2")
     ev = seen["extravars"]
     assert (ev["gpuctl_fabric_head"], ev["gpuctl_fabric_instance_type"]) == ("10.0.0.2", "p5.48xlarge")
     assert ev["gpuctl_fabric_env"] == settings["fallback_env"]
-    assert ev["gpuctl_fabric_record"] == str(tmp_path / fabricrecord.RAW_FILE)
+    # the agent's files, read once for every node: what the role would read from its files/
+    assert ev["gpuctl_agent_files"]["lib/gpuctl-fabric-probe"]["text"] == Path(fabricprobe.__file__).read_text()
+    assert ev["gpuctl_agent_files"]["lib/gpuctl_node.py"]["text"] == prepare.AGENT.read_text()
 
 
 # -- the controller's record and status ---------------------------------------------------------
 
 
-def _raw(tmp_path: Path) -> dict[str, str]:
-    """What the play leaves: {host: probe stdout} for an EFA head, an IB worker1, a socket worker2."""
+def _raw(tmp_path: Path) -> dict[str, dict]:
+    """The install steps' results: {host: probe result} for an EFA head, an IB worker1, a socket worker2."""
     out = {}
     for host, build in (("head", lambda t: p5(t, fi_info=False)), ("worker1", mlx5_ib), ("worker2", None)):
         t = Tree(tmp_path / host)
@@ -409,16 +410,16 @@ def _raw(tmp_path: Path) -> dict[str, str]:
             build(t)
         else:
             t.route_via("eth0")
-        out[host] = json.dumps({**t.probe(instance="p5.48xlarge"), "changed": True})
+        out[host] = {**t.probe(instance="p5.48xlarge"), "changed": True, "hostname": f"ip-{host}"}
     return out
 
 
 def test_record_writes_fabric_json_with_the_contract_keys(tmp_path: Path):
     cdir = tmp_path / "cluster"
     cdir.mkdir()
-    (cdir / fabricrecord.RAW_FILE).write_text(json.dumps(_raw(tmp_path)))
-    doc = fabricrecord.record(cdir, _inv())
-    assert not (cdir / fabricrecord.RAW_FILE).exists() and fabricrecord.load_fabric(cdir) == doc
+    doc = fabricrecord.record(cdir, _inv(), _raw(tmp_path))
+    assert fabricrecord.load_fabric(cdir) == doc
+    assert fabricrecord.hostnames(cdir) == {"head": "ip-head", "worker1": "ip-worker1", "worker2": "ip-worker2"}
     assert doc["kind"] == "socket"  # the weakest: one node has no fabric
     assert [(n["rank"], n["name"], n["kind"]) for n in doc["nodes"]] == [(0, "head", "efa"), (1, "worker1", "ib"),
                                                                          (2, "worker2", "socket")]
@@ -442,13 +443,11 @@ def test_a_limited_prepare_keeps_the_other_nodes_and_all_alike_is_their_kind(tmp
     cdir = tmp_path / "cluster"
     cdir.mkdir()
     raw = _raw(tmp_path)
-    (cdir / fabricrecord.RAW_FILE).write_text(json.dumps({"head": raw["head"], "worker1": raw["head"]}))
-    assert fabricrecord.record(cdir, _inv(2))["kind"] == "efa"
-    (cdir / fabricrecord.RAW_FILE).write_text(json.dumps({"worker1": "not json"}))
-    doc = fabricrecord.record(cdir, _inv(3))  # worker2 joined but was not probed: not listed
+    assert fabricrecord.record(cdir, _inv(2), {"head": raw["head"], "worker1": raw["head"]})["kind"] == "efa"
+    doc = fabricrecord.record(cdir, _inv(3), {"worker1": "not json"})  # worker2 joined but was not probed: not listed
     assert [(n["name"], n["kind"]) for n in doc["nodes"]] == [("head", "efa"), ("worker1", "socket")]
     assert doc["nodes"][1]["warnings"] == ["the fabric probe gave no result"] and doc["kind"] == "socket"
-    assert fabricrecord.record(cdir, _inv(3)) is None and fabricrecord.load_fabric(cdir) == doc  # no new record: kept
+    assert fabricrecord.record(cdir, _inv(3), {}) is None and fabricrecord.load_fabric(cdir) == doc  # none: kept
 
 
 def test_status_before_any_prepare_and_with_a_broken_file(tmp_path: Path):

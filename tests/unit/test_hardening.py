@@ -313,7 +313,7 @@ def test_a_key_the_console_does_not_list_stops_gpuctl_and_is_forgotten(tmp_path:
                        reporter=Reporter(plain=True), registry=Registry())
     monkeypatch.setattr(hostkeys, "console_output", lambda node_id, region: CONSOLE.format(ed="B" * 43))
     with pytest.raises(UserError, match="head .* not one the instance printed"):
-        runner.check_console_host_keys()
+        runner.check_console_host_keys([node])
     assert kh.read_text() == ""  # forgotten: nothing trusts it
     monkeypatch.setattr(hostkeys, "console_output", lambda node_id, region: "")
-    runner.check_console_host_keys()  # no console yet: said, not a failure
+    runner.check_console_host_keys([node])  # no console yet: said, not a failure

@@ -498,8 +498,8 @@ def test_features_grow_and_enter_the_fingerprint(tmp_path: Path):
     assert prepare.features(tmp_path) == ("rclone",) and prepare.features(tmp_path, ("fuse",)) == ("rclone", "fuse")
     with pytest.raises(ValueError):
         prepare.features(tmp_path, ("nfs",))
-    plain = prepare.fingerprint(inv, internal_public_key="k", fabric_env={})
-    assert prepare.fingerprint(inv, internal_public_key="k", fabric_env={}, features=()) == plain
-    with_tools = prepare.fingerprint(inv, internal_public_key="k", fabric_env={}, features=("rclone",))
+    plain = prepare.fingerprint(internal_public_key="k", fabric_env={})
+    assert prepare.fingerprint(internal_public_key="k", fabric_env={}, features=()) == plain
+    with_tools = prepare.fingerprint(internal_public_key="k", fabric_env={}, features=("rclone",))
     assert with_tools != plain
-    assert prepare.fingerprint(inv, internal_public_key="k", fabric_env={}, features=("rclone", "fuse")) != with_tools
+    assert prepare.fingerprint(internal_public_key="k", fabric_env={}, features=("rclone", "fuse")) != with_tools

@@ -7,16 +7,39 @@ Rank lines may arrive from many threads at once: one lock keeps each line whole.
 
 from __future__ import annotations
 
+import resource
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator, TextIO
+from typing import Callable, Iterator, TextIO
 
 from rich.console import Console
 from rich.text import Text
 
 _RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class StepProgress:
+    """How far a stage got ("12 of 64 nodes"); in plain output, at most one line per tenth of the way."""
+
+    def __init__(self, show: Callable[[str], None], *, every_tenth: bool = False) -> None:
+        self._show = show
+        self._every_tenth = every_tenth
+        self._shown = -1
+
+    def update(self, text: str, done: int | None = None, total: int | None = None) -> None:
+        if self._every_tenth and done is not None and total:
+            tenth = done * 10 // total
+            if tenth == self._shown and done != total:
+                return
+            self._shown = tenth
+        self._show(text)
 
 
 class Reporter:
@@ -27,19 +50,37 @@ class Reporter:
                                force_terminal=False if self.plain else None)
         self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
         self._lock = threading.Lock()
+        self.phases: list[dict[str, object]] = []  # phase(): [{phase, seconds, controller_cpu_s}]
 
     @contextmanager
-    def stage(self, title: str) -> Iterator[None]:
-        """A named step; prints its duration when done, and its failure if it fails."""
+    def phase(self, name: str) -> Iterator[None]:
+        """Time a phase of the command (provision, prepare, job) for `phases`: its wall time and the
+        controller CPU it cost (this process and the children it waited for: ansible-playbook, ssh)."""
+        start, cpu = time.monotonic(), _cpu_seconds()
+        try:
+            yield
+        finally:
+            self.phases.append({"phase": name, "seconds": round(time.monotonic() - start, 3),
+                                "controller_cpu_s": round(_cpu_seconds() - cpu, 3)})
+
+    @contextmanager
+    def stage(self, title: str, *, phase: str | None = None) -> Iterator[StepProgress]:
+        """A named step; prints its duration when done, and its failure if it fails. What it yields
+        shows how far the step got: a live line on a terminal, plain lines otherwise. `phase`: also
+        timed as that phase (`phases`)."""
+        if phase is not None:
+            with self.phase(phase), self.stage(title) as step:
+                yield step
+            return
         start = time.monotonic()
         if self.plain:
             self._write(f"==> {title}")
-            yield
+            yield StepProgress(lambda text: self._write(f"    {text}"), every_tenth=True)
             self._write(f"    {title}: done in {time.monotonic() - start:.1f}s")
             return
-        with self.console.status(title):
+        with self.console.status(title) as status:
             try:
-                yield
+                yield StepProgress(lambda text: status.update(f"{title}: {text}"))
             except BaseException:
                 self.console.print(Text("✗ ", style="bold red") + Text(title))
                 raise

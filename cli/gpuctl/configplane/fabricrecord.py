@@ -1,9 +1,8 @@
 """The fabric prepare found on every node: clusters/<name>/fabric.json, and how to show it.
 
-Each node's own probe (`fabricprobe.py`, run by the prepare play) decides its
-env and writes its `~/.gpuctl/fabric.env`; the play hands every node's JSON
-back in one file (`RAW_FILE`, run once on the controller), which `record`
-turns into `fabric.json`:
+Each node's own probe (`fabricprobe.py`, run by the prepare play's install step) decides its
+env and writes its `~/.gpuctl/fabric.env`; the install step's result carries the probe's JSON
+and the node's hostname back, and `record` turns those of the nodes prepared into `fabric.json`:
 
     {"kind": "efa",                         the cluster's weakest kind (below)
      "nodes": [{"rank": 0, "name": "head",
@@ -13,6 +12,7 @@ turns into `fabric.json`:
                 "active_ports": ["mlx5_0:1", ...],
                 "env": {...},               what the node's fabric.env sets (PATH-like
                 "path_prepend": {...},      variables prepended: path_prepend)
+                "hostname": "ip-10-0-0-5",  the node's own name (the cluster view's aliases)
                 "warnings": [...], ...}, ...]}
 
 `gpuctl check` reads these keys (healthcheck/fabric.py): keep them. The
@@ -37,7 +37,6 @@ from gpuctl.providers import get_provider
 from gpuctl.provision.inventory import Inventory
 
 FABRIC_FILE = "fabric.json"
-RAW_FILE = "fabric.probe.json"  # the play's {host: probe stdout}; consumed by record()
 KINDS = ("efa", "ib", "roce", "socket")
 _LABEL = {"efa": "EFA", "ib": "InfiniBand", "roce": "RoCE", "socket": "TCP sockets"}
 
@@ -75,7 +74,7 @@ def _node_entry(node_rank: int, name: str, raw: Any) -> dict[str, Any]:
 
 
 def build(inv: Inventory, raw: Mapping[str, Any], before: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """fabric.json from the play's {host: probe stdout}; nodes the play did not reach this time
+    """fabric.json from the play's {host: probe result}; nodes the play did not reach this time
     keep their entry from `before` (a limited prepare), nodes no longer in the inventory go."""
     old = {n.get("name"): n for n in (before or {}).get("nodes") or [] if isinstance(n, dict)}
     nodes = []
@@ -96,24 +95,24 @@ def load_fabric(cluster_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("nodes"), list) else None
 
 
-def record(cluster_dir: Path, inv: Inventory) -> dict[str, Any] | None:
-    """Turn the play's RAW_FILE into fabric.json (atomically) and remove it; the new document,
-    or None when the play wrote none (nothing changes then)."""
+def record(cluster_dir: Path, inv: Inventory, raw: Mapping[str, Any]) -> dict[str, Any] | None:
+    """fabric.json (atomically) with the probe results of the nodes prepared now ({host: result});
+    the new document, or None when no node was (nothing changes then)."""
+    if not raw:
+        return None
     cdir = Path(cluster_dir)
-    raw_path = cdir / RAW_FILE
-    try:
-        raw = json.loads(raw_path.read_text())
-    except (OSError, ValueError):
-        raw_path.unlink(missing_ok=True)
-        return None
-    raw_path.unlink(missing_ok=True)
-    if not isinstance(raw, dict):
-        return None
     doc = build(inv, raw, load_fabric(cdir))
     tmp = cdir / (FABRIC_FILE + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, cdir / FABRIC_FILE)
     return doc
+
+
+def hostnames(cluster_dir: Path) -> dict[str, str]:
+    """{node name: its hostname} as the nodes' install steps reported them."""
+    doc = load_fabric(cluster_dir) or {}
+    return {str(n["name"]): str(n["hostname"]) for n in doc.get("nodes") or []
+            if isinstance(n, dict) and n.get("name") and n.get("hostname")}
 
 
 def node_line(node: Mapping[str, Any]) -> str:

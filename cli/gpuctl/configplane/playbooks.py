@@ -43,7 +43,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 
 import yaml
@@ -227,6 +227,19 @@ def build_result(events: Iterable[Mapping[str, Any]], *, ranks: Mapping[str, int
     )
 
 
+def merge_results(first: PlaybookResult, retry: PlaybookResult, retried: Iterable[str]) -> PlaybookResult:
+    """`first` with the hosts run again (`retried`) replaced by their outcome in `retry`."""
+    redone = set(retried)
+    failures = [f for f in first.failures if f.host not in redone] + list(retry.failures)
+    unreachable = [h for h in first.unreachable if h not in redone] + list(retry.unreachable)
+    reasons = {h: r for h, r in {**first.unreachable_reasons, **retry.unreachable_reasons}.items() if h in unreachable}
+    error = retry.error or first.error
+    return PlaybookResult(ok=not failures and not unreachable and error is None, failures=failures,
+                          unreachable=unreachable, unreachable_reasons=reasons,
+                          changed=sorted(set(first.changed) | set(retry.changed)), error=error,
+                          artifact_dir=retry.artifact_dir)
+
+
 def _redact_command_artifact(artifact_dir: Path, keep: Iterable[str]) -> None:
     """ansible-runner records the whole process environment; keep only `keep` and PATH."""
     path = artifact_dir / "command"
@@ -246,6 +259,14 @@ def _redact_command_artifact(artifact_dir: Path, keep: Iterable[str]) -> None:
 
 def _never() -> bool:
     return False
+
+
+def _keeping(on_event: Callable[[Mapping[str, Any]], None]) -> Callable[[Mapping[str, Any]], bool]:
+    """ansible-runner's event_handler: True keeps the event for `runner.events`."""
+    def handler(event: Mapping[str, Any]) -> bool:
+        on_event(event)
+        return True
+    return handler
 
 
 def rotate_artifacts(artifacts: Path, keep: int = KEEP_ARTIFACTS) -> None:
@@ -277,6 +298,7 @@ def run_playbook(
     control_dir: Path | None = None,
     timeout: int | None = None,
     cancel: threading.Event | None = None,
+    on_event: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> PlaybookResult:
     """Run playbook `name` ("setup" or "setup.yml") against `inventory`.
 
@@ -285,6 +307,7 @@ def run_playbook(
     ControlMaster sockets, shortened by ssh.control_dir_for if the path is too
     long. `timeout` (s) and `cancel` stop ansible-playbook (not processes it
     started on nodes: use kill.yml or jobplane.client.kill_stage for those).
+    `on_event` sees each ansible-runner event as it arrives (progress, results).
     """
     import ansible_runner  # here, not at import: a job on a prepared cluster never needs it
 
@@ -329,6 +352,7 @@ def run_playbook(
             # Always a callback: with none, ansible-runner installs SIGINT/SIGTERM
             # handlers of its own (main thread) and never restores ours.
             cancel_callback=cancel.is_set if cancel is not None else _never,
+            event_handler=_keeping(on_event) if on_event is not None else None,
         )
     finally:
         vars_file.unlink(missing_ok=True)

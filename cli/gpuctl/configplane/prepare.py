@@ -1,15 +1,16 @@
-"""Prepare: the one playbook between provisioning and jobs, and when to run it again.
+"""Prepare: the one playbook between provisioning and jobs, and which nodes need it.
 
-The prepared state of a node is what the prepare play leaves there: the
-agent, the cluster's internal key and Host entries, sshd limits, the fabric
-env its own probe wrote (`fabricprobe.py`, shipped in roles/gpuctl_node, so a
-changed probe is a changed fingerprint and prepares again). Its fingerprint,
-a hash of everything that shapes that state, is written on every node by the
-play and kept on the controller. A job carries the
-fingerprint it expects; each node compares it with its own record before
-running anything (the check costs no extra call), and the controller runs
-prepare again when a node differs: a new agent, a rotated key, a replaced
-node, a changed fabric env.
+The prepared state of a node is what the prepare play leaves there in one module run (role
+gpuctl_node, agent/install.py): the agent, the cluster's internal key, sshd limits, the fabric env
+its own probe wrote (`fabricprobe.py`, shipped in the role, so a changed probe is a changed
+fingerprint). Its fingerprint, a hash of everything that shapes that state, is written last on
+the node and kept on the controller per node (`prepared.json`, {node: fingerprint}). A job carries
+the fingerprint it expects; each node compares it with its own record before running anything
+(the check costs no extra call), and the controller prepares exactly the nodes whose record
+differs: new and replaced nodes, or all of them after a new agent, a rotated key or a changed
+fabric env. What a node knows of the others (host keys, Host entries) is not part of it: that
+view travels with every job (clusterview.py), so a node added or replaced leaves the others as
+they were.
 
 Optional node features (`FEATURES`: rclone, fuse for cloud-bucket
 file_mounts) are prepared only once a job needs them: the controller keeps
@@ -30,18 +31,29 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import ansible_dir
 from gpuctl.configplane import playbooks
-from gpuctl.provision.inventory import Inventory, peer_port
+from gpuctl.provision.inventory import Inventory, Node
 
 AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "gpuctl_node.py"  # built by `make agent`
 # The parts of the Ansible tree that shape a prepared node.
-_PREPARE_TREE = ("playbooks/prepare.yml", "roles/gpuctl_node", "roles/gpuctl_cluster_ssh",
-                 "roles/gpuctl_sshd_limits", "roles/gpuctl_storage", "roles/gpuctl_python")
+_PREPARE_TREE = ("playbooks/prepare.yml", "roles/gpuctl_node", "roles/gpuctl_sshd_limits", "roles/gpuctl_storage",
+                 "roles/gpuctl_python")
+RECORD_FILE = "prepared.json"  # {node key: fingerprint}, on the controller
+INSTALL_TASK = "Install the node's prepared state (agent, node-to-node SSH, fabric env, fingerprint)"
 FEATURES = ("rclone", "fuse")  # what gpuctl_storage installs (AWS) or checks (elsewhere)
+
+
+def agent_files() -> dict[str, dict[str, str]]:
+    """What the install step puts under ~/.gpuctl, read once for every node (role gpuctl_node reads
+    the same files from its files/ when run without gpuctl)."""
+    files = ansible_dir() / "roles" / "gpuctl_node" / "files"
+    return {"lib/gpuctl_node.py": {"mode": "0644", "text": AGENT.read_text()},
+            "bin/gpuctl-node": {"mode": "0755", "text": (files / "gpuctl-node").read_text()},
+            "lib/gpuctl-fabric-probe": {"mode": "0755", "text": (files / "gpuctl-fabric-probe").read_text()}}
 
 
 def _tree_bytes() -> list[tuple[str, bytes]]:
@@ -51,23 +63,23 @@ def _tree_bytes() -> list[tuple[str, bytes]]:
         path = root / rel
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
         for f in files:
+            if "__pycache__" in f.parts:
+                continue
             if f.name == "gpuctl_node.py":  # the agent again (a link to it); its launcher gpuctl-node counts
                 continue
             out.append((str(f.relative_to(root)), f.read_bytes()))
     return out
 
 
-def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping[str, Any],
-                features: Sequence[str] = (), python: Mapping[str, Any] | None = None) -> str:
-    """sha256 of the agent, the prepare roles (the fabric probe with them), the cluster's SSH and
-    fabric settings and its features. `fabric_env`: what prepare passes the probe
-    (configplane/fabric.probe_settings: the instance type and the static fallback env)."""
+def fingerprint(*, internal_public_key: str, fabric_env: Mapping[str, Any], features: Sequence[str] = (),
+                python: Mapping[str, Any] | None = None) -> str:
+    """sha256 of the agent, the prepare roles (the fabric probe with them), the cluster's internal key,
+    the fabric settings and its features: the same for every node. `fabric_env`: what prepare passes
+    the probe (fabricrecord.probe_settings: the instance type and the static fallback env)."""
     h = hashlib.sha256()
     for name, data in _tree_bytes():
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-    shape = {
-        # the node id: a replaced node (new id, new host key) means the others must learn its key
-        "peers": [[n.name, n.node_id, n.address, peer_port(n), n.ssh_user] for n in inv.nodes],
+    shape: dict[str, Any] = {
         "internal_key": internal_public_key.strip(),
         "fabric": dict(sorted(fabric_env.items())),
     }
@@ -81,20 +93,53 @@ def fingerprint(inv: Inventory, *, internal_public_key: str, fabric_env: Mapping
     return h.hexdigest()
 
 
-def recorded(cluster_dir: Path) -> str | None:
-    """The fingerprint this controller last prepared the cluster with."""
+def node_key(node: Node) -> str:
+    """What a node's record is kept under: its id (a replaced node has a new one), or for hand-written
+    inventories without ids, where it is reached."""
+    return node.node_id if node.node_id and node.node_id != node.name else \
+        f"{node.ssh_user}@{node.ssh_host}:{node.ssh_port}"
+
+
+def recorded(cluster_dir: Path) -> dict[str, str]:
+    """{node key: the fingerprint this controller last prepared it with}."""
     try:
-        return (cluster_dir / "prepared").read_text().strip() or None
-    except FileNotFoundError:
-        return None
+        data = json.loads((cluster_dir / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def record(cluster_dir: Path, value: str) -> None:
-    (cluster_dir / "prepared").write_text(value + "\n")
+def unprepared(cluster_dir: Path, inv: Inventory, value: str) -> list[Node]:
+    """The nodes of `inv` not recorded as prepared with fingerprint `value`."""
+    done = recorded(cluster_dir)
+    return [n for n in inv.nodes if done.get(node_key(n)) != value]
 
 
-def forget(cluster_dir: Path) -> None:
+def record(cluster_dir: Path, inv: Inventory, nodes: Sequence[Node], value: str) -> None:
+    """`nodes` are prepared with `value`; nodes no longer in `inv` are forgotten."""
+    keys = {node_key(n) for n in inv.nodes}
+    done = {k: v for k, v in recorded(cluster_dir).items() if k in keys}
+    done.update({node_key(n): value for n in nodes})
+    _write_records(cluster_dir, done)
+
+
+def forget(cluster_dir: Path, nodes: Sequence[Node] | None = None) -> None:
+    """Prepare `nodes` again before the next job (None: every node)."""
+    (cluster_dir / "prepared").unlink(missing_ok=True)  # the one record earlier gpuctl versions kept
+    if nodes is None:
+        (cluster_dir / RECORD_FILE).unlink(missing_ok=True)
+        return
+    gone = {node_key(n) for n in nodes}
+    before = recorded(cluster_dir)
+    if gone & set(before):
+        _write_records(cluster_dir, {k: v for k, v in before.items() if k not in gone})
+
+
+def _write_records(cluster_dir: Path, records: Mapping[str, str]) -> None:
     (cluster_dir / "prepared").unlink(missing_ok=True)
+    tmp = cluster_dir / (RECORD_FILE + ".tmp")
+    tmp.write_text(json.dumps(dict(sorted(records.items())), indent=1) + "\n")
+    os.replace(tmp, cluster_dir / RECORD_FILE)
 
 
 def features(cluster_dir: Path, needed: Sequence[str] = ()) -> tuple[str, ...]:
@@ -171,18 +216,22 @@ def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Pa
                 internal_key: Path, fabric_env: Mapping[str, Any], known_hosts: Path | None = None,
                 limit: list[str] | None = None, features: Sequence[str] = (),
                 python: Mapping[str, Any] | None = None, fabric_head: str = "",
-                fabric_record: Path | None = None) -> playbooks.PlaybookResult:
-    """The prepare play. `fabric_env`: configplane/fabric.probe_settings; `fabric_head`: the address
-    whose route names NCCL_SOCKET_IFNAME; `fabric_record`: where the play leaves every node's probe
-    JSON on the controller (fabric.record turns it into fabric.json)."""
+                view: Mapping[str, Any] | None = None, wait: bool = True,
+                on_installed: Callable[[str, Mapping[str, Any]], None] | None = None) -> playbooks.PlaybookResult:
+    """The prepare play on the hosts in `limit` (None: all). `fabric_env`: fabricrecord.probe_settings;
+    `fabric_head`: the address whose route names NCCL_SOCKET_IFNAME; `view`: clusterview.cluster_view
+    (None: the role builds one from the inventory); `wait`: wait up to wait_timeout() for each node to
+    accept SSH (False: a node that does not answer at once is unreachable). `on_installed(host, result)`
+    as each node's install step succeeds, with its probe's result and hostname."""
     extravars = {
+        "gpuctl_node_wait": wait,
+        "gpuctl_agent_files": agent_files(),
         "gpuctl_prepare_fingerprint": fingerprint_value,
         "gpuctl_internal_key": str(internal_key),
         # the fabric probe (role gpuctl_node): static defaults only where it cannot see
         "gpuctl_fabric_env": dict(fabric_env.get("fallback_env") or {}),
         "gpuctl_fabric_instance_type": str(fabric_env.get("instance_type") or ""),
         "gpuctl_fabric_head": fabric_head,
-        "gpuctl_fabric_record": str(fabric_record) if fabric_record else "",
         "gpuctl_known_hosts": str(known_hosts) if known_hosts else "",
         "gpuctl_wait_timeout": wait_timeout(),
         "gpuctl_features": list(features),
@@ -190,5 +239,14 @@ def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Pa
         "gpuctl_python": {**python, "runtime_files": [{"src": str(p), "dest": name}
                                                       for name, p in python_runtime_files()]} if python else {},
     }
+    if view is not None:
+        extravars["gpuctl_cluster_view"] = dict(view)
+
+    def on_event(event: Mapping[str, Any]) -> None:
+        data = event.get("event_data") or {}
+        if on_installed is not None and event.get("event") == "runner_on_ok" and data.get("task") == INSTALL_TASK:
+            res = data.get("res") or {}
+            on_installed(str(data.get("host")), {**(res.get("fabric") or {}), "hostname": res.get("hostname", "")})
+
     return playbooks.run_playbook("prepare.yml", inventory=inventory_path, private_data_dir=private_data_dir,
-                                  extravars=extravars, control_dir=control_dir, limit=limit)
+                                  extravars=extravars, control_dir=control_dir, limit=limit, on_event=on_event)

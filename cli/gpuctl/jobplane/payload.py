@@ -1,7 +1,8 @@
 """The job as the head's agent receives it: one JSON document (pure, unit-tested).
 
 Everything a node needs to run its part travels in it: the rank table with
-how each node reaches the others (`peers`), each stage's script and
+how each node reaches the others (`peers`) and the cluster view (their host keys and
+Host entries, configplane/clusterview.py), each stage's script and
 environment, the destinations to copy from the head's copy, and the
 fingerprint of the prepared state the nodes must have. Secrets travel beside
 it on the same stdin, never in it (the head stores the payload for the job's
@@ -10,7 +11,6 @@ lifetime; see agent/).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets as _secrets
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 from gpuctl.jobplane import jobenv
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.protocol import PROTOCOL
-from gpuctl.provision.inventory import Inventory, Node, peer_port
+from gpuctl.provision.inventory import Inventory, Node, is_loopback, peer_port
 from gpuctl.spec import nodepaths
 
 DEFAULT_FANOUT = 32
@@ -63,13 +63,6 @@ def fanout(env: str = FANOUT_ENV, default: int = DEFAULT_FANOUT) -> int:
     if raw.isdigit() and int(raw) >= 1:
         return int(raw)
     return default
-
-
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
 
 
 def peer_entry(node: Node) -> dict[str, Any]:
@@ -116,6 +109,7 @@ def build_payload(
     container: Mapping[str, Any] | None = None,
     buckets: Sequence[Mapping[str, Any]] = (),
     storage: Mapping[str, Any] | None = None,
+    view: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "v": PROTOCOL,
@@ -129,6 +123,8 @@ def build_payload(
         "workdir": WORKDIR_DEST,
         "job_ranks": job_nodes,
         "peers": [peer_entry(n) for n in inv.nodes],
+        # what each node knows of the others, written by each relay before it connects on (clusterview.py)
+        "view": dict(view) if view else None,
         "stages": {"setup": setup, "run": run},
         "sync": [dict(s) for s in sync],
         "container": dict(container) if container else None,

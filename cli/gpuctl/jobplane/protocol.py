@@ -60,6 +60,7 @@ CMD_JOB_STATUS = "job-status"
 CMD_RELAY = "relay"  # a worker's part of a job, started by its parent node
 CMD_COORDINATE = "coordinate"  # the head's coordinator, started by submit
 CMD_CONTAINER_STAGE = "container-stage"  # a stage in the node's container, started by its supervisor
+CMD_INSTALL = "install"  # prepare's one step on a node: the bundle on stdin (agent/install.py)
 
 # -- commands down the tree (a relay's stdin) ---------------------------------------------------
 RELAY_CLAIM = "claim"

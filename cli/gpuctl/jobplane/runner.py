@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobCancelled, JobFailed, PrepareFailed, UserError
 from gpuctl.common.paths import cluster_dir
-from gpuctl.configplane import fabricrecord, playbooks, prepare
+from gpuctl.configplane import clusterview, fabricrecord, playbooks, prepare
 from gpuctl.jobplane import client, gitignore, jobenv, joblogs, payload, protocol, stream, upload
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.gitignore import WorkdirFilter
@@ -136,46 +137,86 @@ class JobRunner:
 
     def fingerprint(self) -> str:
         _, public = ensure_internal_key(self.cdir)
-        return prepare.fingerprint(self.inv, internal_public_key=public, fabric_env=self.fabric_env(),
-                                   features=self.features, python=prepare.python_env(self.cdir))
+        return prepare.fingerprint(internal_public_key=public, fabric_env=self.fabric_env(), features=self.features,
+                                   python=prepare.python_env(self.cdir))
 
-    def prepare(self, fingerprint: str, why: str) -> None:
-        """Run the prepare play on every node (Ansible); a barrier, idempotent."""
+    def view(self) -> dict | None:
+        """What every node knows of the others (clusterview.py): given at prepare, carried by every job."""
+        return clusterview.cluster_view(self.inv, fabricrecord.hostnames(self.cdir))
+
+    def ensure_prepared(self, fingerprint: str, why: str | None = None) -> None:
+        """Prepare the nodes not recorded as prepared with `fingerprint` (none: nothing to do)."""
+        nodes = prepare.unprepared(self.cdir, self.inv, fingerprint)
+        if not nodes:
+            return
+        if why is None:
+            records = prepare.recorded(self.cdir)
+            known = [n for n in nodes if prepare.node_key(n) in records]
+            why = ("first job on this cluster" if not records else
+                   "gpuctl or the cluster changed" if known else
+                   f"new node{'s' if len(nodes) > 1 else ''} {', '.join(n.name for n in nodes[:8])}"
+                   + (", ..." if len(nodes) > 8 else ""))
+        self.prepare(fingerprint, nodes, why)
+
+    def prepare(self, fingerprint: str, nodes: Sequence[Node], why: str) -> None:
+        """Run the prepare play on `nodes` (Ansible, one install step each, each node on its own pace);
+        record those that got there, also when others failed: they are not prepared again."""
         key, _ = ensure_internal_key(self.cdir)
-        with self.reporter.stage(f"Preparing {len(self.inv.nodes)} node(s) ({why})"):
-            result = prepare.run_prepare(self.inventory_path, private_data_dir=self.private_data_dir,
-                                         control_dir=self.control_dir, fingerprint_value=fingerprint,
-                                         internal_key=key, fabric_env=self.fabric_env(),
-                                         known_hosts=Path(self.inv.head.known_hosts) if self.inv.head.known_hosts
-                                         else None, features=self.features,
-                                         python=prepare.python_env(self.cdir), fabric_head=self.inv.head.address,
-                                         fabric_record=self.cdir / fabricrecord.RAW_FILE)
-        found = fabricrecord.record(self.cdir, self.inv)  # also after a failure: what the nodes that ran found
+        total = len(self.inv.nodes)
+        title = (f"Preparing {len(nodes)} node(s) ({why})" if len(nodes) == total else
+                 f"Preparing {len(nodes)} of {total} node(s) ({why})")
+        installed: dict[str, dict] = {}
+        with self.reporter.stage(title, phase="prepare") as step:
+            def on_installed(host: str, result: Mapping) -> None:
+                installed[host] = dict(result)
+                step.update(f"{len(installed)} of {len(nodes)} node(s) prepared", len(installed), len(nodes))
+
+            def play(names: list[str], wait: bool) -> playbooks.PlaybookResult:
+                return prepare.run_prepare(
+                    self.inventory_path, private_data_dir=self.private_data_dir, control_dir=self.control_dir,
+                    fingerprint_value=fingerprint, internal_key=key, fabric_env=self.fabric_env(),
+                    known_hosts=Path(self.inv.head.known_hosts) if self.inv.head.known_hosts else None,
+                    features=self.features, limit=names, python=prepare.python_env(self.cdir),
+                    fabric_head=self.inv.head.address, view=self.view(), wait=wait, on_installed=on_installed)
+
+            # Every node at once without waiting (a wait costs a connection reset and a probe per node),
+            # then a wait for those still booting, each prepared as soon as it answers.
+            result = play([n.name for n in nodes], wait=False)
+            booting = [h for h, why in result.unreachable_reasons.items() if not ssh.host_key_changed(why)]
+            if booting and result.error is None:
+                step.update(f"{len(installed)} of {len(nodes)} node(s) prepared; waiting for "
+                            f"{len(booting)} to accept SSH")
+                result = playbooks.merge_results(result, play(booting, wait=True), booting)
+        found = fabricrecord.record(self.cdir, self.inv, installed)  # also after a failure: what the nodes found
+        failed = {f.host for f in result.failures} | set(result.unreachable)
+        done = [n for n in nodes if n.name in installed and n.name not in failed]
+        if get_provider(self.inv.cloud).checks_console_host_keys:
+            self.check_console_host_keys(done)
+        if done and result.error is None:
+            prepare.record(self.cdir, self.inv, done, fingerprint)
+            prepare.record_features(self.cdir, self.features)
         if not result.ok:
-            prepare.forget(self.cdir)
             for host, reason in result.unreachable_reasons.items():
                 node = next((n for n in self.inv.nodes if n.name == host), None)
                 if node is not None and ssh.host_key_changed(reason):
+                    self.publish()
                     raise UserError(ssh.host_key_error(node))
+            self.publish()
             raise PrepareFailed(f"preparing the nodes failed: {describe_result(result)}")
-        if get_provider(self.inv.cloud).checks_console_host_keys:
-            self.check_console_host_keys()
         if found is not None:
             for line in fabricrecord.warnings(found, fabricrecord.expected_kind(self.inv.cloud, self._request())):
                 self.reporter.info(f"Fabric: {line}")
-        prepare.record(self.cdir, fingerprint)
-        prepare.record_features(self.cdir, self.features)
         self.publish()  # shared state: the prepare records and learned host keys
 
     def publish(self) -> None:
         """Leave the cluster's records in the state bucket (shared state only), for the next runner."""
         self.registry.publish(self.inv.cluster)
 
-    def check_console_host_keys(self) -> None:
+    def check_console_host_keys(self, nodes: Sequence[Node]) -> None:
         """The keys learned at first contact against those each instance printed to its console."""
         provider = get_provider(self.inv.cloud)
         unchecked = 0
-        for node in self.inv.nodes:
+        for node in nodes:
             if not node.known_hosts:
                 continue
             printed, bad = provider.console_host_keys(node.node_id, self.inv.region, Path(node.known_hosts),
@@ -185,7 +226,7 @@ class JobRunner:
                 continue
             if bad:
                 ssh.forget_host_keys(Path(node.known_hosts), {node.host_key_alias})
-                prepare.forget(self.cdir)
+                prepare.forget(self.cdir, [node])
                 raise UserError(f"{node.name} ({node.ssh_host}): the SSH host key gpuctl received ({bad[0]}) is not "
                                 f"one the instance printed to its console ({', '.join(sorted(printed))}); someone may "
                                 "be intercepting the connection, so no job was run")
@@ -215,6 +256,7 @@ class JobRunner:
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
         joblogs.mark_watching(inv.cluster, job.job_id)
         session: client.Session | None = None
+        timing = ExitStack()  # the job's phase, once the nodes are prepared
         try:
             task = jobenv.task_id(inv.cluster, job.job_id, _started_stamp())
             self.registry.update_job(inv.cluster, job.job_id, task_id=task)
@@ -222,10 +264,8 @@ class JobRunner:
             more = [f for f in needed if f not in self.features]
             self.features = needed
             fingerprint = self.fingerprint()
-            if prepare.recorded(self.cdir) != fingerprint:
-                self.prepare(fingerprint, "first job on this cluster" if prepare.recorded(self.cdir) is None
-                             else f"the job's cloud buckets need {' and '.join(more)}" if more
-                             else "gpuctl or the cluster changed")
+            self.ensure_prepared(fingerprint, f"the job's cloud buckets need {' and '.join(more)}" if more else None)
+            timing.enter_context(self.reporter.phase("job"))
             mounts = dict(spec.file_mounts) if sync_file_mounts else {}
             self.record_placed([*mounts, *(b.dest for b in spec.bucket_mounts)])
             rules = self.workdir_rules(spec)
@@ -259,11 +299,12 @@ class JobRunner:
                     if attempt == 2:
                         raise JobFailed(f"job {job.job_id}: the head ({inv.head.ssh_host}) did not take the job: "
                                         f"{exc}") from None
-                    self.prepare(fingerprint, f"the head's agent did not answer: {exc}")
+                    self.prepare(fingerprint, [inv.head], f"the head's agent did not answer: {exc}")
                     continue
                 if outcome is not None and outcome.status == "UNPREPARED" and attempt == 1:
-                    names = ", ".join(self.by_rank[r].name for r in outcome.ranks if r in self.by_rank)
-                    self.prepare(fingerprint, f"{names or 'a node'} not as prepared")
+                    stale = [self.by_rank[r] for r in outcome.ranks if r in self.by_rank] or list(inv.nodes)
+                    prepare.forget(self.cdir, stale)
+                    self.prepare(fingerprint, stale, f"{', '.join(n.name for n in stale)} not as prepared")
                     view.reset()
                     continue
                 break
@@ -282,6 +323,7 @@ class JobRunner:
             raise JobCancelled(f"job {job.job_id} cancelled (Ctrl-C); its processes were stopped on every node") \
                 from None
         finally:
+            timing.close()
             joblogs.unmark_watching(inv.cluster, job.job_id)
 
     def _payload(self, node_job: str, task: str, spec: JobSpec, job_nodes: Sequence[Node], fingerprint: str,
@@ -298,7 +340,7 @@ class JobRunner:
             setup=payload.stage_plan(spec.setup if run_setup else None, setup_env,
                                      hostfile_lines(inv.nodes)),
             run=payload.stage_plan(spec.run, run_env, hostfile_lines(job_nodes)),
-            sync=dests, grace=KILL_GRACE_S, container=container,
+            sync=dests, grace=KILL_GRACE_S, container=container, view=self.view(),
             buckets=buckets.payload_entries(spec.bucket_mounts),
             storage=buckets.storage_settings(spec.envs,
                                             default_region=get_provider(inv.cloud).bucket_region(inv.region)))

@@ -125,8 +125,17 @@ def node_name(rank: int) -> str:
     return "head" if rank == 0 else f"worker{rank}"
 
 
+def is_loopback(address: str) -> bool:
+    """A node on the controller's own loopback: an sshd process of the controller's user (local nodes
+    without root), whose home is the controller's."""
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
 def peer_port(node: Node) -> int:
-    """The port other nodes reach the node's sshd on (see the gpuctl_cluster_ssh role)."""
+    """The port other nodes reach the node's sshd on (the cluster view: configplane/clusterview.py)."""
     if node.peer_ssh_port is not None:
         return node.peer_ssh_port
     return node.ssh_port if node.ssh_host == node.address else 22

@@ -62,7 +62,8 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
         started = True
 
     with _changing(req.name, "gpuctl apply", reporter, registry), \
-            reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'"):
+            reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'",
+                           phase="provision"):
         try:
             inv = provisioner.provision(req, on_progress=reporter.info, on_start=record_start)
         except BaseException:

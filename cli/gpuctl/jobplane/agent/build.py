@@ -29,6 +29,7 @@ MODULES = (
     "jobplane/protocol.py",
     "jobplane/agent/procs.py",
     "jobplane/agent/jobdir.py",
+    "jobplane/agent/install.py",
     "jobplane/agent/containers.py",
     "jobplane/agent/stages.py",
     "jobplane/agent/follow.py",

@@ -8,11 +8,13 @@ from gpuctl.jobplane.agent.containers import cmd_container_stage
 from gpuctl.jobplane.agent.coordinator import cmd_attach, cmd_cancel, cmd_coordinate, cmd_job_status, cmd_submit
 from gpuctl.jobplane.agent.destinations import cmd_check_dest, cmd_claim
 from gpuctl.jobplane.agent.follow import cmd_follow
+from gpuctl.jobplane.agent.install import cmd_install
 from gpuctl.jobplane.agent.relay import cmd_relay
 from gpuctl.jobplane.agent.stages import cmd_kill, cmd_launch, cmd_status
 from gpuctl.jobplane.protocol import (
     CMD_ATTACH, CMD_CANCEL, CMD_CHECK_DEST, CMD_CLAIM, CMD_CONTAINER_STAGE, CMD_COORDINATE, CMD_FOLLOW,
-    CMD_JOB_STATUS, CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT, CMD_UNMOUNT_BUCKET, OFFSET_HEADER,
+    CMD_INSTALL, CMD_JOB_STATUS, CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT, CMD_UNMOUNT_BUCKET,
+    OFFSET_HEADER,
 )
 
 
@@ -89,6 +91,9 @@ def main(argv=None):
     p = sub.add_parser(CMD_JOB_STATUS, help="a job's outcome (job.json), or RUNNING / LOST")
     p.add_argument("job")
     p.set_defaults(func=cmd_job_status)
+
+    p = sub.add_parser(CMD_INSTALL, help="bring this node to the prepared state in the bundle on stdin")
+    p.set_defaults(func=cmd_install)
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -22,6 +22,7 @@ from gpuctl.jobplane.agent.buckets import NodeBuckets, bucket_tools_problem
 from gpuctl.jobplane.agent.containers import CONTAINER_FILE, container_config
 from gpuctl.jobplane.agent.destinations import claim_destinations, destinations_problem, release_claims
 from gpuctl.jobplane.agent.follow import LineReader, LocalStage, OUTPUT_HEADS, Out, ev
+from gpuctl.jobplane.agent.install import InstallError, write_view
 from gpuctl.jobplane.agent.jobdir import (
     FABRIC_ENV, Stage, cannot_write, dest_paths, job_dir, prepared_problem, remove, shell_quote, take_job_dir,
     write_private,
@@ -127,6 +128,7 @@ class Relay(object):
         self.ok = False
         self.closing = False  # `end` was sent: children closing now are not lost
         self.node_buckets = None  # this node's part of the bucket fetch (NodeBuckets)
+        self.view_problem = None  # learn_view's outcome: None not yet, "" written
         # Held open (never written) for as long as this process lives: each stage's supervisor
         # stops its stage when it reads EOF here (see _supervise). Not inherited across exec.
         self.lifeline, self._lifeline_w = os.pipe()
@@ -144,6 +146,10 @@ class Relay(object):
         problem = prepared_problem(self.payload.get("fingerprint"))
         if problem:
             self.emit(ev(EV_HELLO, self.rank, HELLO_UNPREPARED, problem))
+            return False
+        problem = self.learn_view()
+        if problem:
+            self.emit(ev(EV_HELLO, self.rank, HELLO_PROBLEM, problem))
             return False
         if self.rank != 0:  # the head's submit already made its job directory
             problem = take_job_dir(self.jobdir, self.payload.get("nonce"))
@@ -171,6 +177,17 @@ class Relay(object):
         self.emit(ev(EV_HELLO, self.rank, HELLO_OK))
         self.ok = True
         return True
+
+    def learn_view(self):
+        """Write the payload's cluster view (install.py) before this node connects on, once: peers
+        added or replaced since it was prepared. The problem, or None."""
+        if self.view_problem is None:
+            try:
+                write_view(self.payload.get("view"))
+                self.view_problem = ""
+            except (InstallError, OSError) as exc:
+                self.view_problem = "cannot write the cluster view: %s" % exc
+        return self.view_problem or None
 
     def prepare_container(self):
         """image_id docker:IMAGE: a container runtime that answers, and JOBDIR/container.json; the problem, or None."""
@@ -472,6 +489,8 @@ def cmd_relay(args):
     rank = payload["subtree"][0]
     relay = Relay(payload, secrets, rank, emit)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the parent's ssh going away shows as stdin EOF
+    if relay.subtree[1:] and not prepared_problem(payload.get("fingerprint")):
+        relay.learn_view()  # its children's host keys first; prepare_local reports a failure
     relay.spawn_children()
     try:
         if relay.prepare_local():

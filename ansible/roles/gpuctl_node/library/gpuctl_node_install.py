@@ -1,0 +1,74 @@
+#!/usr/bin/python
+"""Ansible module: bring a node to gpuctl's prepared state in one step (role gpuctl_node)."""
+
+DOCUMENTATION = r"""
+module: gpuctl_node_install
+short_description: Bring a node to gpuctl's prepared state in one step
+description:
+  - Runs the node agent's install step (C(gpuctl-node install), cli/gpuctl/jobplane/agent/install.py)
+    with O(bundle) on its stdin, in one module run per node.
+  - Each file is written only when its content differs (write, then rename), the fingerprint last.
+options:
+  bundle:
+    description: The agent's files, node-to-node SSH (public key and cluster view), the fabric probe's
+      settings and the fingerprint, as the role builds them.
+    type: dict
+    required: true
+  private_key:
+    description: The cluster's internal private key (kept out of the results and logs).
+    type: str
+    default: ""
+"""
+
+RETURN = r"""
+fabric:
+  description: The node's fabric as its probe found it (gpuctl-fabric-probe's JSON).
+  type: dict
+  returned: success
+hostname:
+  description: The node's hostname (uname -n).
+  type: str
+  returned: success
+"""
+
+import json
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+
+# Loads the agent from the bundle (nothing is written before everything was read) and runs its install.
+BOOTSTRAP = (
+    "import json, sys, types\n"
+    "bundle = json.load(sys.stdin)\n"
+    "agent = types.ModuleType('gpuctl_node')\n"
+    "exec(compile(bundle['files']['lib/gpuctl_node.py']['text'], 'gpuctl_node.py', 'exec'), agent.__dict__)\n"
+    "sys.exit(agent.install(bundle))\n"
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec={"bundle": {"type": "dict", "required": True},
+                                          "private_key": {"type": "str", "default": "", "no_log": True}})
+    bundle = dict(module.params["bundle"])
+    # Results carry no agent text and no key: what the node was given, in short.
+    shown = {"module_args": {"fingerprint": bundle.get("fingerprint"), "files": sorted(bundle.get("files") or {}),
+                             "ssh": bundle.get("ssh") is not None}}
+    if bundle.get("ssh") is not None:
+        bundle["ssh"] = dict(bundle["ssh"], key=module.params["private_key"])
+    rc, out, err = module.run_command([sys.executable, "-c", BOOTSTRAP], data=json.dumps(bundle),
+                                      binary_data=True)
+    if rc != 0:
+        lines = [ln for ln in (err or out or "").strip().splitlines() if ln.strip()]
+        module.fail_json(msg=" | ".join(lines[-3:]) or "gpuctl-node install: exit code %d" % rc, rc=rc,
+                         stderr=err, invocation=shown)
+    try:
+        result = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        module.fail_json(msg="gpuctl-node install printed no result", rc=rc, stdout=out, stderr=err,
+                         invocation=shown)
+    changed = bool(result.pop("changed", False))
+    module.exit_json(changed=changed, hostname=result.get("hostname", ""), fabric=result, invocation=shown)
+
+
+if __name__ == "__main__":
+    main()
