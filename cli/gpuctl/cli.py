@@ -386,7 +386,7 @@ def exec_(
 def _emit_job(command: str, registry: Registry, name: str, job: Any) -> None:
     """exec's JSON document: the job it ran (null if it never got an id)."""
     output.emit(command, {"ok": job is not None and job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
-                          "job": output.job_doc(job) if job is not None else None, "phases": phases or []})
+                          "job": output.job_doc(job) if job is not None else None})
 
 
 def _fmt_time(ts: float | None) -> str:

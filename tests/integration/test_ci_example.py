@@ -27,7 +27,7 @@ EXAMPLE = REPO / "examples" / "ci"
 BUCKET = "gpuctl-ci-example"
 # the keys of `apply --output json` (README: "Machine-readable output"); a job adds its own
 APPLY_KEYS = {"schema", "command", "ok", "cluster", "status", "cloud", "region", "zone", "num_nodes", "nodes",
-              "inventory", "job"}
+              "inventory", "job", "phases"}
 
 
 @pytest.fixture()

@@ -154,8 +154,7 @@ class JobRunner:
             known = [n for n in nodes if prepare.node_key(n) in records]
             why = ("first job on this cluster" if not records else
                    "gpuctl or the cluster changed" if known else
-                   f"new node{'s' if len(nodes) > 1 else ''} {', '.join(n.name for n in nodes[:8])}"
-                   + (", ..." if len(nodes) > 8 else ""))
+                   ", ".join(n.name for n in nodes[:8]) + (", ..." if len(nodes) > 8 else "") + " not prepared yet")
         self.prepare(fingerprint, nodes, why)
 
     def prepare(self, fingerprint: str, nodes: Sequence[Node], why: str) -> None:

@@ -1,0 +1,119 @@
+"""Bring-up on real local nodes (issue 23): a node is prepared in one install step, only the nodes
+that need it are prepared, and the others are left exactly as they were.
+
+One cluster, in order: a cold apply (phases and their controller CPU in `-o json`), a re-apply
+that prepares nothing, growing by one node, replacing one node (Terraform makes a new one in its
+place), and an install step that fails on one node. "Left as they were" is checked where it
+shows: each node's ~/.gpuctl/prepared keeps its mtime. Node-to-node SSH to the new and the
+replaced node works from the old nodes, whose view came with the job (configplane/clusterview.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from e2e import Cluster, NodeInfo, needs_local_nodes
+
+pytestmark = [pytest.mark.integration, needs_local_nodes]
+
+NAME = "bup"
+
+
+class Bringup:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cluster = Cluster(NAME, root / "state")
+
+    def task(self, num_nodes: int) -> str:
+        path = self.root / f"c{num_nodes}.yaml"
+        path.write_text(f"name: {NAME}\nnum_nodes: {num_nodes}\nresources:\n  infra: local\nrun: hostname\n")
+        return str(path)
+
+    def prepared_mtimes(self, nodes: list[NodeInfo]) -> dict[str, str]:
+        """Each node's ~/.gpuctl/prepared: its mtime in nanoseconds and content."""
+        return {n.name: self.cluster.ssh(n, "stat -c %.9Y ~/.gpuctl/prepared; cat ~/.gpuctl/prepared").stdout
+                for n in nodes}
+
+    def records(self) -> dict[str, str]:
+        return json.loads((self.cluster.cdir / "prepared.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def bu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bringup]:
+    b = Bringup(tmp_path_factory.mktemp("bringup"))
+    try:
+        yield b
+    finally:
+        b.cluster.down_quietly()
+
+
+def test_cold_apply_reports_its_phases_and_a_reapply_prepares_nothing(bu: Bringup):
+    res = bu.cluster.gpuctl("apply", bu.task(2), "-o", "json").check()
+    doc = json.loads(res.stdout)
+    phases = {p["phase"]: p for p in doc["phases"]}
+    assert list(phases) == ["provision", "prepare", "job"], doc["phases"]
+    assert all(p["seconds"] > 0 and p["controller_cpu_s"] >= 0 for p in phases.values())
+    assert "Preparing 2 node(s) (first job on this cluster)" in res.stderr, res.describe()
+    assert len(bu.records()) == 2 and len(set(bu.records().values())) == 1
+    before = bu.prepared_mtimes(bu.cluster.nodes())
+    again = bu.cluster.gpuctl("apply", bu.task(2), "-o", "json").check()
+    assert "Preparing" not in again.stderr, again.describe()
+    assert [p["phase"] for p in json.loads(again.stdout)["phases"]] == ["provision", "job"]
+    assert bu.prepared_mtimes(bu.cluster.nodes()) == before
+
+
+def test_growing_prepares_only_the_new_node(bu: Bringup):
+    old = bu.cluster.nodes()
+    before = bu.prepared_mtimes(old)
+    res = bu.cluster.gpuctl("apply", bu.task(3)).check()
+    assert "Preparing 1 of 3 node(s) (worker2 not prepared yet)" in res.stdout, res.describe()
+    assert bu.prepared_mtimes(old) == before  # the old nodes' prepared state was not touched
+    head, _, w2 = bu.cluster.nodes()
+    assert f"(worker2, rank=2) {NAME}-2" in res.stdout.splitlines(), res.describe()
+    # the head learned the new node (address, host key) from the job, not from a prepare
+    assert bu.cluster.ssh(head, "ssh worker2 hostname").stdout.strip() == f"{NAME}-2"
+    assert len(bu.records()) == 3
+
+
+def test_replacing_one_node_prepares_it_alone(bu: Bringup):
+    head, w1, w2 = bu.cluster.nodes()
+    before = bu.prepared_mtimes([head, w2])
+    old_records = bu.records()
+    tf = bu.cluster.cdir / "terraform"
+    subprocess.run(["terraform", f"-chdir={tf}", "apply", "-auto-approve", "-input=false", "-no-color",
+                    "-replace=module.cluster.terraform_data.node[1]"], check=True, capture_output=True,
+                   env=os.environ, timeout=300)
+    res = bu.cluster.gpuctl("apply", bu.task(3)).check()
+    assert "Preparing 1 of 3 node(s) (worker1 not prepared yet)" in res.stdout, res.describe()
+    assert bu.prepared_mtimes([head, w2]) == before
+    records = bu.records()
+    assert len(records) == 3 and set(records) != set(old_records)  # worker1 is a new node (new id)
+    head, w1, w2 = bu.cluster.nodes()
+    # its new host key reached the other nodes with the job: checked strictly, no prompt
+    assert bu.cluster.ssh(w2, "ssh worker1 hostname").stdout.strip() == f"{NAME}-1"
+
+
+def test_a_failed_install_names_the_node_and_keeps_the_others(bu: Bringup):
+    head, w1, w2 = bu.cluster.nodes()
+    before = bu.prepared_mtimes([head, w1])
+    # A file where the agent's directory goes: the install step cannot write there.
+    bu.cluster.ssh(w2, "rm -rf ~/.gpuctl && echo in-the-way > ~/.gpuctl")
+    res = bu.cluster.gpuctl("exec", NAME, "--", "true")
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.describe()
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "worker2" in errors[0] and "gpuctl-node install" in errors[0], res.describe()
+    assert "Preparing 1 of 3 node(s) (worker2 not as prepared)" in res.stdout, res.describe()
+    assert bu.prepared_mtimes([head, w1]) == before
+    records = bu.records()
+    assert len(records) == 2  # worker2 is not recorded as prepared: the next job prepares it, and only it
+    bu.cluster.ssh(w2, "rm -f ~/.gpuctl")
+    again = bu.cluster.gpuctl("exec", NAME, "--", "hostname").check()
+    assert "Preparing 1 of 3 node(s) (worker2 not prepared yet)" in again.stdout, again.describe()
+    assert f"(worker2, rank=2) {NAME}-2" in again.stdout.splitlines()
+    assert bu.prepared_mtimes([head, w1]) == before
