@@ -1,4 +1,4 @@
-"""Node-to-node SSH with the cluster's internal key (role gpuctl_cluster_ssh, in wait.yml).
+"""Node-to-node SSH with the cluster's internal key (role gpuctl_node's install step, in wait.yml).
 
 Part 1 runs wait.yml on three real sshd test hosts (tests/testhosts.py: own
 network namespace and home each) and checks, from inside the nodes, that every
@@ -36,10 +36,8 @@ from gpuctl.provision.sshkeys import ensure_internal_key
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-ROLE_TASKS = {  # the role's task names, as ansible-runner events report them
-    "Read the node's hostname", "Render the cluster's Host entries once for every node", "Create the SSH directory",
-    "Install the cluster's private key", "Authorize the cluster's key",
-    "Write the cluster's Host entries into the SSH client config",
+ROLE_TASKS = {  # the role's task that writes node state, as ansible-runner events report it
+    "Install the node's prepared state (agent, node-to-node SSH, fabric env, fingerprint)",
 }
 USER_CONFIG = "ConnectionAttempts 3\n\nHost userhost\n  User someone\n  Port 2222\n"
 

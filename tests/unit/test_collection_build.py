@@ -59,6 +59,7 @@ def test_playbooks_roles_agent_and_readme_inside(tarball: Path) -> None:
         assert f"playbooks/{playbook}" in members, playbook
     for role in sorted(p.name for p in (ANSIBLE / "roles").iterdir()):
         assert f"roles/{role}/tasks/main.yml" in members, role
+    assert "plugins/modules/gpuctl_node_install.py" in members  # the install step's module
     # The agent and probe are links into cli/gpuctl/ in the repository: the tarball holds the files
     # (the agent's command gpuctl-node, which imports it, is the role's own).
     for name in ("roles/gpuctl_node/files/gpuctl-node", "roles/gpuctl_node/files/gpuctl_node.py",

@@ -40,7 +40,8 @@ from gpuctl.provision.inventory import Inventory, Node
 
 AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "gpuctl_node.py"  # built by `make agent`
 # The parts of the Ansible tree that shape a prepared node.
-_PREPARE_TREE = ("playbooks/prepare.yml", "roles/gpuctl_node", "roles/gpuctl_sshd_limits", "roles/gpuctl_storage",
+_PREPARE_TREE = ("playbooks/prepare.yml", "plugins/modules", "roles/gpuctl_node", "roles/gpuctl_sshd_limits",
+                 "roles/gpuctl_storage",
                  "roles/gpuctl_python")
 RECORD_FILE = "prepared.json"  # {node key: fingerprint}, on the controller
 INSTALL_TASK = "Install the node's prepared state (agent, node-to-node SSH, fabric env, fingerprint)"

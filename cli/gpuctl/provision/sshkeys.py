@@ -3,8 +3,8 @@
 - the access key (`ssh/id_ed25519`): how the controller logs in to the nodes;
   its public half goes to Terraform (`ssh_public_key`).
 - the internal key (`ssh/internal_ed25519`): how the nodes log in to each
-  other (head-only launchers: DeepSpeed, mpirun, pdsh). The
-  `gpuctl_cluster_ssh` role copies it to every node as `~/.ssh/gpuctl_cluster`
+  other (head-only launchers: DeepSpeed, mpirun, pdsh). The prepare play's
+  install step (role gpuctl_node) puts it on every node as `~/.ssh/gpuctl_cluster`
   and authorizes it there. Every node holds it (any job there can read it),
   so it is kept apart from the access key: the access key never leaves the
   controller, and the internal one is authorized only on this cluster's nodes.

@@ -380,7 +380,9 @@ class LocalProvider(BaseProvider):
 
     def check(self, req: ClusterRequest) -> None:
         if not 1 <= req.num_nodes <= MAX_NODES:
-            raise UserError(f"num_nodes {req.num_nodes}: infra local supports 1 to {MAX_NODES} nodes")
+            raise UserError(f"num_nodes {req.num_nodes}: infra local supports 1 to {MAX_NODES} nodes (each cluster "
+                            "gets one /24 subnet: 256 addresses less the network, the bridge and broadcast); "
+                            f"lower num_nodes or use infra aws")
         _check_state_dir(nodes_dir(cluster_dir_of(req.name).resolve()))
 
     def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:

@@ -210,6 +210,9 @@ netns_up() {
   ip link show dev "$LN_BRIDGE" >/dev/null 2>&1 || die "bridge $LN_BRIDGE is missing (terraform_data.bridge makes it); run apply again"
   ip netns add "$LN_NETNS"
   ip link add "$LN_VETH" type veth peer name eth0 netns "$LN_NETNS"
+  # The MAC follows the address (02: locally administered, then the IPv4 bytes): a node replaced at
+  # the same address keeps it, so the other nodes' neighbour caches stay right.
+  ip -n "$LN_NETNS" link set dev eth0 address "$(printf '02:00:%02x:%02x:%02x:%02x' ${LN_ADDR//./ })"
   ip -n "$LN_NETNS" addr add "$LN_ADDR/$LN_PREFIX_LEN" dev eth0
   ip -n "$LN_NETNS" link set dev eth0 up
   ip -n "$LN_NETNS" link set dev lo up
