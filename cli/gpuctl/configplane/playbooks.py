@@ -19,7 +19,10 @@ contract, produced by the job layer (jobplane/runner.py):
     gpuctl_run_hosts       inventory names of the job's nodes
     gpuctl_internal_key    local path of the cluster's internal private key (wait.yml: node-to-node SSH), or None
   optional: gpuctl_wait_timeout (s, default 600), gpuctl_stages / gpuctl_grace (kill.yml),
-            gpuctl_features (prepare.yml: [rclone, fuse], the bucket tools; default none)
+            gpuctl_features (prepare.yml: [rclone, fuse], the bucket tools; default none),
+            gpuctl_node_wait (prepare.yml: wait for SSH first; default true),
+            gpuctl_agent_files / gpuctl_cluster_view (prepare.yml: the install step's files, read
+            once, and the cluster view, configplane/prepare.py and clusterview.py)
 
 Secrets never go through extravars: only the file's path does, and the copy
 task is `no_log`. Extravars go in a 0600 YAML file (`-e @file`, deleted after

@@ -35,10 +35,10 @@ NODE_CONTROL_DIR = "~/.gpuctl/cm"  # made by the prepare play
 # destinations of other mounts inside the workdir left alone).
 WORKDIR_RSYNC_BASE = ("--delete-after", "--exclude=.git")
 
-KNOWN_HOSTS_ON_NODE = "~/.ssh/gpuctl_known_hosts"  # the controller's, copied by prepare
+KNOWN_HOSTS_ON_NODE = "~/.ssh/gpuctl_known_hosts"  # the controller's: given at prepare and by every job (view)
 PEER_SSH_OPTIONS = (
     "BatchMode=yes",
-    # Keys are known before a job (prepare copied them): a different one is refused.
+    # Keys are known before a node connects on (the job's view): a different one is refused.
     "StrictHostKeyChecking=yes",
     "GlobalKnownHostsFile=/dev/null",
     "LogLevel=ERROR",
