@@ -15,6 +15,7 @@ import pytest
 
 from gpuctl.common.paths import ansible_dir
 from gpuctl.configplane import fabricprobe, fabricrecord, playbooks, prepare
+from gpuctl.jobplane import gpuctl_node as agent
 from gpuctl.providers import get_provider
 from gpuctl.providers.aws.catalog import GPUDIRECT_RDMA_FAMILIES
 from gpuctl.providers.aws.provider import efa_fabric_env
@@ -394,8 +395,9 @@ def test_run_prepare_passes_the_probe_its_settings(tmp_path: Path, monkeypatch: 
     assert (ev["gpuctl_fabric_head"], ev["gpuctl_fabric_instance_type"]) == ("10.0.0.2", "p5.48xlarge")
     assert ev["gpuctl_fabric_env"] == settings["fallback_env"]
     # the agent's files, read once for every node: what the role would read from its files/
-    assert ev["gpuctl_agent_files"]["lib/gpuctl-fabric-probe"]["text"] == Path(fabricprobe.__file__).read_text()
-    assert ev["gpuctl_agent_files"]["lib/gpuctl_node.py"]["text"] == prepare.AGENT.read_text()
+    files = ev["gpuctl_agent_files"]
+    assert agent.file_text(files["lib/gpuctl-fabric-probe"]) == Path(fabricprobe.__file__).read_text()
+    assert agent.file_text(files["lib/gpuctl_node.py"]) == prepare.AGENT.read_text()
 
 
 # -- the controller's record and status ---------------------------------------------------------

@@ -38,10 +38,12 @@ from ansible.module_utils.basic import AnsibleModule
 
 # Loads the agent from the bundle (nothing is written before everything was read) and runs its install.
 BOOTSTRAP = (
-    "import json, sys, types\n"
+    "import base64, json, sys, types, zlib\n"
     "bundle = json.load(sys.stdin)\n"
+    "entry = bundle['files']['lib/gpuctl_node.py']\n"
+    "text = zlib.decompress(base64.b64decode(entry['zdata'])) if 'zdata' in entry else entry['text']\n"
     "agent = types.ModuleType('gpuctl_node')\n"
-    "exec(compile(bundle['files']['lib/gpuctl_node.py']['text'], 'gpuctl_node.py', 'exec'), agent.__dict__)\n"
+    "exec(compile(text, 'gpuctl_node.py', 'exec'), agent.__dict__)\n"
     "sys.exit(agent.install(bundle))\n"
 )
 

@@ -302,6 +302,7 @@ def run_playbook(
     timeout: int | None = None,
     cancel: threading.Event | None = None,
     on_event: Callable[[Mapping[str, Any]], None] | None = None,
+    skip_tags: Iterable[str] = (),
 ) -> PlaybookResult:
     """Run playbook `name` ("setup" or "setup.yml") against `inventory`.
 
@@ -310,7 +311,8 @@ def run_playbook(
     ControlMaster sockets, shortened by ssh.control_dir_for if the path is too
     long. `timeout` (s) and `cancel` stop ansible-playbook (not processes it
     started on nodes: use kill.yml or jobplane.client.kill_stage for those).
-    `on_event` sees each ansible-runner event as it arrives (progress, results).
+    `on_event` sees each ansible-runner event as it arrives (progress, results). `skip_tags`: tasks
+    left out before they reach any host (a task skipped by its `when` still costs a fork per host).
     """
     import ansible_runner  # here, not at import: a job on a prepared cluster never needs it
 
@@ -356,6 +358,7 @@ def run_playbook(
             # handlers of its own (main thread) and never restores ours.
             cancel_callback=cancel.is_set if cancel is not None else _never,
             event_handler=_keeping(on_event) if on_event is not None else None,
+            skip_tags=",".join(skip_tags) or None,
         )
     finally:
         vars_file.unlink(missing_ok=True)

@@ -27,9 +27,11 @@ controller's own Python.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -52,9 +54,12 @@ def agent_files() -> dict[str, dict[str, str]]:
     """What the install step puts under ~/.gpuctl, read once for every node (role gpuctl_node reads
     the same files from its files/ when run without gpuctl)."""
     files = ansible_dir() / "roles" / "gpuctl_node" / "files"
-    return {"lib/gpuctl_node.py": {"mode": "0644", "text": AGENT.read_text()},
-            "bin/gpuctl-node": {"mode": "0755", "text": (files / "gpuctl-node").read_text()},
-            "lib/gpuctl-fabric-probe": {"mode": "0755", "text": (files / "gpuctl-fabric-probe").read_text()}}
+
+    def packed(path: Path, mode: str) -> dict[str, str]:  # zlib + base64: each node's module run carries a third
+        return {"mode": mode, "zdata": base64.b64encode(zlib.compress(path.read_bytes(), 9)).decode()}
+
+    return {"lib/gpuctl_node.py": packed(AGENT, "0644"), "bin/gpuctl-node": packed(files / "gpuctl-node", "0755"),
+            "lib/gpuctl-fabric-probe": packed(files / "gpuctl-fabric-probe", "0755")}
 
 
 def _tree_bytes() -> list[tuple[str, bytes]]:
@@ -217,13 +222,14 @@ def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Pa
                 internal_key: Path, fabric_env: Mapping[str, Any], known_hosts: Path | None = None,
                 limit: list[str] | None = None, features: Sequence[str] = (),
                 python: Mapping[str, Any] | None = None, fabric_head: str = "",
-                view: Mapping[str, Any] | None = None, wait: bool = True,
+                view: Mapping[str, Any] | None = None, wait: bool = True, manages_sshd: bool = True,
                 on_installed: Callable[[str, Mapping[str, Any]], None] | None = None) -> playbooks.PlaybookResult:
     """The prepare play on the hosts in `limit` (None: all). `fabric_env`: fabricrecord.probe_settings;
     `fabric_head`: the address whose route names NCCL_SOCKET_IFNAME; `view`: clusterview.cluster_view
     (None: the role builds one from the inventory); `wait`: wait up to wait_timeout() for each node to
-    accept SSH (False: a node that does not answer at once is unreachable). `on_installed(host, result)`
-    as each node's install step succeeds, with its probe's result and hostname."""
+    accept SSH (False: a node that does not answer at once is unreachable); `manages_sshd`: raise the
+    nodes' sshd limits (False on local nodes, whose sshd config is their own). `on_installed(host,
+    result)` as each node's install step succeeds, with its probe's result and hostname."""
     extravars = {
         "gpuctl_node_wait": wait,
         "gpuctl_agent_files": agent_files(),
@@ -249,5 +255,10 @@ def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Pa
             res = data.get("res") or {}
             on_installed(str(data.get("host")), {**(res.get("fabric") or {}), "hostname": res.get("hostname", "")})
 
+    # What does not apply is left out by its tag: the node pays for the install step alone.
+    skip = [tag for tag, applies in (("gpuctl_wait", wait), ("gpuctl_sshd_limits", manages_sshd),
+                                     ("gpuctl_storage", bool(features)), ("gpuctl_python", bool(python)))
+            if not applies]
     return playbooks.run_playbook("prepare.yml", inventory=inventory_path, private_data_dir=private_data_dir,
-                                  extravars=extravars, control_dir=control_dir, limit=limit, on_event=on_event)
+                                  extravars=extravars, control_dir=control_dir, limit=limit, on_event=on_event,
+                                  skip_tags=skip)

@@ -176,7 +176,8 @@ class JobRunner:
                     fingerprint_value=fingerprint, internal_key=key, fabric_env=self.fabric_env(),
                     known_hosts=Path(self.inv.head.known_hosts) if self.inv.head.known_hosts else None,
                     features=self.features, limit=names, python=prepare.python_env(self.cdir),
-                    fabric_head=self.inv.head.address, view=self.view(), wait=wait, on_installed=on_installed)
+                    fabric_head=self.inv.head.address, view=self.view(), wait=wait,
+                    manages_sshd=not get_provider(self.inv.cloud).local, on_installed=on_installed)
 
             # Every node at once without waiting (a wait costs a connection reset and a probe per node),
             # then a wait for those still booting, each prepared as soon as it answers.

@@ -15,12 +15,14 @@ others learn of them from the next job.
 Prints one JSON line: the probe's result, `hostname` and `changed`.
 """
 
+import base64
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import zlib
 
 from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, PREPARED_FILE, read_text
 
@@ -177,8 +179,15 @@ def install_files(bundle):
             changed = True
     for rel in AGENT_FILES:
         entry = bundle["files"][rel]
-        changed |= write_if_changed(os.path.join(GPUCTL_DIR, rel), entry["text"], int(entry["mode"], 8))
+        changed |= write_if_changed(os.path.join(GPUCTL_DIR, rel), file_text(entry), int(entry["mode"], 8))
     return changed
+
+
+def file_text(entry):
+    """A bundle file's text: `text` as it is, or `zdata` (zlib, then base64: a third of the bytes)."""
+    if "zdata" in entry:
+        return zlib.decompress(base64.b64decode(entry["zdata"])).decode("utf-8")
+    return entry["text"]
 
 
 def check_tools():
