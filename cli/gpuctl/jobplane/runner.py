@@ -186,7 +186,8 @@ class JobRunner:
             if booting and result.error is None:
                 step.update(f"{len(installed)} of {len(nodes)} node(s) prepared; waiting for "
                             f"{len(booting)} to accept SSH")
-                result = playbooks.merge_results(result, play(booting, wait=True), booting)
+                with self.reporter.phase("wait"):  # within prepare: the nodes still booting, each prepared on answering
+                    result = playbooks.merge_results(result, play(booting, wait=True), booting)
         found = fabricrecord.record(self.cdir, self.inv, installed)  # also after a failure: what the nodes found
         failed = {f.host for f in result.failures} | set(result.unreachable)
         done = [n for n in nodes if n.name in installed and n.name not in failed]
