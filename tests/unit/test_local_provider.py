@@ -73,7 +73,7 @@ def test_root_config_calls_the_packaged_module_and_passes_the_contract_through(
     assert call["state_dir"] == str(cdir.resolve() / "nodes")
     assert call["node_path"].split(":")[0] == os.path.dirname(os.path.abspath(sys.executable))
     if mode == "netns":
-        assert ipaddress.ip_network(call["subnet_cidr"]).prefixlen == 24 and "base_port" not in call
+        assert ipaddress.ip_network(call["subnet_cidr"]).prefixlen == 23 and "base_port" not in call
         assert call["ssh_user"] == "root"
     else:
         assert local_provider.PORT_RANGE[0] <= call["base_port"] < local_provider.PORT_RANGE[1] and "subnet_cidr" not in call
@@ -122,9 +122,25 @@ def test_get_provider_names_unknown_clouds() -> None:
     assert get_provider("local").name == "local"
 
 
-def test_local_prepare_rejects_too_many_nodes() -> None:
-    with pytest.raises(UserError, match="num_nodes 254: infra local supports 1 to 253 nodes"):
+def test_local_prepare_rejects_too_many_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv(local_provider.MODE_ENV, "loopback")
+    with pytest.raises(UserError, match=r"num_nodes 254: infra local supports 1 to 253 nodes in loopback mode "
+                                        r"\(its ports: a block of 256 per cluster\); lower num_nodes or use infra aws"):
         get_provider("local").prepare(ClusterRequest(name="big", num_nodes=254, cloud="local"))
+    monkeypatch.setenv(local_provider.MODE_ENV, "netns")
+    if os.geteuid() == 0:
+        with pytest.raises(UserError, match=r"supports 1 to 509 nodes in netns mode \(its subnet: a /23 holds"):
+            get_provider("local").prepare(ClusterRequest(name="big", num_nodes=510, cloud="local"))
+    # A cluster made with a /24 before keeps it, and says how to get more.
+    cdir = tmp_path / "clusters" / "old"
+    cdir.mkdir(parents=True)
+    (cdir / local_provider.ALLOCATION_FILE).write_text(
+        local_provider.Allocation("netns", "root", "/usr/bin:/bin", subnet_cidr="10.213.7.0/24").to_json())
+    with pytest.raises(UserError, match=r"supports 1 to 253 nodes in this cluster \(its subnet 10.213.7.0/24 holds "
+                                        r"the bridge and 253 nodes\); a cluster made before holds fewer: make a new one"):
+        get_provider("local").check(ClusterRequest(name="old", num_nodes=300, cloud="local"))
+    get_provider("local").check(ClusterRequest(name="old", num_nodes=253, cloud="local"))
 
 
 def test_state_dir_with_spaces_is_a_user_error(tmp_path: Path) -> None:
@@ -151,26 +167,26 @@ def test_subnet_allocation_skips_used_networks_and_other_clusters(tmp_path: Path
     used = [net("10.213.0.0/24"), net("10.213.1.128/25"), net("192.168.0.0/16")]
     a = local_provider.allocate(tmp_path / "a", num_nodes=2, mode="netns", used=used)
     b = local_provider.allocate(tmp_path / "b", num_nodes=2, mode="netns", used=used)
-    assert a.subnet_cidr == "10.213.2.0/24"  # .0 used, .1 overlaps a /25 route
-    assert b.subnet_cidr == "10.213.3.0/24"  # .2 is reserved by cluster a
+    assert a.subnet_cidr == "10.213.2.0/23"  # .0/23 overlaps a used /24 and a /25 route
+    assert b.subnet_cidr == "10.213.4.0/23"  # .2/23 is reserved by cluster a
     # Stable: the same cluster gets the same subnet even when the world changed.
     assert local_provider.allocate(tmp_path / "a", num_nodes=5, mode="netns", used=[]) == a
-    assert json.loads((tmp_path / "a" / "local.json").read_text())["subnet_cidr"] == "10.213.2.0/24"
+    assert json.loads((tmp_path / "a" / "local.json").read_text())["subnet_cidr"] == "10.213.2.0/23"
     # A cluster that is gone frees its subnet.
     shutil.rmtree(tmp_path / "a")
     c = local_provider.allocate(tmp_path / "c", num_nodes=2, mode="netns", used=used)
-    assert c.subnet_cidr == "10.213.2.0/24"
+    assert c.subnet_cidr == "10.213.2.0/23"
     # release() frees it at once.
     local_provider.release(tmp_path / "c")
     d = local_provider.allocate(tmp_path / "d", num_nodes=2, mode="netns", used=used)
-    assert d.subnet_cidr == "10.213.2.0/24"
+    assert d.subnet_cidr == "10.213.2.0/23"
 
 
 def test_subnet_pool_exhaustion_and_bad_pool_are_user_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(local_provider.POOL_ENV, "10.99.0.0/23")
-    local_provider.allocate(tmp_path / "a", num_nodes=1, mode="netns", used=[net("10.99.1.0/24")])
-    with pytest.raises(UserError, match=r"no free /24 left in 10.99.0.0/23"):
-        local_provider.allocate(tmp_path / "b", num_nodes=1, mode="netns", used=[net("10.99.1.0/24")])
+    monkeypatch.setenv(local_provider.POOL_ENV, "10.99.0.0/22")
+    local_provider.allocate(tmp_path / "a", num_nodes=1, mode="netns", used=[net("10.99.3.0/24")])
+    with pytest.raises(UserError, match=r"no free /23 left in 10.99.0.0/22"):
+        local_provider.allocate(tmp_path / "b", num_nodes=1, mode="netns", used=[net("10.99.3.0/24")])
     monkeypatch.setenv(local_provider.POOL_ENV, "8.8.0.0/16")
     with pytest.raises(UserError, match="GPUCTL_LOCAL_SUBNET_POOL=8.8.0.0/16: use a private IPv4 range"):
         local_provider.allocate(tmp_path / "c", num_nodes=1, mode="netns", used=[])

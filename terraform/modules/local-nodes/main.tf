@@ -20,6 +20,7 @@ locals {
 
   bridge      = "gb${local.key}"
   bridge_addr = cidrhost(var.subnet_cidr, 1)
+  prefix_len  = tonumber(split("/", var.subnet_cidr)[1])
 
   nodes = [for i in range(var.node_count) : {
     index   = i
@@ -43,7 +44,7 @@ resource "terraform_data" "bridge" {
   triggers_replace = {
     bridge     = local.bridge
     address    = local.bridge_addr
-    prefix_len = 24
+    prefix_len = local.prefix_len
     state_dir  = var.state_dir
   }
 
@@ -77,7 +78,7 @@ resource "terraform_data" "node" {
     mode         = var.mode
     state_dir    = var.state_dir
     bridge       = local.netns ? local.bridge : ""
-    prefix_len   = 24
+    prefix_len   = local.prefix_len
     user         = var.ssh_user
     public_key   = trimspace(var.ssh_public_key)
     node_path    = var.node_path
@@ -88,6 +89,14 @@ resource "terraform_data" "node" {
     precondition {
       condition     = local.netns || var.base_port + var.node_count - 1 <= 65535
       error_message = "loopback mode: base_port + node_count - 1 must be a port (<= 65535); lower base_port."
+    }
+    precondition {
+      condition     = !local.netns || var.node_count <= pow(2, 32 - local.prefix_len) - 3
+      error_message = "netns mode: subnet_cidr holds the bridge and 253 nodes (/24) or 509 (/23); give a /23 or fewer nodes."
+    }
+    precondition {
+      condition     = local.netns || var.node_count <= 253
+      error_message = "loopback mode: at most 253 nodes (gpuctl gives each loopback cluster a block of 256 ports)."
     }
   }
 

@@ -15,8 +15,8 @@ variable "node_count" {
   nullable    = false
 
   validation {
-    condition     = var.node_count >= 1 && var.node_count <= 253 && floor(var.node_count) == var.node_count
-    error_message = "node_count must be a whole number from 1 to 253 (one /24 holds the bridge and 253 nodes)."
+    condition     = var.node_count >= 1 && var.node_count <= 509 && floor(var.node_count) == var.node_count
+    error_message = "node_count must be a whole number from 1 to 509 (a /23 holds the bridge and 509 nodes; a /24, 253)."
   }
 }
 
@@ -44,17 +44,18 @@ variable "mode" {
 }
 
 variable "subnet_cidr" {
-  description = "netns mode: the cluster's private /24; the bridge takes .1, node i takes .(i+2). Pick one no interface on this machine uses."
+  description = "netns mode: the cluster's private /23 or /24; the bridge takes its first address, node i the (i+2)th. Pick one no interface on this machine uses."
   type        = string
   default     = "10.213.0.0/24"
   nullable    = false
 
   validation {
     condition = (
-      can(regex("^(10\\.[0-9]{1,3}|172\\.(1[6-9]|2[0-9]|3[01])|192\\.168)\\.[0-9]{1,3}\\.0/24$", var.subnet_cidr))
+      can(regex("^(10\\.[0-9]{1,3}|172\\.(1[6-9]|2[0-9]|3[01])|192\\.168)\\.[0-9]{1,3}\\.0/2[34]$", var.subnet_cidr))
       && can(cidrhost(var.subnet_cidr, 1))
+      && try(cidrhost(var.subnet_cidr, 0) == split("/", var.subnet_cidr)[0], false)
     )
-    error_message = "subnet_cidr must be a private /24 network address (10.x.y.0/24, 172.16-31.y.0/24 or 192.168.y.0/24), e.g. 10.213.7.0/24."
+    error_message = "subnet_cidr must be a private /23 or /24 network address (10.x.y.0, 172.16-31.y.0 or 192.168.y.0; y even for a /23), e.g. 10.213.6.0/23."
   }
 }
 

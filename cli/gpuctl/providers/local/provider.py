@@ -50,11 +50,14 @@ MODE_ENV = "GPUCTL_LOCAL_MODE"
 POOL_ENV = "GPUCTL_LOCAL_SUBNET_POOL"
 REGISTRY_ENV = "GPUCTL_LOCAL_REGISTRY"
 DEFAULT_POOL = "10.213.0.0/16"
-PORT_BLOCK = 256  # ports per loopback cluster: room to grow to the module's 253 nodes
+PORT_BLOCK = 256  # ports per loopback cluster: room to grow to 253 nodes
 PORT_RANGE = (20000, 32768)  # below Linux's default ephemeral port range
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ALLOCATION_FILE = "local.json"
-MAX_NODES = 253
+# A netns cluster gets a /23 (the bridge and 509 nodes; clusters made before kept their /24: 253);
+# a loopback cluster a block of PORT_BLOCK ports.
+SUBNET_PREFIX = 23
+MAX_NODES = {"netns": 509, "loopback": 253}
 # What the module's variable validations accept for paths (no spaces, quotes or ':').
 _SAFE_PATH = re.compile(r"^(/[A-Za-z0-9._+@-]+)+$")
 
@@ -142,8 +145,9 @@ def subnet_pool() -> ipaddress.IPv4Network:
         pool = ipaddress.ip_network(text)
     except ValueError:
         raise UserError(f"{POOL_ENV}={text}: not a network such as 10.213.0.0/16") from None
-    if not isinstance(pool, ipaddress.IPv4Network) or not pool.is_private or pool.prefixlen > 24:
-        raise UserError(f"{POOL_ENV}={text}: use a private IPv4 range of /24 or larger, e.g. 10.213.0.0/16")
+    if not isinstance(pool, ipaddress.IPv4Network) or not pool.is_private or pool.prefixlen > SUBNET_PREFIX:
+        raise UserError(f"{POOL_ENV}={text}: use a private IPv4 range of /{SUBNET_PREFIX} or larger, "
+                        "e.g. 10.213.0.0/16")
     return pool
 
 
@@ -290,7 +294,7 @@ def allocate(
         if mode == "netns":
             taken = list(used_networks() if used is None else used)
             pool = subnet_pool()
-            for net in pool.subnets(new_prefix=24):
+            for net in pool.subnets(new_prefix=SUBNET_PREFIX):
                 if any(net.overlaps(u) for u in taken):
                     continue
                 candidate = Allocation("netns", user, node_path(), keep, subnet_cidr=str(net))
@@ -298,8 +302,8 @@ def allocate(
                     chosen = candidate
                     break
             if chosen is None:
-                raise UserError(f"no free /24 left in {pool} for local nodes; tear down clusters you no longer "
-                                f"need (gpuctl down NAME) or set {POOL_ENV} to another private range")
+                raise UserError(f"no free /{SUBNET_PREFIX} left in {pool} for local nodes; tear down clusters you "
+                                f"no longer need (gpuctl down NAME) or set {POOL_ENV} to another private range")
         else:
             for base in range(PORT_RANGE[0], PORT_RANGE[1], PORT_BLOCK):
                 candidate = Allocation("loopback", user, node_path(), keep, base_port=base)
@@ -379,11 +383,21 @@ class LocalProvider(BaseProvider):
         return lines
 
     def check(self, req: ClusterRequest) -> None:
-        if not 1 <= req.num_nodes <= MAX_NODES:
-            raise UserError(f"num_nodes {req.num_nodes}: infra local supports 1 to {MAX_NODES} nodes (each cluster "
-                            "gets one /24 subnet: 256 addresses less the network, the bridge and broadcast); "
-                            f"lower num_nodes or use infra aws")
-        _check_state_dir(nodes_dir(cluster_dir_of(req.name).resolve()))
+        cdir = cluster_dir_of(req.name).resolve()
+        alloc = _read_allocation(cdir / ALLOCATION_FILE)
+        mode = alloc.mode if alloc is not None else detect_mode()
+        most, why = MAX_NODES[mode], ("its ports: a block of 256 per cluster" if mode == "loopback" else
+                                       f"its subnet: a /{SUBNET_PREFIX} holds the bridge and 509 nodes")
+        if mode == "netns" and alloc is not None and alloc.subnet_cidr:
+            net = ipaddress.ip_network(alloc.subnet_cidr)
+            most = net.num_addresses - 3
+            why = f"its subnet {net} holds the bridge and {most} nodes"
+        if not 1 <= req.num_nodes <= most:
+            grow = (f"; a cluster made before holds fewer: make a new one (gpuctl down {req.name}, or -c NAME) "
+                    "for more" if most < MAX_NODES[mode] else "; lower num_nodes or use infra aws")
+            raise UserError(f"num_nodes {req.num_nodes}: infra local supports 1 to {most} nodes in "
+                            f"{'this cluster' if alloc is not None else f'{mode} mode'} ({why}){grow}")
+        _check_state_dir(nodes_dir(cdir))
 
     def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
         cluster_dir = Path(cluster_dir).resolve()

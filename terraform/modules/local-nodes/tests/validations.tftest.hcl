@@ -82,7 +82,7 @@ run "rejects_relative_state_dir" {
 
 run "rejects_too_many_nodes" {
   command = plan
-  variables { node_count = 254 }
+  variables { node_count = 510 }
   expect_failures = [var.node_count]
 }
 
@@ -108,4 +108,28 @@ run "rejects_relative_node_path_entry" {
   command = plan
   variables { node_path = "bin:/usr/bin" }
   expect_failures = [var.node_path]
+}
+
+run "a_23_holds_more_than_253_nodes" {
+  command = plan
+  variables {
+    subnet_cidr = "10.213.202.0/23"
+    node_count  = 300
+  }
+  assert {
+    condition     = output.nodes[0].private_ip == "10.213.202.2" && output.nodes[299].private_ip == "10.213.203.45"
+    error_message = "a /23 numbers its nodes across both halves"
+  }
+}
+
+run "a_24_holds_253_nodes" {
+  command = plan
+  variables { node_count = 254 }
+  expect_failures = [terraform_data.node]
+}
+
+run "rejects_a_misaligned_23" {
+  command = plan
+  variables { subnet_cidr = "10.213.201.0/23" }
+  expect_failures = [var.subnet_cidr]
 }
