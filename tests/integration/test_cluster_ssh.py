@@ -104,7 +104,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         ssh.remove_control_dir(base / "cm")  # its socket dir may lie under /tmp (short path)
 
 
-def test_nodes_reach_each_other_with_the_cluster_key(cluster: Cluster) -> None:
+def test_nodes_reach_each_other_with_the_cluster_key(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A user's setting that would copy every task's arguments (the private key among them) into the events.
+    monkeypatch.setenv("ANSIBLE_DISPLAY_ARGS_TO_STDOUT", "True")
     head, *workers = cluster.nodes
     # Before: nothing lets a node in to another one.
     before = on_node(head, f"ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=5 "

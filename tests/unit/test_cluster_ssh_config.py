@@ -147,6 +147,11 @@ def test_gpuctl_and_the_role_build_the_same_view(tmp_path: Path) -> None:
     # Without the controller's known_hosts: learned at first contact, never ignored.
     bare = clusterview.cluster_view(gpuctl_inventory("cloud")[0])
     assert entries(bare)["c-worker1 10.0.0.6"]["StrictHostKeyChecking"] == "accept-new"  # no hostnames: no alias
+    # Hostnames come from the nodes: one that could not stand in a config drops them all.
+    inv, hostnames = gpuctl_inventory("cloud", known)
+    odd = clusterview.cluster_view(inv, {**hostnames, "c-worker2": "ip-10-0-0-7\n  ProxyCommand x"})
+    assert odd is not None and [h["names"] for h in odd["hosts"]][:2] == [["c-head", "10.0.0.5"],
+                                                                         ["c-worker1", "10.0.0.6"]]
     # A name that would add options of its own never reaches the config.
     with pytest.raises(agent.InstallError, match="cannot stand in an ssh config"):
         agent.render_hosts({"hosts": [{"names": ["a\n  ProxyCommand x"], "address": "10.0.0.1", "port": 22}]})

@@ -82,7 +82,22 @@ def test_install_names_the_step_that_failed(tmp_path: Path):
            "view": {"hosts": [{"names": ["head; rm -rf ~"], "address": "10.0.0.2", "port": 22}], "known_hosts": ""}}
     bad_view = install(tmp_path / "c", bundle(ssh=ssh))
     assert bad_view.returncode == 1 and "cluster view: a node name" in bad_view.stderr, bad_view.stderr
+    ssh["view"]["hosts"][0]["names"] = ["head\n"]  # `$` would let a final newline through
+    trailing = install(tmp_path / "d", bundle(ssh=ssh))
+    assert trailing.returncode == 1 and "cluster view: a node name" in trailing.stderr, trailing.stderr
     assert not (tmp_path / "c" / ".gpuctl" / "prepared").exists()
+
+
+def test_no_fingerprint_keeps_the_record_and_an_empty_ssh_part_is_none(tmp_path: Path):
+    assert install(tmp_path, bundle()).returncode == 0
+    (tmp_path / ".gpuctl").chmod(0o755)  # a directory opened up since: made private again
+    for empty in (None, "", {}):  # older ansible-core renders a template's None as ""
+        done = install(tmp_path, bundle(fingerprint="", ssh=empty))
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / ".gpuctl" / "prepared").read_text() == "fp1\n"  # wait.yml and a bare role leave it
+    assert oct((tmp_path / ".gpuctl").stat().st_mode & 0o777) == "0o700" and not (tmp_path / ".ssh").exists()
+    half = install(tmp_path, bundle(ssh={"key": "", "public_key": "", "view": None}))
+    assert half.returncode == 1 and "node-to-node SSH: the bundle has no key pair" in half.stderr
 
 
 def test_install_authorizes_the_cluster_key_once_and_replaces_an_older_one(tmp_path: Path):

@@ -49,14 +49,16 @@ BOOTSTRAP = (
 
 
 def main():
+    # no_log: the bundle (the agent, the cluster view) is not written to the node's syslog either
     module = AnsibleModule(argument_spec={"bundle": {"type": "dict", "required": True},
-                                          "private_key": {"type": "str", "default": "", "no_log": True}})
+                                          "private_key": {"type": "str", "default": "", "no_log": True}},
+                           no_log=True)
     bundle = dict(module.params["bundle"])
     # Results carry no agent text and no key: what the node was given, in short.
     shown = {"module_args": {"fingerprint": bundle.get("fingerprint"), "files": sorted(bundle.get("files") or {}),
-                             "ssh": bundle.get("ssh") is not None}}
-    if bundle.get("ssh") is not None:
-        bundle["ssh"] = dict(bundle["ssh"], key=module.params["private_key"])
+                             "ssh": bool(bundle.get("ssh"))}}
+    # Before ansible-core 2.19 a template that gave None gives "": no node-to-node SSH either way.
+    bundle["ssh"] = dict(bundle["ssh"], key=module.params["private_key"]) if bundle.get("ssh") else None
     rc, out, err = module.run_command([sys.executable, "-c", BOOTSTRAP], data=json.dumps(bundle),
                                       binary_data=True)
     if rc != 0:

@@ -13,10 +13,13 @@ the controller knows them.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from gpuctl.provision.inventory import Inventory, is_loopback, peer_port
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}")
 
 
 def known_hosts_text(inv: Inventory) -> str:
@@ -39,7 +42,9 @@ def cluster_view(inv: Inventory, hostnames: Mapping[str, str] | None = None) -> 
     names = [n.name for n in inv.nodes]
     addresses = [n.address for n in inv.nodes]
     own = [hostnames.get(n.name, "") for n in inv.nodes]
-    use_hostnames = (all(own) and len(set(own)) == len(own) and not set(own) & set(names + addresses))
+    # Reported by the nodes themselves: one that could not stand in an ssh config drops them all.
+    use_hostnames = (all(_HOSTNAME.fullmatch(h) for h in own) and len(set(own)) == len(own)
+                     and not set(own) & set(names + addresses))
     known = known_hosts_text(inv)
     hosts, seen = [], set()
     for node, hostname in zip(inv.nodes, own):

@@ -339,6 +339,9 @@ def run_playbook(
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control),
         # ansible-playbook from this interpreter's environment, even when it is not activated
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
+        # Never a task's arguments in the events (ansible-runner copies them there when this is on):
+        # the install step's carry the cluster's private key.
+        "ANSIBLE_DISPLAY_ARGS_TO_STDOUT": "False",
     }
     try:
         runner = ansible_runner.run(

@@ -34,7 +34,7 @@ CONFIG_MARK = "# %s gpuctl cluster hosts (managed by gpuctl, rewritten on every 
 AGENT_FILES = ("lib/gpuctl_node.py", "bin/gpuctl-node", "lib/gpuctl-fabric-probe")
 NODE_DIRS = ("", "bin", "lib", "jobs", "cm")  # cm: ControlMaster sockets of node-to-node ssh
 # What may stand in a Host entry: a value with a space or a newline would add options of its own.
-_CONFIG_VALUE = re.compile(r"^[A-Za-z0-9_.:@%+-]+$")
+_CONFIG_VALUE = re.compile(r"[A-Za-z0-9_.:@%+-]+\Z")
 
 
 class InstallError(Exception):
@@ -79,7 +79,7 @@ def write_if_changed(path, data, mode):
 
 def _config_value(value, what):
     value = str(value)
-    if not _CONFIG_VALUE.match(value):
+    if not _CONFIG_VALUE.match(value):  # from the start, to the very end (no newline)
         raise InstallError("cluster view", "%s %r cannot stand in an ssh config" % (what, value))
     return value
 
@@ -123,10 +123,21 @@ def with_block(text, block):
     return "".join(lines[:first]) + wrapped + "".join(lines[last + 1:])
 
 
+def private_dir(path):
+    """`path` as a directory only its owner may use (sshd's StrictModes ignores a group-writable ~/.ssh);
+    whether it had to change."""
+    if not os.path.isdir(path):
+        os.makedirs(path, 0o700)
+        return True
+    if os.stat(path).st_mode & 0o7777 != 0o700:
+        os.chmod(path, 0o700)
+        return True
+    return False
+
+
 def _ssh_dir():
     path = os.path.expanduser(SSH_DIR)
-    if not os.path.isdir(path):
-        os.mkdir(path, 0o700)
+    private_dir(path)
     return path
 
 
@@ -163,6 +174,8 @@ def authorize(public_key, ssh_dir):
 
 def install_ssh(ssh):
     """Node-to-node SSH: the cluster's internal key pair, its authorization, the cluster view."""
+    if not ssh.get("key") or not ssh.get("public_key"):
+        raise InstallError("node-to-node SSH", "the bundle has no key pair (gpuctl_internal_key and its .pub)")
     ssh_dir = _ssh_dir()
     changed = write_if_changed(os.path.join(ssh_dir, KEY_NAME), ssh["key"].strip() + "\n", 0o600)
     changed |= authorize(ssh["public_key"].strip(), ssh_dir)
@@ -173,10 +186,7 @@ def install_files(bundle):
     """The agent, its command and the fabric probe under ~/.gpuctl; whether any changed."""
     changed = False
     for sub in NODE_DIRS:
-        path = os.path.join(GPUCTL_DIR, sub)
-        if not os.path.isdir(path):
-            os.makedirs(path, 0o700)
-            changed = True
+        changed |= private_dir(os.path.join(GPUCTL_DIR, sub))
     for rel in AGENT_FILES:
         entry = bundle["files"][rel]
         changed |= write_if_changed(os.path.join(GPUCTL_DIR, rel), file_text(entry), int(entry["mode"], 8))
@@ -222,7 +232,8 @@ def install(bundle):
         check_tools()
         result = probe_fabric(bundle.get("fabric") or {})
         changed |= bool(result.get("changed"))
-        changed |= write_if_changed(PREPARED_FILE, str(bundle["fingerprint"]) + "\n", 0o600)  # last
+        if bundle.get("fingerprint"):  # last; none given (wait.yml, a bare role): the record stays
+            changed |= write_if_changed(PREPARED_FILE, str(bundle["fingerprint"]) + "\n", 0o600)
     except InstallError as exc:
         sys.stderr.write("gpuctl-node install: %s\n" % exc)
         return 1

@@ -206,8 +206,26 @@ esac
 SH
 }
 
+# The kernel's ARP cache is one table for every network namespace, 1024 entries by default
+# (gc_thresh3): a few hundred nodes that each learn their fan-out peers fill it, and then no node
+# can reach a new one ("neighbor table overflow"). Raise the limits with the cluster's size, room
+# for each node to know 64 others; never lower them.
+raise_neighbour_limits() {
+  local nodes want key have
+  nodes=$(printf '%s\n' "$LN_HOSTS" | grep -c .)
+  want=$((1024 + 64 * nodes))
+  for key in gc_thresh3:$want gc_thresh2:$((want / 2)); do
+    have=$(cat "/proc/sys/net/ipv4/neigh/default/${key%%:*}" 2>/dev/null) || continue
+    if ((have < ${key#*:})); then
+      echo "${key#*:}" >"/proc/sys/net/ipv4/neigh/default/${key%%:*}" ||
+        echo "local-nodes: could not raise net.ipv4.neigh.default.${key%%:*} to ${key#*:}" >&2
+    fi
+  done
+}
+
 netns_up() {
   ip link show dev "$LN_BRIDGE" >/dev/null 2>&1 || die "bridge $LN_BRIDGE is missing (terraform_data.bridge makes it); run apply again"
+  raise_neighbour_limits
   ip netns add "$LN_NETNS"
   ip link add "$LN_VETH" type veth peer name eth0 netns "$LN_NETNS"
   # The MAC follows the address (02: locally administered, then the IPv4 bytes): a node replaced at
