@@ -128,10 +128,11 @@ def _inv(*ids: str) -> Inventory:
 def test_records_are_kept_per_node(tmp_path: Path):
     inv = _inv("a", "b", "c")
     (tmp_path / "prepared").write_text("old-style single record\n")
+    assert prepare.has_old_record(tmp_path)  # an upgraded cluster: "gpuctl changed", not "first job"
     assert prepare.recorded(tmp_path) == {} and [n.name for n in prepare.unprepared(tmp_path, inv, "fp")] == \
         ["head", "worker1", "worker2"]
     prepare.record(tmp_path, inv, inv.nodes[:2], "fp")
-    assert not (tmp_path / "prepared").exists()  # the old record goes once there are new ones
+    assert not prepare.has_old_record(tmp_path)  # the old record goes once there are new ones
     assert [n.name for n in prepare.unprepared(tmp_path, inv, "fp")] == ["worker2"]
     assert len(prepare.unprepared(tmp_path, inv, "fp2")) == 3  # a new fingerprint: every node
     replaced = _inv("a", "B", "c")  # worker1 replaced: a new id

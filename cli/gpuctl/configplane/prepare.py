@@ -115,6 +115,11 @@ def recorded(cluster_dir: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
+def has_old_record(cluster_dir: Path) -> bool:
+    """Whether the cluster was prepared by an earlier gpuctl, which kept one record for all nodes."""
+    return (cluster_dir / "prepared").is_file()
+
+
 def unprepared(cluster_dir: Path, inv: Inventory, value: str) -> list[Node]:
     """The nodes of `inv` not recorded as prepared with fingerprint `value`."""
     done = recorded(cluster_dir)

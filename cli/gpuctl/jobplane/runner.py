@@ -152,8 +152,9 @@ class JobRunner:
         if why is None:
             records = prepare.recorded(self.cdir)
             known = [n for n in nodes if prepare.node_key(n) in records]
-            why = ("first job on this cluster" if not records else
-                   "gpuctl or the cluster changed" if known else
+            first = not records and not prepare.has_old_record(self.cdir)
+            why = ("first job on this cluster" if first else
+                   "gpuctl or the cluster changed" if known or not records else
                    ", ".join(n.name for n in nodes[:8]) + (", ..." if len(nodes) > 8 else "") + " not prepared yet")
         self.prepare(fingerprint, nodes, why)
 
