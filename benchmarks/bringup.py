@@ -185,7 +185,8 @@ def goals(points: list[Point]) -> list[str]:
         check("cold apply, 64 nodes", by_n[64].cold, GOAL_COLD_64)
     added = cpu_per_added_node_ms(points)
     check("controller CPU of prepare per added node (slope over N)", added, GOAL_CPU_PER_NODE_MS, "ms")
-    check("re-apply with nothing changed (worst N)", max((p.reapply or 0) for p in points), GOAL_REAPPLY)
+    if 32 in by_n:  # the size the goal was set at: a re-apply still runs the no-op job on every node
+        check("re-apply with nothing changed, 32 nodes", by_n[32].reapply, GOAL_REAPPLY)
     return out
 
 
