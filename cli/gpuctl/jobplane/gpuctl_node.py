@@ -819,7 +819,7 @@ def install_files(bundle):
 
 
 def file_text(entry):
-    """A bundle file's text: `text` as it is, or `zdata` (zlib, then base64: a third of the bytes)."""
+    """A bundle file's text: `text` as it is, or `zdata` (zlib, then base64: 40% of the bytes)."""
     if "zdata" in entry:
         return zlib.decompress(base64.b64decode(entry["zdata"])).decode("utf-8")
     return entry["text"]
