@@ -55,7 +55,7 @@ def agent_files() -> dict[str, dict[str, str]]:
     the same files from its files/ when run without gpuctl)."""
     files = ansible_dir() / "roles" / "gpuctl_node" / "files"
 
-    def packed(path: Path, mode: str) -> dict[str, str]:  # zlib + base64: each node's module run carries 40% of the bytes
+    def packed(path: Path, mode: str) -> dict[str, str]:  # zlib + base64: 40% of the bytes in each node's module run
         return {"mode": mode, "zdata": base64.b64encode(zlib.compress(path.read_bytes(), 9)).decode()}
 
     return {"lib/gpuctl_node.py": packed(AGENT, "0644"), "bin/gpuctl-node": packed(files / "gpuctl-node", "0755"),
