@@ -566,3 +566,31 @@ def test_a_worker_refuses_a_job_dir_another_submission_made(node_home: Path):
     jobdir = node_home / ".gpuctl" / "jobs" / "3-cccc"
     assert {p.name: p.read_bytes() for p in jobdir.iterdir()} == before
     assert not (node_home / "ran").exists()
+
+
+def test_a_wave_waits_for_every_push_to_a_rank_not_just_the_first():
+    """A rank that gets two destinations in one wave (workdir and a file_mount) is synced once both
+    pushes reported: its run must not start while the second copy is still going."""
+    coord = object.__new__(agent.Coordinator)
+    coord.payload = {"job": "1", "nonce": "n", "copy_branching": 4, "peers": [{"name": "head"}, {"name": "worker1"}],
+                     "sync": [{"path": "~/gpuctl_workdir", "dir": True}, {"path": "~/own/data", "dir": True}]}
+    coord.n, coord.lost, coord.synced = 2, {}, {}
+    coord.claims = {0: [0, 0], 1: [1, 1]}  # worker1 owns both destinations: two pushes from the head
+    coord.write = lambda data: None
+    reports: list[list[str]] = []  # the Y events each sync command brings back
+    sent: list[str] = []
+
+    class Relay:
+        def command(self, line: str) -> None:
+            sent.append(line.split()[0])
+            for line_ in reports.pop(0) if line.startswith("sync ") else []:
+                coord.on_event(line_.encode())
+
+    coord.relay = Relay()
+    coord.wait = lambda predicate, timeout=None: bool(predicate())  # as the condition stands right after
+    reports.append([f"{agent.EV_SYNCED} 1 0 ok\n"])  # only the workdir's push has ended
+    assert coord.do_sync() is False and coord.sync_failure == "sync cancelled"
+    reports.append([f"{agent.EV_SYNCED} 1 0 ok\n", f"{agent.EV_SYNCED} 1 0 ok\n"])
+    assert coord.do_sync() is True and sent[-1] == agent.RELAY_RELEASE
+    reports.append([f"{agent.EV_SYNCED} 1 0 ok\n", f"{agent.EV_SYNCED} 1 23 rsync: no space left\n"])
+    assert coord.do_sync() is False and coord.sync_failure == "sync failed: worker1: rsync: no space left"

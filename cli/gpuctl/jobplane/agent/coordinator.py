@@ -80,7 +80,8 @@ class Coordinator(object):
         elif kind == EV_CLAIMS:
             self.claims[rank] = json.loads(parts[2])
         elif kind == EV_SYNCED:
-            self.synced[rank] = (int(parts[2]), parts[3] if len(parts) > 3 else "")
+            # one per destination pushed to the rank: a wave waits for all of them (do_sync)
+            self.synced.setdefault(rank, []).append((int(parts[2]), parts[3] if len(parts) > 3 else ""))
         elif kind == EV_BUCKETS:
             self.fetched[rank] = (int(parts[2]), parts[3] if len(parts) > 3 else "")
         elif kind == EV_STARTED and parts[2] in self.started:
@@ -215,15 +216,24 @@ class Coordinator(object):
             waves.setdefault(depth_of[edge], []).append([edge[0], edge[1], idx])
         for depth in sorted(waves):
             wave = waves[depth]
-            targets = [w[1] for w in wave]
+            pushes = {}  # target rank -> how many destinations it is sent in this wave
+            for _, dst, idx in wave:
+                pushes[dst] = pushes.get(dst, 0) + len(idx)
+            targets = sorted(pushes)
             for t in targets:
                 self.synced.pop(t, None)
             self.relay.command("%s %s" % (RELAY_SYNC, json.dumps(wave, separators=(",", ":"))))
-            if not self.wait(lambda: self.accounted(targets, self.synced)):
+            # every push to a rank ended, not just its first: a rank's run must not start while a copy
+            # to it is still going
+            if not self.wait(lambda: all(len(self.synced.get(t, ())) >= pushes[t] or t in self.lost
+                                         for t in targets)):
                 self.sync_failure = "sync cancelled"
                 return False
-            bad = ["%s: %s" % (self.payload["peers"][t]["name"], self.synced[t][1]) for t in targets
-                   if t in self.synced and self.synced[t][0] != 0]
+            bad = []
+            for t in targets:
+                failed = [msg for code, msg in self.synced.get(t, []) if code != 0]
+                if failed:  # a rank's first failed push says why
+                    bad.append("%s: %s" % (self.payload["peers"][t]["name"], failed[0]))
             if bad or self.lost:
                 self.sync_failure = "sync failed: " + "; ".join(bad + ([self.describe_lost()] if self.lost else []))
                 return False
