@@ -44,24 +44,13 @@ GOAL_REAPPLY = 3.0  # s
 GOAL_GROW_32 = 10.0  # s, 32 -> 33
 
 SSH_OPTIONS = ("StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "BatchMode=yes", "LogLevel=ERROR")
-MODULE = bl.REPO / "ansible" / "plugins" / "modules" / "gpuctl_node_install.py"
-
-
-def bootstrap() -> str:
-    """The install step as the role's module starts it: its BOOTSTRAP constant, read from the file
-    (the module imports ansible, which this benchmark does not need)."""
-    text = MODULE.read_text()
-    start = text.index("BOOTSTRAP = (")
-    namespace: dict = {}
-    exec(text[start:text.index("\n)\n", start) + 3], namespace)  # noqa: S102 - the repository's own constant
-    return namespace["BOOTSTRAP"]
-
-
+# The floor's bundle and the module's bootstrap, as gpuctl makes them (prepare.py).
 BUNDLE_SCRIPT = """
 import json, sys
 from gpuctl.configplane import prepare
-print(json.dumps({"files": prepare.agent_files(), "ssh": None, "fabric": {"head": sys.argv[1]},
-                  "fingerprint": "bench-floor"}))
+print(json.dumps({"bootstrap": prepare.install_bootstrap(),
+                  "bundle": {"files": prepare.agent_files(), "ssh": None, "fabric": {"head": sys.argv[1]},
+                             "fingerprint": "bench-floor"}}))
 """
 
 
@@ -101,8 +90,9 @@ def floor(cdir: Path, n: int, env: dict[str, str], root: Path, timeout: float) -
     bundle, boot = root / "floor-bundle.json", root / "floor-boot.py"
     made = subprocess.run([bl.gpuctl_python(), "-c", BUNDLE_SCRIPT, hosts[0]["gpuctl_address"]],
                           capture_output=True, text=True, env=env, check=True)
-    bundle.write_text(made.stdout)
-    boot.write_text(bootstrap())
+    floor_files = json.loads(made.stdout)
+    bundle.write_text(json.dumps(floor_files["bundle"]))
+    boot.write_text(floor_files["bootstrap"])
     key = hosts[0]["ansible_ssh_private_key_file"]
     ssh_env = {**env, "PDSH_SSH_ARGS_APPEND": " ".join([f"-i {key}", *(f"-o {o}" for o in SSH_OPTIONS)])}
     common = ["-R", "ssh", "-f", str(len(hosts)), "-l", hosts[0]["ansible_user"],

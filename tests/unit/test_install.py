@@ -16,17 +16,6 @@ from gpuctl.configplane import playbooks, prepare
 from gpuctl.configplane.playbooks import HostFailure, PlaybookResult
 from gpuctl.provision.inventory import Inventory, Node
 
-REPO = Path(__file__).resolve().parents[2]
-MODULE = REPO / "ansible" / "plugins" / "modules" / "gpuctl_node_install.py"
-
-
-def bootstrap() -> str:
-    """The module's BOOTSTRAP, read from its file (the module imports ansible, which a node may lack)."""
-    text = MODULE.read_text()
-    start = text.index("BOOTSTRAP = (")
-    namespace: dict = {}
-    exec(text[start:text.index("\n)\n", start) + 3], namespace)  # noqa: S102 - our own constant
-    return namespace["BOOTSTRAP"]
 
 
 def bundle(**extra: object) -> dict:
@@ -39,8 +28,8 @@ def install(home: Path, data: dict, path: str | None = None) -> subprocess.Compl
     env = {**os.environ, "HOME": str(home)}
     if path is not None:
         env["PATH"] = path
-    return subprocess.run([sys.executable, "-c", bootstrap()], input=json.dumps(data), capture_output=True,
-                          text=True, env=env, timeout=60)
+    return subprocess.run([sys.executable, "-c", prepare.install_bootstrap()], input=json.dumps(data),
+                          capture_output=True, text=True, env=env, timeout=60)
 
 
 def test_install_writes_the_agent_then_the_fingerprint_and_changes_nothing_the_second_time(tmp_path: Path):

@@ -62,6 +62,16 @@ def agent_files() -> dict[str, dict[str, str]]:
             "lib/gpuctl-fabric-probe": packed(files / "gpuctl-fabric-probe", "0755")}
 
 
+def install_bootstrap() -> str:
+    """How the install module starts the install step on a node (its BOOTSTRAP constant), read from
+    the module's file: the module imports ansible, which neither tests nor benchmarks need."""
+    text = (ansible_dir() / "plugins" / "modules" / "gpuctl_node_install.py").read_text()
+    start = text.index("BOOTSTRAP = (")
+    namespace: dict[str, Any] = {}
+    exec(text[start:text.index("\n)\n", start) + 3], namespace)  # noqa: S102 - the repository's own constant
+    return str(namespace["BOOTSTRAP"])
+
+
 def _tree_bytes() -> list[tuple[str, bytes]]:
     root = ansible_dir()
     out: list[tuple[str, bytes]] = [("agent", AGENT.read_bytes())]

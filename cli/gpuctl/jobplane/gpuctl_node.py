@@ -776,12 +776,7 @@ def write_view(view):
     if view.get("known_hosts"):
         changed |= write_if_changed(os.path.join(ssh_dir, KNOWN_HOSTS_NAME), view["known_hosts"], 0o644)
     config = os.path.join(ssh_dir, "config")
-    before = read_text(config, "")
-    after = with_block(before, render_hosts(view))
-    if after != before:
-        write_if_changed(config, after, 0o600)
-        changed = True
-    return changed
+    return write_if_changed(config, with_block(read_text(config, ""), render_hosts(view)), 0o600) or changed
 
 
 def authorize(public_key, ssh_dir):
