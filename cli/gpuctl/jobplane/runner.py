@@ -187,7 +187,8 @@ class JobRunner:
             if booting and result.error is None:
                 step.update(f"{len(installed)} of {len(nodes)} node(s) prepared; waiting for "
                             f"{len(booting)} to accept SSH")
-                with self.reporter.phase("wait"):  # within prepare: the nodes still booting, each prepared on answering
+                # a phase within prepare: the nodes still booting, each prepared as it answers
+                with self.reporter.phase("wait"):
                     result = playbooks.merge_results(result, play(booting, wait=True), booting)
         found = fabricrecord.record(self.cdir, self.inv, installed)  # also after a failure: what the nodes found
         failed = {f.host for f in result.failures} | set(result.unreachable)
@@ -197,18 +198,16 @@ class JobRunner:
         if done and result.error is None:
             prepare.record(self.cdir, self.inv, done, fingerprint)
             prepare.record_features(self.cdir, self.features)
+        self.publish()  # shared state: the prepare records and learned host keys, a failure's too
         if not result.ok:
             for host, reason in result.unreachable_reasons.items():
                 node = next((n for n in self.inv.nodes if n.name == host), None)
                 if node is not None and ssh.host_key_changed(reason):
-                    self.publish()
                     raise UserError(ssh.host_key_error(node))
-            self.publish()
             raise PrepareFailed(f"preparing the nodes failed: {describe_result(result)}")
         if found is not None:
             for line in fabricrecord.warnings(found, fabricrecord.expected_kind(self.inv.cloud, self._request())):
                 self.reporter.info(f"Fabric: {line}")
-        self.publish()  # shared state: the prepare records and learned host keys
 
     def publish(self) -> None:
         """Leave the cluster's records in the state bucket (shared state only), for the next runner."""
