@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import yaml
 
 from e2e import Cluster, NodeInfo, needs_local_nodes
 
@@ -57,7 +58,8 @@ def test_cold_apply_reports_its_phases_and_a_reapply_prepares_nothing(bu: Bringu
     res = bu.cluster.gpuctl("apply", bu.task(2), "-o", "json").check()
     doc = json.loads(res.stdout)
     phases = {p["phase"]: p for p in doc["phases"]}
-    assert list(phases) == ["provision", "prepare", "job"], doc["phases"]
+    # the head by the prepare play, then worker1 by the head (a phase within prepare, listed first)
+    assert list(phases) == ["provision", "head_install", "prepare", "job"], doc["phases"]
     assert all(p["seconds"] > 0 and p["controller_cpu_s"] >= 0 for p in phases.values())
     assert "Preparing 2 node(s) (first job on this cluster)" in res.stderr, res.describe()
     assert len(bu.records()) == 2 and len(set(bu.records().values())) == 1
@@ -71,11 +73,14 @@ def test_cold_apply_reports_its_phases_and_a_reapply_prepares_nothing(bu: Bringu
 def test_growing_prepares_only_the_new_node(bu: Bringup):
     old = bu.cluster.nodes()
     before = bu.prepared_mtimes(old)
-    res = bu.cluster.gpuctl("apply", bu.task(3)).check()
-    assert "Preparing 1 of 3 node(s) (worker2 not prepared yet)" in res.stdout, res.describe()
+    res = bu.cluster.gpuctl("apply", bu.task(3), "-o", "json").check()
+    assert "Preparing 1 of 3 node(s) (worker2 not prepared yet)" in res.stderr, res.describe()
+    # the head installed it: one call, no prepare play
+    assert [p["phase"] for p in json.loads(res.stdout)["phases"]] == ["provision", "head_install", "prepare", "job"]
+    assert not list((bu.cluster.cdir / "runner" / "artifacts").glob("*/job_events/*worker2*")), res.describe()
     assert bu.prepared_mtimes(old) == before  # the old nodes' prepared state was not touched
     head, _, w2 = bu.cluster.nodes()
-    assert f"(worker2, rank=2) {NAME}-2" in res.stdout.splitlines(), res.describe()
+    assert f"(worker2, rank=2) {NAME}-2" in res.stderr.splitlines(), res.describe()
     # the head learned the new node (address, host key) from the job, not from a prepare
     assert bu.cluster.ssh(head, "ssh worker2 hostname").stdout.strip() == f"{NAME}-2"
     assert len(bu.records()) == 3
@@ -117,3 +122,23 @@ def test_a_failed_install_names_the_node_and_keeps_the_others(bu: Bringup):
     assert "Preparing 1 of 3 node(s) (worker2 not prepared yet)" in again.stdout, again.describe()
     assert f"(worker2, rank=2) {NAME}-2" in again.stdout.splitlines()
     assert bu.prepared_mtimes([head, w1]) == before
+
+
+def test_a_worker_the_head_cannot_log_in_to_is_prepared_directly(bu: Bringup):
+    """A node made before nodes trusted the internal key at boot: the head is refused, the prepare
+    play (which logs in with the access key) prepares it, and the job runs there."""
+    head, w1, w2 = bu.cluster.nodes()
+    public = (bu.cluster.cdir / "ssh" / "internal_ed25519.pub").read_text().split()[1]
+    boot_keys = bu.cluster.cdir / "nodes" / "node1" / "sshd" / "authorized_keys"
+    boot_keys.write_text("".join(ln + "\n" for ln in boot_keys.read_text().splitlines() if public not in ln))
+    bu.cluster.ssh(w1, f"sed -i '/{public.replace('/', '.')}/d' ~/.ssh/authorized_keys; rm -rf ~/.gpuctl")
+    bu.cluster.ssh(head, "rm -f ~/.gpuctl/cm/*")  # no ControlMaster to worker1 left from earlier jobs
+    assert bu.cluster.ssh(head, "ssh worker1 true", check=False).returncode == 255  # the head is refused
+    # as for a node gpuctl has not prepared yet
+    records = bu.records()
+    w1_id = yaml.safe_load((bu.cluster.cdir / "inventory.yml").read_text())["all"]["children"]["gpuctl_nodes"]["hosts"]["worker1"]["gpuctl_node_id"]
+    (bu.cluster.cdir / "prepared.json").write_text(json.dumps({k: v for k, v in records.items() if k != w1_id}))
+    res = bu.cluster.gpuctl("exec", NAME, "--", "hostname").check()
+    assert "Preparing 1 of 3 node(s) (worker1 not prepared yet)" in res.stdout, res.describe()
+    assert f"(worker1, rank=1) {NAME}-1" in res.stdout.splitlines(), res.describe()
+    assert bu.cluster.ssh(head, "ssh worker1 hostname").stdout.strip() == f"{NAME}-1"  # authorized again

@@ -62,6 +62,17 @@ def agent_files() -> dict[str, dict[str, str]]:
             "lib/gpuctl-fabric-probe": packed(files / "gpuctl-fabric-probe", "0755")}
 
 
+def install_bundle(*, fingerprint_value: str, internal_public_key: str, view: Mapping[str, Any],
+                   fabric_env: Mapping[str, Any], fabric_head: str) -> dict[str, Any]:
+    """The bundle role gpuctl_node gives each node (gpuctl_node_bundle), without the private key:
+    what the head hands the workers it installs (jobplane/headinstall.py)."""
+    return {"files": agent_files(),
+            "ssh": {"public_key": internal_public_key.strip(), "view": dict(view)},
+            "fabric": {"head": fabric_head, "instance_type": str(fabric_env.get("instance_type") or ""),
+                       "fallback_env": dict(fabric_env.get("fallback_env") or {})},
+            "fingerprint": fingerprint_value}
+
+
 def install_bootstrap() -> str:
     """How the install module starts the install step on a node (its BOOTSTRAP constant), read from
     the module's file: the module imports ansible, which neither tests nor benchmarks need."""
@@ -233,6 +244,19 @@ def wait_timeout() -> int:
     return int(raw)
 
 
+def skipped_roles(*, wait: bool, manages_sshd: bool, features: Sequence[str],
+                  python: Mapping[str, Any] | None) -> list[str]:
+    """The tags of the prepare play's optional roles that do not apply (run_prepare skips them)."""
+    return [tag for tag, applies in (("gpuctl_wait", wait), ("gpuctl_sshd_limits", manages_sshd),
+                                     ("gpuctl_storage", bool(features)), ("gpuctl_python", bool(python)))
+            if not applies]
+
+
+def only_install_step(*, manages_sshd: bool, features: Sequence[str], python: Mapping[str, Any] | None) -> bool:
+    """Whether a reachable node needs the install step alone (what the head can give its workers)."""
+    return not (manages_sshd or features or python)
+
+
 def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Path, fingerprint_value: str,
                 internal_key: Path, fabric_env: Mapping[str, Any], known_hosts: Path | None = None,
                 limit: list[str] | None = None, features: Sequence[str] = (),
@@ -271,9 +295,7 @@ def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Pa
             on_installed(str(data.get("host")), {**(res.get("fabric") or {}), "hostname": res.get("hostname", "")})
 
     # What does not apply is left out by its tag: the node pays for the install step alone.
-    skip = [tag for tag, applies in (("gpuctl_wait", wait), ("gpuctl_sshd_limits", manages_sshd),
-                                     ("gpuctl_storage", bool(features)), ("gpuctl_python", bool(python)))
-            if not applies]
+    skip = skipped_roles(wait=wait, manages_sshd=manages_sshd, features=features, python=python)
     return playbooks.run_playbook("prepare.yml", inventory=inventory_path, private_data_dir=private_data_dir,
                                   extravars=extravars, control_dir=control_dir, limit=limit, on_event=on_event,
                                   skip_tags=skip)

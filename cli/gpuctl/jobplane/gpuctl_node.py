@@ -179,6 +179,7 @@ CMD_RELAY = "relay"  # a worker's part of a job, started by its parent node
 CMD_COORDINATE = "coordinate"  # the head's coordinator, started by submit
 CMD_CONTAINER_STAGE = "container-stage"  # a stage in the node's container, started by its supervisor
 CMD_INSTALL = "install"  # prepare's one step on a node: the bundle on stdin (agent/install.py)
+CMD_INSTALL_PEERS = "install-peers"  # the head installs the workers it is given (agent/peerinstall.py)
 
 # -- commands down the tree (a relay's stdin) ---------------------------------------------------
 RELAY_CLAIM = "claim"
@@ -868,6 +869,128 @@ def install(bundle):
 def cmd_install(args):
     """`gpuctl-node install`: the bundle on stdin (the role's bootstrap calls install() directly)."""
     return install(json.load(sys.stdin))
+
+
+# -------------------- jobplane/agent/peerinstall.py ----------------------------------------------
+"""Prepare through the cluster (`gpuctl-node install-peers`): the head installs its workers.
+
+The controller prepares the head alone (one module run), then hands it one request on stdin: the
+install bundle without the private key (the head adds its own copy), the bootstrap the Ansible
+module runs, and the workers to install. The head runs that bootstrap on each worker over ssh with
+the cluster's internal key, up to `parallel` at a time, and prints one JSON line per worker as it
+ends, so the controller's work no longer grows with the cluster.
+
+First contact is authenticated both ways before anything is sent: each worker authorized the
+internal public key at boot (the provider's module placed it), and the head checks its host key
+strictly against the cluster view (written here first), which holds the key the controller read
+where the node was made, not one learned at first contact. A worker the head cannot reach is
+reported `unreachable`; the controller then prepares it directly (and waits for it if it boots).
+"""
+
+
+PEER_INSTALL_TIMEOUT = 600  # seconds for one worker's install step, ssh included
+_SSH_FAILED = 255  # ssh's own exit code: the worker was not reached (or refused us)
+
+
+def _tail(data, lines=3):
+    text = data.decode("utf-8", "replace").strip().splitlines()
+    return " | ".join(ln.strip() for ln in text[-lines:] if ln.strip())
+
+
+def _bundle_fd(bundle):
+    """An unlinked private file holding the bundle (it carries the private key): each worker's
+    ssh reads its own descriptor of it (/proc/self/fd), and nothing is left when this ends."""
+    path = os.path.join(os.path.expanduser(GPUCTL_DIR), "install-peers.%d" % os.getpid())
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.unlink(path)
+    os.write(fd, json.dumps(bundle, separators=(",", ":")).encode("utf-8"))
+    return fd
+
+
+def install_one(target, remote, bundle_fd, timeout=PEER_INSTALL_TIMEOUT):
+    """One worker's install step over ssh: its result line as a dict."""
+    argv = ["ssh"] + list(target["ssh"]) + ["--", target["host"], remote]
+    with open("/proc/self/fd/%d" % bundle_fd, "rb") as stdin:
+        try:
+            proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    close_fds=True)
+        except OSError as exc:
+            return {"node": target["name"], "ok": False, "unreachable": True, "error": "cannot start ssh: %s" % exc}
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"node": target["name"], "ok": False, "unreachable": False,
+                "error": "the install step took over %d s" % timeout}
+    if proc.returncode == 0:
+        try:
+            result = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"node": target["name"], "ok": False, "unreachable": False,
+                    "error": "gpuctl-node install printed no result"}
+        return {"node": target["name"], "ok": True, "result": result}
+    return {"node": target["name"], "ok": False, "unreachable": proc.returncode == _SSH_FAILED,
+            "error": _tail(err) or _tail(out) or "exit code %d" % proc.returncode}
+
+
+def install_peers(request, emit):
+    """Install every target of `request`, `parallel` at a time; emit(result) as each ends.
+    Returns 0 when every worker was installed, 1 otherwise."""
+    targets = list(request.get("targets") or [])
+    try:
+        write_view(request.get("view"))
+        with open(os.path.join(os.path.expanduser(SSH_DIR), KEY_NAME)) as fh:
+            key = fh.read()
+    except (InstallError, OSError) as exc:  # the head itself is not as prepared: nothing is tried
+        for t in targets:
+            emit({"node": t["name"], "ok": False, "unreachable": True, "error": "on the head: %s" % exc})
+        return 1
+    bundle = dict(request["bundle"])
+    bundle["ssh"] = dict(bundle["ssh"], key=key)
+    remote = "%s -c %s" % (shell_quote(request.get("python") or "python3"), shell_quote(request["bootstrap"]))
+    fd = _bundle_fd(bundle)
+    lock = threading.Lock()
+    pending = list(reversed(targets))
+    failed = []
+
+    def worker():
+        while True:
+            with lock:
+                if not pending:
+                    return
+                target = pending.pop()
+            result = install_one(target, remote, fd)
+            with lock:
+                if not result["ok"]:
+                    failed.append(target["name"])
+                emit(result)
+
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(max(1, min(int(request.get("parallel") or 32),
+                                                                                len(targets))))]
+        for t in threads:
+            t.daemon = True
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        os.close(fd)
+    return 1 if failed else 0
+
+
+def cmd_install_peers(args):
+    """`gpuctl-node install-peers`: the request on stdin (one JSON document), results on stdout."""
+    request = json.loads(sys.stdin.read())
+
+    def emit(result):
+        try:
+            sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError):  # the controller went away: the installs still end cleanly
+            pass
+
+    return install_peers(request, emit)
 
 
 # -------------------- jobplane/agent/containers.py -----------------------------------------------
@@ -3391,6 +3514,8 @@ def main(argv=None):
 
     p = sub.add_parser(CMD_INSTALL, help="bring this node to the prepared state in the bundle on stdin")
     p.set_defaults(func=cmd_install)
+    p = sub.add_parser(CMD_INSTALL_PEERS, help="install the workers in the request on stdin (the head, at prepare)")
+    p.set_defaults(func=cmd_install_peers)
 
     args = parser.parse_args(argv)
     return args.func(args)

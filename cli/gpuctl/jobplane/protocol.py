@@ -61,6 +61,7 @@ CMD_RELAY = "relay"  # a worker's part of a job, started by its parent node
 CMD_COORDINATE = "coordinate"  # the head's coordinator, started by submit
 CMD_CONTAINER_STAGE = "container-stage"  # a stage in the node's container, started by its supervisor
 CMD_INSTALL = "install"  # prepare's one step on a node: the bundle on stdin (agent/install.py)
+CMD_INSTALL_PEERS = "install-peers"  # the head installs the workers it is given (agent/peerinstall.py)
 
 # -- commands down the tree (a relay's stdin) ---------------------------------------------------
 RELAY_CLAIM = "claim"

@@ -23,13 +23,13 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobCancelled, JobFailed, PrepareFailed, UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.configplane import clusterview, fabricrecord, playbooks, prepare
-from gpuctl.jobplane import client, gitignore, jobenv, joblogs, payload, protocol, stream, upload
+from gpuctl.jobplane import client, gitignore, headinstall, jobenv, joblogs, payload, protocol, stream, upload
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.providers import get_provider
@@ -159,13 +159,18 @@ class JobRunner:
         self.prepare(fingerprint, nodes, why)
 
     def prepare(self, fingerprint: str, nodes: Sequence[Node], why: str) -> None:
-        """Run the prepare play on `nodes` (Ansible, one install step each, each node on its own pace);
-        record those that got there, also when others failed: they are not prepared again."""
-        key, _ = ensure_internal_key(self.cdir)
+        """Bring `nodes` to the prepared state: the head (and any node the head cannot install) by
+        the prepare play, each node on its own pace; then the other workers through the head, in
+        one call (headinstall.py). Record those that got there, also when others failed: they are
+        not prepared again."""
+        key, public = ensure_internal_key(self.cdir)
         total = len(self.inv.nodes)
         title = (f"Preparing {len(nodes)} node(s) ({why})" if len(nodes) == total else
                  f"Preparing {len(nodes)} of {total} node(s) ({why})")
         installed: dict[str, dict] = {}
+        provider = get_provider(self.inv.cloud)
+        view = self.view()
+        by_head = self.installable_by_head(nodes, view)
         with self.reporter.stage(title, phase="prepare") as step:
             def on_installed(host: str, result: Mapping) -> None:
                 installed[host] = dict(result)
@@ -177,23 +182,36 @@ class JobRunner:
                     fingerprint_value=fingerprint, internal_key=key, fabric_env=self.fabric_env(),
                     known_hosts=Path(self.inv.head.known_hosts) if self.inv.head.known_hosts else None,
                     features=self.features, limit=names, python=prepare.python_env(self.cdir),
-                    fabric_head=self.inv.head.address, view=self.view(), wait=wait,
-                    manages_sshd=not get_provider(self.inv.cloud).local, on_installed=on_installed)
+                    fabric_head=self.inv.head.address, view=view, wait=wait,
+                    manages_sshd=not provider.local, on_installed=on_installed)
 
-            # Every node at once without waiting (a wait costs a connection reset and a probe per node),
-            # then a wait for those still booting, each prepared as soon as it answers.
-            result = play([n.name for n in nodes], wait=False)
-            booting = [h for h, why in result.unreachable_reasons.items() if not ssh.host_key_changed(why)]
-            if booting and result.error is None:
-                step.update(f"{len(installed)} of {len(nodes)} node(s) prepared; waiting for "
-                            f"{len(booting)} to accept SSH")
-                # a phase within prepare: the nodes still booting, each prepared as it answers
-                with self.reporter.phase("wait"):
-                    result = playbooks.merge_results(result, play(booting, wait=True), booting)
+            def play_waiting(names: list[str]) -> playbooks.PlaybookResult:
+                # Every node at once without waiting (a wait costs a connection reset and a probe per
+                # node), then a wait for those still booting, each prepared as soon as it answers.
+                result = play(names, wait=False)
+                booting = [h for h, why in result.unreachable_reasons.items() if not ssh.host_key_changed(why)]
+                if booting and result.error is None:
+                    step.update(f"{len(installed)} of {len(nodes)} node(s) prepared; waiting for "
+                                f"{len(booting)} to accept SSH")
+                    # a phase within prepare: the nodes still booting, each prepared as it answers
+                    with self.reporter.phase("wait"):
+                        result = playbooks.merge_results(result, play(booting, wait=True), booting)
+                return result
+
+            direct = [n.name for n in nodes if n not in by_head]
+            result = play_waiting(direct) if direct else playbooks.PlaybookResult(ok=True)
+            if by_head:
+                head_failed = {f.host for f in result.failures} | set(result.unreachable)
+                missed = [n.name for n in by_head]
+                if self.inv.head.name not in head_failed and result.error is None:
+                    by_head_result, missed = self.install_by_head(fingerprint, public, by_head, view, on_installed)
+                    result = playbooks.merge_results(result, by_head_result, [])
+                if missed:  # not reached from the head (booting, made before nodes trusted it, head down)
+                    result = playbooks.merge_results(result, play_waiting(missed), [])
         found = fabricrecord.record(self.cdir, self.inv, installed)  # also after a failure: what the nodes found
         failed = {f.host for f in result.failures} | set(result.unreachable)
         done = [n for n in nodes if n.name in installed and n.name not in failed]
-        if get_provider(self.inv.cloud).checks_console_host_keys:
+        if provider.checks_console_host_keys:
             self.check_console_host_keys(done)
         if done and result.error is None:
             prepare.record(self.cdir, self.inv, done, fingerprint)
@@ -208,6 +226,39 @@ class JobRunner:
         if found is not None:
             for line in fabricrecord.warnings(found, fabricrecord.expected_kind(self.inv.cloud, self._request())):
                 self.reporter.info(f"Fabric: {line}")
+
+    def install_by_head(self, fingerprint: str, public_key: str, workers: Sequence[Node], view: Mapping,
+                        on_installed: Callable[[str, Mapping], None]) -> tuple[playbooks.PlaybookResult, list[str]]:
+        """The head installs `workers` (headinstall.py): the outcome as a play's, and the workers it
+        did not reach, for the prepare play."""
+        def on_peer(node: Node, outcome: headinstall.PeerResult) -> None:
+            if outcome.ok:
+                on_installed(node.name, {k: v for k, v in outcome.result.items() if k != "changed"})
+
+        provider = get_provider(self.inv.cloud)
+        bundle = prepare.install_bundle(fingerprint_value=fingerprint, internal_public_key=public_key, view=view,
+                                        fabric_env=self.fabric_env(), fabric_head=self.inv.head.address)
+        with self.reporter.phase("head_install"):  # a phase within prepare: one call, whatever the size
+            outcomes = headinstall.install_through_head(
+                self.inv.head, workers, bundle=bundle, bootstrap=prepare.install_bootstrap(),
+                python=provider.node_python(), view=view, control_dir=self.control_dir, on_result=on_peer)
+        failures = [playbooks.HostFailure(n.name, n.rank, None, outcomes[n.name].error) for n in workers
+                    if not outcomes[n.name].ok and not outcomes[n.name].unreachable]
+        return (playbooks.PlaybookResult(ok=not failures, failures=failures),
+                [n.name for n in workers if outcomes[n.name].unreachable])
+
+    def installable_by_head(self, nodes: Sequence[Node], view: Mapping | None) -> list[Node]:
+        """The workers of `nodes` the head may install itself: their provider authorized the internal
+        key at boot, the controller knows their host keys (the head checks them strictly), there is
+        a view to give (not loopback nodes) and the install step is all that applies to them."""
+        provider = get_provider(self.inv.cloud)
+        if not (provider.authorizes_internal_key_at_boot and view and self.inv.head.known_hosts):
+            return []
+        if not prepare.only_install_step(manages_sshd=not provider.local, features=self.features,
+                                         python=prepare.python_env(self.cdir)):
+            return []
+        pinned = ssh.known_aliases(Path(self.inv.head.known_hosts))
+        return [n for n in nodes if n.rank != 0 and n.host_key_alias in pinned]
 
     def publish(self) -> None:
         """Leave the cluster's records in the state bucket (shared state only), for the next runner."""

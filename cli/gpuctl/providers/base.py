@@ -20,6 +20,10 @@ Facts (class attributes):
 - `checks_console_host_keys`: the nodes print their SSH host keys to a
   console gpuctl can read, so the keys learned at first contact are checked
   against them (`console_host_keys`).
+- `authorizes_internal_key_at_boot`: the module authorizes the cluster's
+  internal key on every node as it boots (root_config's `internal_public_key`),
+  so once the head is prepared it installs the workers whose host keys are
+  known before contact (`boot_host_keys`) itself: one call from the controller.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Provider(Protocol):
     local: bool
     containers_outlive_cluster: bool
     checks_console_host_keys: bool
+    authorizes_internal_key_at_boot: bool
 
     # -- provisioning (provision/provisioner.py) -------------------------------------------------
 
@@ -57,8 +62,10 @@ class Provider(Protocol):
         """Preflight before rendering (quota, zone choice...); may return an adjusted request."""
         ...
 
-    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
-        """The cluster's root module as Terraform JSON."""
+    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str,
+                    internal_public_key: str = "") -> dict[str, Any]:
+        """The cluster's root module as Terraform JSON; `internal_public_key` is authorized at boot
+        where `authorizes_internal_key_at_boot`."""
         ...
 
     def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:
@@ -122,6 +129,11 @@ class Provider(Protocol):
         those learned for `alias` in `known_hosts` that are not among them)."""
         ...
 
+    def boot_host_keys(self, cluster_dir: Path, node_count: int) -> dict[int, str]:
+        """{rank: "TYPE BASE64"}: the host keys of the nodes, known without contacting them (read
+        where they were made); the controller pins them before first contact. {}: learned then."""
+        ...
+
 
 class BaseProvider:
     """Every hook's default: a provider that attaches no fabric, has no instance types, no
@@ -133,6 +145,7 @@ class BaseProvider:
     local = False
     containers_outlive_cluster = False
     checks_console_host_keys = False
+    authorizes_internal_key_at_boot = False
 
     def module_dir(self) -> Path:
         path = terraform_dir() / "modules" / self.module_name
@@ -149,7 +162,8 @@ class BaseProvider:
         self.check(req)
         return req
 
-    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
+    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str,
+                    internal_public_key: str = "") -> dict[str, Any]:
         raise NotImplementedError(f"provider '{self.name}' renders no Terraform root")
 
     def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:
@@ -191,3 +205,6 @@ class BaseProvider:
     def console_host_keys(self, node_id: str, region: str | None, known_hosts: Path,
                           alias: str) -> tuple[set[str], list[str]]:
         return set(), []
+
+    def boot_host_keys(self, cluster_dir: Path, node_count: int) -> dict[int, str]:
+        return {}

@@ -79,6 +79,10 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
     write_ssh_config(inv)
     if inv.head.known_hosts:  # nodes Terraform replaced are new entries; their old keys go
         ssh.forget_host_keys(Path(inv.head.known_hosts), {n.host_key_alias for n in inv.nodes}, keep_only=True)
+        # keys read where the nodes were made: first contact is checked, not trusted
+        boot = get_provider(inv.cloud).boot_host_keys(cluster_dir(inv.cluster), len(inv.nodes))
+        ssh.pin_host_keys(Path(inv.head.known_hosts), {n.host_key_alias: boot[n.rank] for n in inv.nodes
+                                                       if n.rank in boot})
     for node in inv.nodes:
         reporter.info(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}")
     return inv

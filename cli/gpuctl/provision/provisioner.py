@@ -32,7 +32,7 @@ from gpuctl.providers import MODULE_NAME, Provider, get_provider
 from gpuctl.provision import ssh
 from gpuctl.provision.ansibleinventory import write_inventory
 from gpuctl.provision.inventory import Inventory, inventory_from_outputs, load_inventory
-from gpuctl.provision.sshkeys import KEY_NAME, ensure_cluster_key
+from gpuctl.provision.sshkeys import KEY_NAME, ensure_cluster_key, ensure_internal_key
 from gpuctl.provision.terraform import PlanSummary, TerraformRoot
 from gpuctl.spec.request import ClusterRequest, check_cluster_name
 from gpuctl.state import remotestate
@@ -222,8 +222,9 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
 def root_config(provider: Provider, req: ClusterRequest, cdir: Path, public_key: str,
                 remote: remotestate.Remote | None) -> dict[str, Any]:
     """The cluster's Terraform root: the provider's rendering, with the S3 backend when state is shared."""
-    return remotestate.with_backend(provider.root_config(req, cluster_dir=cdir, ssh_public_key=public_key),
-                                    req.name, remote)
+    internal = ensure_internal_key(cdir)[1] if provider.authorizes_internal_key_at_boot else ""
+    return remotestate.with_backend(provider.root_config(req, cluster_dir=cdir, ssh_public_key=public_key,
+                                                         internal_public_key=internal), req.name, remote)
 
 
 def _adopt_existing_hosts(req: ClusterRequest, cdir: Path, on_progress: Progress,

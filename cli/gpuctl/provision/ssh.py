@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from gpuctl.provision.inventory import Node
 
@@ -128,6 +128,38 @@ def forget_host_keys(known_hosts: Path, aliases: set[str], *, keep_only: bool = 
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(known_hosts)
     return dropped
+
+
+def known_aliases(known_hosts: Path) -> set[str]:
+    """The host names (node aliases) `known_hosts` holds a key for."""
+    try:
+        lines = known_hosts.read_text().splitlines()
+    except OSError:
+        return set()
+    return {name for ln in lines if ln and not ln.startswith("#") for name in ln.split(" ", 1)[0].split(",")}
+
+
+def pin_host_keys(known_hosts: Path, keys: Mapping[str, str]) -> int:
+    """Record `keys` ({alias: "TYPE BASE64 [comment]"}, read where the nodes were made) as the only
+    keys of their aliases: first contact then checks them, by the controller and by the head alike.
+    How many entries changed."""
+    try:
+        before = known_hosts.read_text()
+    except FileNotFoundError:
+        before = ""
+    wanted = {alias: " ".join([alias, *line.split()[:2]]) for alias, line in keys.items() if len(line.split()) >= 2}
+    lines = before.splitlines()
+    kept = [ln for ln in lines
+            if not (ln and not ln.startswith("#") and set(ln.split(" ", 1)[0].split(",")) & set(wanted))]
+    present = set(lines)
+    changed = sum(1 for entry in wanted.values() if entry not in present)
+    if not changed and len(kept) + len(wanted) == len(lines):
+        return 0
+    tmp = known_hosts.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept + list(wanted.values())))
+    os.chmod(tmp, 0o600)
+    tmp.replace(known_hosts)
+    return changed
 
 
 def proxy_command(node: Node) -> str:

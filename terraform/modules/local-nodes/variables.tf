@@ -31,6 +31,18 @@ variable "ssh_public_key" {
   }
 }
 
+variable "internal_public_key" {
+  description = "The cluster's node-to-node public key (one OpenSSH line), also authorized on every node at boot, so the head can install its workers itself. Changing it replaces no node. Empty: none."
+  type        = string
+  default     = ""
+  nullable    = false
+
+  validation {
+    condition     = var.internal_public_key == "" || can(regex("^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( [^\\n]*)?\\n?$", var.internal_public_key))
+    error_message = "internal_public_key must be empty or one OpenSSH public key line such as 'ssh-ed25519 AAAA... comment'."
+  }
+}
+
 variable "mode" {
   description = "netns: one network and mount namespace per node on a private bridge (needs root and iproute2). loopback: sshd processes on 127.0.0.1, one port each."
   type        = string

@@ -30,6 +30,7 @@ MODULES = (
     "jobplane/agent/procs.py",
     "jobplane/agent/jobdir.py",
     "jobplane/agent/install.py",
+    "jobplane/agent/peerinstall.py",
     "jobplane/agent/containers.py",
     "jobplane/agent/stages.py",
     "jobplane/agent/follow.py",

@@ -9,12 +9,13 @@ from gpuctl.jobplane.agent.coordinator import cmd_attach, cmd_cancel, cmd_coordi
 from gpuctl.jobplane.agent.destinations import cmd_check_dest, cmd_claim
 from gpuctl.jobplane.agent.follow import cmd_follow
 from gpuctl.jobplane.agent.install import cmd_install
+from gpuctl.jobplane.agent.peerinstall import cmd_install_peers
 from gpuctl.jobplane.agent.relay import cmd_relay
 from gpuctl.jobplane.agent.stages import cmd_kill, cmd_launch, cmd_status
 from gpuctl.jobplane.protocol import (
     CMD_ATTACH, CMD_CANCEL, CMD_CHECK_DEST, CMD_CLAIM, CMD_CONTAINER_STAGE, CMD_COORDINATE, CMD_FOLLOW,
-    CMD_INSTALL, CMD_JOB_STATUS, CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT, CMD_UNMOUNT_BUCKET,
-    OFFSET_HEADER,
+    CMD_INSTALL, CMD_INSTALL_PEERS, CMD_JOB_STATUS, CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT,
+    CMD_UNMOUNT_BUCKET, OFFSET_HEADER,
 )
 
 
@@ -94,6 +95,8 @@ def main(argv=None):
 
     p = sub.add_parser(CMD_INSTALL, help="bring this node to the prepared state in the bundle on stdin")
     p.set_defaults(func=cmd_install)
+    p = sub.add_parser(CMD_INSTALL_PEERS, help="install the workers in the request on stdin (the head, at prepare)")
+    p.set_defaults(func=cmd_install_peers)
 
     args = parser.parse_args(argv)
     return args.func(args)

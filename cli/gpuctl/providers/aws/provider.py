@@ -373,7 +373,10 @@ class AwsProvider(BaseProvider):
             check_bastion_image(pre.region, self.settings)
         return new
 
-    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
+    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str,
+                    internal_public_key: str = "") -> dict[str, Any]:
+        # Not authorized at boot: a worker's host key is known only at first contact (its console
+        # prints fingerprints minutes later), so each node is prepared from the controller.
         return render_root(req, self.settings, ssh_public_key=ssh_public_key)
 
     def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:

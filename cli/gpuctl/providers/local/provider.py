@@ -361,12 +361,26 @@ class LocalProvider(BaseProvider):
     module_name = "local-nodes"
     local = True  # sshd processes on this machine: its filesystem, Python and container store
     containers_outlive_cluster = True
-
+    authorizes_internal_key_at_boot = True  # node.sh writes it beside the access key
 
     def node_python(self) -> str | None:
         """This machine's python3, as a node's login shell finds it (sshd's default PATH): the nodes
         are processes here, so discovery would find the same one."""
         return shutil.which("python3", path=NODE_LOGIN_PATH)
+
+    def boot_host_keys(self, cluster_dir: Path, node_count: int) -> dict[int, str]:
+        """Each node's host key as node.sh generated it on this machine (<node>/sshd/*.pub)."""
+        state_dir = nodes_dir(Path(cluster_dir).resolve())
+        keys = {}
+        for rank in range(node_count):
+            try:
+                line = (state_dir / f"node{rank}" / "sshd" / "ssh_host_ed25519_key.pub").read_text().strip()
+            except OSError:
+                continue
+            if len(line.split()) >= 2:
+                keys[rank] = line
+        return keys
+
     def task_warnings(self, task: "Task", req: ClusterRequest) -> list[str]:
         """The local nodes have no GPU of their own, and no instance type, market, disk or fabric."""
         lines = []
@@ -399,7 +413,8 @@ class LocalProvider(BaseProvider):
                             f"{'this cluster' if alloc is not None else f'{mode} mode'} ({why}){grow}")
         _check_state_dir(nodes_dir(cdir))
 
-    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str) -> dict[str, Any]:
+    def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str,
+                    internal_public_key: str = "") -> dict[str, Any]:
         cluster_dir = Path(cluster_dir).resolve()
         state_dir = nodes_dir(cluster_dir)
         _check_state_dir(state_dir)
@@ -408,6 +423,7 @@ class LocalProvider(BaseProvider):
             "name": req.name,
             "node_count": req.num_nodes,
             "ssh_public_key": ssh_public_key.strip(),
+            "internal_public_key": internal_public_key.strip(),
             "mode": alloc.mode,
             "state_dir": str(state_dir),
             "ssh_user": alloc.ssh_user,

@@ -276,6 +276,8 @@ up() {
   chmod 755 "$LN_DIR/home"
   ssh-keygen -q -t ed25519 -N '' -C "gpuctl-local-node-$LN_INDEX" -f "$LN_DIR/sshd/ssh_host_ed25519_key"
   printf '%s\n' "$LN_PUBKEY" >"$LN_DIR/sshd/authorized_keys"
+  # The cluster's internal key, authorized at boot: the head may install this node itself.
+  if [[ -n ${LN_INTERNAL_PUBKEY:-} ]]; then printf '%s\n' "$LN_INTERNAL_PUBKEY" >>"$LN_DIR/sshd/authorized_keys"; fi
   # /etc/profile resets PATH in login shells; SetEnv covers the other sessions.
   cat >"$LN_DIR/home/.profile" <<PROFILE
 # gpuctl local node: this machine's software, as the cluster's PATH says.

@@ -98,6 +98,21 @@ run "rejects_bad_public_key" {
   expect_failures = [var.ssh_public_key]
 }
 
+run "rejects_bad_internal_public_key" {
+  command = plan
+  variables { internal_public_key = "ssh-ed25519 AAAA\nPermitOpen any" }
+  expect_failures = [var.internal_public_key]
+}
+
+run "a_new_internal_key_replaces_no_node" {
+  command = plan
+  variables { internal_public_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9wZW5zc2gta2V5LWZvci10ZXN0cy1vbmx5LXl5eXk= gpuctl-internal-tftest" }
+  assert {
+    condition     = alltrue([for n in terraform_data.node : !contains([for v in values(n.triggers_replace) : tostring(v)], var.internal_public_key)])
+    error_message = "the internal key is given at boot only: a rotation must not rebuild the nodes"
+  }
+}
+
 run "rejects_keep_path_with_spaces" {
   command = plan
   variables { keep_visible_paths = ["/root/my python"] }
