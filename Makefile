@@ -59,13 +59,23 @@ $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 
 # Exactly the lock: every package pinned and hash-checked, nothing resolved here.
+# Each step says what it installs; torch, the large one, shows pip's own progress.
 $(VENV)/.deps: $(LOCK) pyproject.toml | $(BIN)/activate
+	@echo "==> [1/3] pip $(PIP_VERSION) into $(VENV)"
 	$(BIN)/pip install -q pip==$(PIP_VERSION)
+	@echo "==> [2/3] gpuctl and its dependencies, exactly as $(LOCK) pins them ($$(grep -c '^[a-z]' $(LOCK)) packages)"
 	$(BIN)/pip install -q --require-hashes --no-deps -r $(LOCK)
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check
-	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install -q $(TORCH)
-	$(BIN)/python -c 'import jax' 2>/dev/null || $(BIN)/pip install -q $(JAX)
+	@$(BIN)/python -c 'import torch' 2>/dev/null && echo "==> [3/3] torch: already installed" || { \
+	  echo "==> [3/3] $(TORCH): the examples' training stack (CPU build, a large download)"; \
+	  $(BIN)/pip install --progress-bar on $(TORCH); }
+	touch $@
+
+# Only the suite needs JAX (the JAX example's test), not the demo.
+$(VENV)/.jax: $(VENV)/.deps
+	@$(BIN)/python -c 'import jax' 2>/dev/null || { echo "==> $(JAX): the JAX example's test"; \
+	  $(BIN)/pip install -q $(JAX); }
 	touch $@
 
 venv: $(VENV)/.deps
@@ -80,7 +90,7 @@ demo: deps
 versions:
 	@echo "==> versions: $$(terraform version 2>/dev/null | head -1) | ansible-core $$($(BIN)/python -c 'import ansible.release as r; print(r.__version__)') | $$(rsync --version | head -1 | sed 's/  */ /g') | $$(ssh -V 2>&1) | $$(podman --version 2>/dev/null || echo no podman) | $$(rclone version 2>/dev/null | head -1 || echo no rclone)"
 
-test: deps versions
+test: deps $(VENV)/.jax versions
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 # Refresh the lock after changing a range in pyproject.toml (or to take new releases).

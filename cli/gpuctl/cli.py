@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
-from gpuctl import usage
+from gpuctl import cliargs, usage
 from gpuctl.common import output
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 # commands that use them, so a job on a running cluster starts fast.
 
 app = typer.Typer(
+    cls=usage.HelpGroup,
     name="gpuctl",
     help="Multi-node GPU training clusters from one SkyPilot-style cluster.yaml.",
     no_args_is_help=True,
@@ -100,7 +101,7 @@ InfraOption = typer.Option(None, "--infra", metavar="INFRA",
                            help="Override resources.infra (local, ssh/PATH, aws/REGION, aws/REGION/ZONE).")
 
 
-@app.command()
+@app.command("validate", cls=usage.HelpCommand, epilog=usage.examples_of("validate"))
 def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
              secret: Optional[List[str]] = SecretOption, infra: Optional[str] = InfraOption,
              output_format: str = OutputOption) -> None:
@@ -138,7 +139,7 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
     typer.echo(f"{file}: OK ({', '.join(parts)})")
 
 
-@app.command()
+@app.command("apply", cls=usage.HelpCommand, epilog=usage.examples_of("apply"))
 def apply(
     file: Path = FileArg,
     cluster: Optional[str] = typer.Option(None, "-c", "--cluster", metavar="NAME", help="Cluster name (default: the task's name)."),
@@ -176,6 +177,8 @@ def apply(
     registry = Registry()
     inv = lifecycle.bring_up(req, reporter=reporter, registry=registry, workdir=task.workdir,
                              container_image=task.container_image)
+    if not as_json:
+        cliargs.offer_ssh_include(reporter)
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provisioner.inventory_path(req.name)}")
         if as_json:
@@ -197,6 +200,11 @@ def apply(
         raise
     if as_json:
         _emit_apply(registry, req.name, inv, job_id=job_id, phases=reporter.phases)
+
+
+# `sky launch` is how SkyPilot users bring a cluster up and run a task: the same command here.
+app.command("launch", cls=usage.HelpCommand, help="Alias of `apply` (SkyPilot's `sky launch`).",
+            epilog=usage.examples_of("launch"))(apply)
 
 
 def _emit_apply(registry: Registry, name: str, inv: Inventory, *, job_id: int | None,
@@ -243,7 +251,7 @@ def _job_runner(name: str, reporter: Reporter | None = None) -> JobRunner:
     return JobRunner(_cluster_inventory(name), reporter=reporter or Reporter(), registry=Registry())
 
 
-@app.command()
+@app.command("status", cls=usage.HelpCommand, epilog=usage.examples_of("status"))
 def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Cluster name (default: all clusters)."),
            refresh: bool = typer.Option(False, "--refresh", "-r",
                                         help="Check Terraform state and whether each node answers over SSH."),
@@ -322,10 +330,10 @@ def _node_health(inv: Inventory) -> dict[int, str]:
     return health
 
 
-@app.command("exec")
+@app.command("exec", cls=usage.DashCommand, epilog=usage.examples_of("exec"))
 def exec_(
     name: str = typer.Argument(..., metavar="NAME", help="A running cluster."),
-    file: Optional[Path] = typer.Argument(None, metavar="FILE", help="Task YAML whose run (and workdir, envs) to use; or give `-- COMMAND...`."),
+    entrypoint: Optional[str] = typer.Argument(None, metavar="FILE|COMMAND", help="A task YAML whose run (and workdir, envs) to use, or a command string run by bash on every node (as `sky exec`); or the command's words after `--`."),
     num_nodes: Optional[int] = typer.Option(None, "--num-nodes", metavar="N", help="Run on the first K nodes only (ranks 0..K-1)."),
     env: Optional[List[str]] = EnvOption,
     secret: Optional[List[str]] = SecretOption,
@@ -342,10 +350,14 @@ def exec_(
     record = registry.cluster(name)
     last_apply = record.request if record else {}
     command = _command_after_dashes()
-    if file is not None and command:
-        raise UserError("give either a task FILE or `-- COMMAND...`, not both")
-    if file is None and not command:
-        raise UserError(f"nothing to run: `gpuctl exec {name} task.yaml` or `gpuctl exec {name} -- COMMAND...`")
+    if entrypoint is not None and command:
+        raise UserError("give either a task FILE, a command string or `-- COMMAND...`, not two of them")
+    if entrypoint is None and not command:
+        raise UserError(f"nothing to run: `gpuctl exec {name} task.yaml`, `gpuctl exec {name} 'COMMAND'` or "
+                        f"`gpuctl exec {name} -- COMMAND...`")
+    if entrypoint is not None and not entrypoint.strip():
+        raise UserError("the command string is empty: give a command, such as `gpuctl exec NAME 'hostname'`")
+    file = Path(entrypoint) if entrypoint is not None and cliargs.names_task_file(entrypoint) else None
     envs = parse_env_assignments(env or [])
     if file is not None:
         task = _load(file, env, secret)
@@ -362,9 +374,11 @@ def exec_(
             spec_workdir = None
         if spec_workdir is not None and not spec_workdir.is_dir():
             raise UserError(f"--workdir {spec_workdir}: not a directory")
-        # Like `kubectl exec` and `docker exec`: the words after `--` are the argv, kept as given.
-        run = shlex.join(command)
-        secrets, job_name = parse_env_assignments(secret or [], flag="--secret", secret=True), None
+        # A string (as `sky exec CLUSTER 'CMD'`) is a bash script; the words after `--` are the argv,
+        # kept as given (as `kubectl exec` and `docker exec`).
+        run = entrypoint if entrypoint is not None else shlex.join(command)
+        secrets = parse_env_assignments(secret or [], flag="--secret", secret=True)
+        job_name = cliargs.shortened(" ".join(run.split()))  # what `queue` shows for it
     # Like `sky exec`: a task file's num_nodes picks the first K nodes, --num-nodes wins.
     k = num_nodes if num_nodes is not None else (task.num_nodes if file is not None else len(inv.nodes))
     if not 1 <= k <= len(inv.nodes):
@@ -393,7 +407,7 @@ def _fmt_time(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-@app.command()
+@app.command("queue", cls=usage.HelpCommand, epilog=usage.examples_of("queue"))
 def queue(name: str = typer.Argument(..., metavar="NAME", help="Cluster whose jobs to list."),
           output_format: str = OutputOption) -> None:
     """List a cluster's jobs: state, start and end time, and each rank's exit code."""
@@ -407,14 +421,14 @@ def queue(name: str = typer.Argument(..., metavar="NAME", help="Cluster whose jo
     if not rows:
         typer.echo(f"No jobs on cluster '{name}'.")
         return
-    typer.echo(f"{'ID':>4}  {'NAME':<16} {'STATUS':<13} {'SUBMITTED':<19}  {'STARTED':<19}  {'ENDED':<19}  {'NODES':>5}  RETURN CODES")
+    typer.echo(f"{'ID':>4}  {'NAME':<24} {'STATUS':<13} {'SUBMITTED':<19}  {'STARTED':<19}  {'ENDED':<19}  {'NODES':>5}  RETURN CODES")
     for job in rows:
         codes = ",".join("?" if c is None else str(c) for _, c in sorted(job.returncodes.items())) or "-"
-        typer.echo(f"{job.job_id:>4}  {(job.name or '-')[:16]:<16} {job.status:<13} {_fmt_time(job.submitted_at):<19}  "
+        typer.echo(f"{job.job_id:>4}  {cliargs.shortened(job.name or '-', 24):<24} {job.status:<13} {_fmt_time(job.submitted_at):<19}  "
                    f"{_fmt_time(job.started_at):<19}  {_fmt_time(job.ended_at):<19}  {job.num_nodes:>5}  {codes}")
 
 
-@app.command()
+@app.command("logs", cls=usage.HelpCommand, epilog=usage.examples_of("logs"))
 def logs(
     name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
     job_id: Optional[int] = typer.Argument(None, metavar="JOB", help="Job id (default: the latest job)."),
@@ -441,7 +455,7 @@ def logs(
         if as_json:
             output.emit("logs", {"ok": code == 0, "cluster": name, "job": output.job_doc(job), "exit_code": code})
         else:
-            typer.echo(f"Job {job.job_id}: {job.status}")
+            typer.echo(f"Job {job.job_id}: {job.status}" + "".join(f"; {line}" for line in cliargs.failure_lines(inv, job)))
         raise typer.Exit(code)
     ranks = [n.rank for n in nodes]
     if job.status in TERMINAL_JOB_STATES and jobs.print_saved_logs(reporter, inv, job, ranks):
@@ -455,7 +469,7 @@ def logs(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command("cancel", cls=usage.HelpCommand, epilog=usage.examples_of("cancel"))
 def cancel(
     name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
     job_id: Optional[int] = typer.Argument(None, metavar="JOB", help="Job id (default: the latest unfinished job)."),
@@ -508,9 +522,9 @@ def _describe_leftovers(inv: Inventory, report: LeftoverReport) -> str:
     return "; ".join(parts) or "nothing of it was running on its nodes"
 
 
-@app.command("ssh-config")
+@app.command("ssh-config", cls=usage.HelpCommand, epilog=usage.examples_of("ssh-config"))
 def ssh_config(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Cluster (default: every cluster).")) -> None:
-    """Write OpenSSH config: `Host NAME` (head) and `Host NAME-worker1`... for `ssh -F` or `Include`."""
+    """Write OpenSSH config for a cluster's nodes, `Host NAME` for the head and `Host NAME-workerN` for the others."""
     names = [check_cluster_name(name)] if name else [c.name for c in Registry().clusters()]
     paths = [write_ssh_config(_cluster_inventory(n)) for n in names]
     for p in paths:
@@ -519,7 +533,7 @@ def ssh_config(name: Optional[str] = typer.Argument(None, metavar="NAME", help="
                f"or add `Include {state_root() / 'ssh' / 'config'}` to ~/.ssh/config")
 
 
-@app.command("inventory")
+@app.command("inventory", cls=usage.HelpCommand, epilog=usage.examples_of("inventory"))
 def inventory_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
                fmt: str = typer.Option("ansible", "--format", "-f", metavar="FORMAT",
                                        help="ansible (YAML), json, hostfile (MPI/DeepSpeed) or ssh-config.")) -> None:
@@ -532,14 +546,28 @@ def inventory_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
     sys.stdout.write(inventoryexport.export(inv, fmt, ssh_config_path=state_root() / "ssh" / f"{name}.conf"))
 
 
-@app.command("ssh")
+@app.command("ssh", cls=usage.DashCommand, epilog=usage.examples_of("ssh"))
 def ssh_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
-         rank: int = typer.Option(0, "--rank", metavar="N", help="Node rank (0 = head)."),
+         node: Optional[str] = typer.Argument(None, metavar="NODE", help="A node's name (head, worker2) or rank (default: the head)."),
+         rank: Optional[int] = typer.Option(None, "--rank", metavar="N", help="Node rank (0 = head); the same as NODE."),
          ) -> None:
-    """SSH into a node (default: the head), optionally running `-- COMMAND...`."""
+    """SSH into a node (default: the head); the words after `--` run there as a command."""
     inv = _cluster_inventory(name)
+    if node is not None and rank is not None:
+        raise UserError("give the node either as NODE or as --rank, not both")
+    if node is not None:
+        by_name = {n.name: n.rank for n in inv.nodes}
+        if node in by_name:
+            rank = by_name[node]
+        elif node.isdigit():
+            rank = int(node)
+        else:
+            raise UserError(f"node {node!r}: cluster '{name}' has {', '.join(list(by_name)[:6])}"
+                            f"{', ...' if len(by_name) > 6 else ''} (a name or a rank 0..{len(inv.nodes) - 1})")
+    rank = 0 if rank is None else rank
     if not 0 <= rank < len(inv.nodes):
-        raise UserError(f"--rank {rank}: cluster '{name}' has ranks 0..{len(inv.nodes) - 1}")
+        where = f"node {node}" if node is not None else f"--rank {rank}"
+        raise UserError(f"{where}: cluster '{name}' has ranks 0..{len(inv.nodes) - 1}")
     conf = write_ssh_config(inv)
     alias = sshconfig.host_alias(name, inv.nodes[rank])
     command = _command_after_dashes()
@@ -548,7 +576,7 @@ def ssh_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
     os.execvp("ssh", argv)
 
 
-@app.command("forget-host-key")
+@app.command("forget-host-key", cls=usage.HelpCommand, epilog=usage.examples_of("forget-host-key"))
 def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
                     node: str = typer.Argument(..., metavar="NODE", help="Node name (head, worker1, ...) or rank.")
                     ) -> None:
@@ -567,7 +595,7 @@ def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluste
                "again and copies it to the other nodes")
 
 
-@app.command("force-unlock")
+@app.command("force-unlock", cls=usage.HelpCommand, epilog=usage.examples_of("force-unlock"))
 def force_unlock(name: str = typer.Argument(..., metavar="NAME", help="Cluster whose lock to remove.")) -> None:
     """Remove a cluster's lock in the shared state bucket, left by a runner that died (as `terraform force-unlock`)."""
     from gpuctl.state.remotestate.store import break_lock, holder_text
@@ -602,7 +630,7 @@ def watch_(name: str, job_id: int) -> None:
         joblogs.unmark_watching(name, job.job_id)
 
 
-@app.command()
+@app.command("check", cls=usage.HelpCommand, epilog=usage.examples_of("check"))
 def check(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
           sizes: str = typer.Option("1M,64M,1G", "--sizes", metavar="SIZES",
                                     help="Message sizes, comma-separated: bytes, or K, M, G (powers of 1024)."),
@@ -636,7 +664,7 @@ def check(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
         raise JobFailed(report.problem)
 
 
-@app.command()
+@app.command("down", cls=usage.HelpCommand, epilog=usage.examples_of("down"))
 def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear down."),
          yes: bool = typer.Option(True, "-y", "--yes", hidden=True),
          output_format: str = OutputOption) -> None:
@@ -665,7 +693,7 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.command("version")
+@app.command("version", cls=usage.HelpCommand, epilog=usage.examples_of("version"))
 def version_(output_format: str = OutputOption) -> None:
     """Print gpuctl's version (as `gpuctl --version`)."""
     if wants_json(output_format):
@@ -716,7 +744,7 @@ def main() -> None:
     # Everything gpuctl writes (state dir, Terraform state, ansible-runner artifacts,
     # logs) is private to the user: group and others get no bits.
     os.umask(0o077)
-    argv = sys.argv[1:]
+    argv = sys.argv[1:] or ["--help"]  # a bare `gpuctl` shows the help, as `sky` does, and exits 0
     if "--" in argv:
         cut = argv.index("--")
         argv, _after_dashes = argv[:cut], argv[cut + 1:]

@@ -1,4 +1,4 @@
-"""Usage errors of the command line, whichever click the installed typer uses.
+"""Usage errors and help pages of the command line, whichever click the installed typer uses.
 
 typer up to 0.28 raises the `click` package's exceptions; typer 0.29 vendors
 its own copy (`typer._click`) whose exceptions are unrelated classes. Catching
@@ -66,3 +66,143 @@ def _context_for(root: object, argv: list[str], prog: str) -> Any:
             return sub.make_context(word, [], parent=ctx, resilient_parsing=True)
         break
     return ctx
+
+
+# -- help pages ----------------------------------------------------------------------------------
+
+class HelpCommand(typer.core.TyperCommand):
+    """A command's help as users of other CLIs read it: `gpuctl exec [OPTIONS] NAME [FILE|COMMAND]`
+    (no braces, no type beside each argument), and its examples (the epilog) kept line by line."""
+
+    usage_tail: tuple[str, ...] = ()
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument" and not getattr(param, "hidden", False):
+                name = _argument_name(param)
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces + list(self.usage_tail)
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        args, opts = [], []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                if not getattr(param, "hidden", False):
+                    args.append((_argument_name(param), getattr(param, "help", None) or ""))
+            else:
+                record = param.get_help_record(ctx)
+                if record is not None:
+                    opts.append(record)
+        if args:
+            with formatter.section("Arguments"):
+                formatter.write_dl(args)
+        if opts:
+            with formatter.section("Options"):
+                formatter.write_dl(opts)
+
+
+class DashCommand(HelpCommand):
+    """`exec` and `ssh`, which take the words after `--` as a command."""
+
+    usage_tail = ("[-- COMMAND...]",)
+
+
+class HelpGroup(typer.core.TyperGroup):
+    """The command list with each command's whole first sentence, not cut at 45 characters."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            rows.append((name, cmd.get_short_help_str(limit=200)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _argument_name(param: Any) -> str:
+    return str(param.metavar or param.name.upper())
+
+
+# Two or three per command, shown at the end of its help page.
+EXAMPLES = {
+    'validate': (
+        'gpuctl validate cluster.yaml',
+        'gpuctl validate cluster.yaml --infra local',
+        'gpuctl validate train.yaml --env LR=3e-4 -o json',
+    ),
+    'apply': (
+        'gpuctl apply cluster.yaml',
+        'gpuctl apply cluster.yaml -c demo --infra local --num-nodes 2',
+        'gpuctl apply cluster.yaml --dry-run',
+        'gpuctl apply cluster.yaml -d; gpuctl logs NAME',
+    ),
+    'status': (
+        'gpuctl status',
+        'gpuctl status demo',
+        'gpuctl status demo -o json',
+    ),
+    'exec': (
+        "gpuctl exec demo 'echo hi from $(hostname)'",
+        'gpuctl exec demo train.yaml',
+        'gpuctl exec demo --num-nodes 1 -- nvidia-smi',
+    ),
+    'queue': (
+        'gpuctl queue demo',
+        'gpuctl queue demo -o json',
+    ),
+    'logs': (
+        'gpuctl logs demo',
+        'gpuctl logs demo 3 --rank 1 --no-follow',
+        'gpuctl logs demo --status   (exit 100: failed)',
+    ),
+    'cancel': (
+        'gpuctl cancel demo 3',
+        'gpuctl cancel demo --all',
+    ),
+    'ssh-config': (
+        'gpuctl ssh-config demo',
+        'ssh demo   (with `Include ~/.gpuctl/ssh/config` in ~/.ssh/config)',
+    ),
+    'inventory': (
+        'gpuctl inventory demo',
+        'gpuctl inventory demo -f hostfile',
+        'ansible-playbook -i <(gpuctl inventory demo) site.yml',
+    ),
+    'ssh': (
+        'gpuctl ssh demo',
+        'gpuctl ssh demo worker2',
+        'gpuctl ssh demo 1 -- nvidia-smi',
+    ),
+    'forget-host-key': (
+        'gpuctl forget-host-key demo worker1',
+    ),
+    'force-unlock': (
+        'gpuctl force-unlock demo',
+    ),
+    'check': (
+        'gpuctl check demo',
+        'gpuctl check demo --sizes 64M,1G --min-busbw 100',
+        'gpuctl check demo -o json',
+    ),
+    'down': (
+        'gpuctl down demo',
+    ),
+    'version': (
+        'gpuctl version',
+        'gpuctl --version',
+        'gpuctl version -o json',
+    ),
+    'launch': (
+        'gpuctl launch cluster.yaml',
+        'gpuctl launch cluster.yaml -c demo --infra local',
+    ),
+}
+
+
+def examples_of(command: str) -> str:
+    """A help page's examples: `\\b` keeps click from rewrapping them into one paragraph."""
+    return "Examples:\n\n\b\n" + "\n".join("  " + line for line in EXAMPLES[command])

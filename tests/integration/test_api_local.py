@@ -257,7 +257,7 @@ def test_the_ddp_example_trains_in_step(capsys: pytest.CaptureFixture[str]):
     assert len(epochs) == 10 and all(line.startswith("(head, rank=0) Epoch ") for line in epochs)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed (make deps installs it)")
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed (make test installs it)")
 def test_jax_plugin_collectives_across_nodes():
     @gpuctl.function
     def gather():

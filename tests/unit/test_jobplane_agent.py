@@ -568,13 +568,48 @@ def test_a_worker_refuses_a_job_dir_another_submission_made(node_home: Path):
     assert not (node_home / "ran").exists()
 
 
+def copy_targets(n: int, job_ranks: int, claims: dict[int, list[int]], setup: bool) -> list[list]:
+    """The head's copy plan (P plan) for one destination on `n` nodes."""
+    coord = object.__new__(agent.Coordinator)
+    coord.payload = {"job": "1", "nonce": "n", "copy_branching": 4, "peers": [{"name": f"n{r}"} for r in range(n)],
+                     "sync": [{"path": "~/gpuctl_workdir", "dir": True}],
+                     "stages": {"setup": {"script": "true"} if setup else None, "run": {"script": "true"}}}
+    coord.n, coord.job_ranks, coord.lost, coord.synced, coord.claims = n, job_ranks, {}, {}, claims
+    plans: list[list] = []
+    coord.write = lambda data: plans.append(json.loads(data.decode().split(" ", 2)[2])["copies"]) \
+        if data.startswith(f"{agent.EV_PHASE} {agent.PHASE_PLAN} ".encode()) else None
+
+    class Relay:
+        def command(self, line: str) -> None:
+            if line.startswith("sync "):
+                for _, dst, idx in json.loads(line.split(" ", 1)[1]):
+                    for _ in idx:
+                        coord.on_event(f"{agent.EV_SYNCED} {dst} 0 ok\n".encode())
+
+    coord.relay = Relay()
+    coord.wait = lambda predicate, timeout=None: bool(predicate())
+    assert coord.do_sync() is True
+    return plans[0]
+
+
+def test_a_job_on_fewer_nodes_gets_copies_on_its_nodes_only():
+    own = {r: [r] for r in range(4)}
+    assert copy_targets(4, 1, own, setup=False) == [["~/gpuctl_workdir", []]]  # the head alone: nothing to copy
+    assert copy_targets(4, 2, own, setup=False) == [["~/gpuctl_workdir", [1]]]
+    # setup runs on every node: every node gets the files
+    assert copy_targets(4, 2, own, setup=True) == [["~/gpuctl_workdir", [1, 2, 3]]]
+    # worker1 shares a filesystem whose copy worker3 owns: the copy goes to worker3, which worker1 sees
+    shared = {0: [0], 1: [3], 2: [2], 3: [3]}
+    assert copy_targets(4, 2, shared, setup=False) == [["~/gpuctl_workdir", [3]]]
+
+
 def test_a_wave_waits_for_every_push_to_a_rank_not_just_the_first():
     """A rank that gets two destinations in one wave (workdir and a file_mount) is synced once both
     pushes reported: its run must not start while the second copy is still going."""
     coord = object.__new__(agent.Coordinator)
     coord.payload = {"job": "1", "nonce": "n", "copy_branching": 4, "peers": [{"name": "head"}, {"name": "worker1"}],
                      "sync": [{"path": "~/gpuctl_workdir", "dir": True}, {"path": "~/own/data", "dir": True}]}
-    coord.n, coord.lost, coord.synced = 2, {}, {}
+    coord.n, coord.job_ranks, coord.lost, coord.synced = 2, 2, {}, {}
     coord.claims = {0: [0, 0], 1: [1, 1]}  # worker1 owns both destinations: two pushes from the head
     coord.write = lambda data: None
     reports: list[list[str]] = []  # the Y events each sync command brings back

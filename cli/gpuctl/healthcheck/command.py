@@ -106,6 +106,11 @@ class _CheckRunner(JobRunner):
         return event.text
 
     def print_line(self, node: Node, line: str) -> None:
+        if MARK in line and node.rank == 0:  # each size as it completes: the table waits for all of them
+            for rec in markers([line]):
+                if rec.get("kind") == "result" and isinstance(rec.get("size_bytes"), int):
+                    self.reporter.info(f"  all_reduce {bandwidth.human_size(rec['size_bytes'])}: "
+                                       f"{float(rec.get('time_us') or 0) / 1000:.2f} ms on rank 0")
         if MARK in line or " NCCL INFO " in line:  # in the job's logs (`gpuctl logs`), not on the screen
             return
         super().print_line(node, line)

@@ -3210,8 +3210,12 @@ class Coordinator(object):
         branching = int(self.payload.get("copy_branching") or 4)
         edges = {}  # (src, dst) -> [dest index]
         depth_of = {}
+        # Setup runs on every node, so every node gets the files; a job without setup only on its
+        # own nodes, each through whichever node owns its filesystem's copy (the head: none).
+        needed = self.n if (self.payload.get("stages") or {}).get(STAGE_SETUP) else self.job_ranks
         for i in range(len(dests)):
-            owners = [0] + [r for r in range(1, self.n) if self.claims.get(r, [None] * len(dests))[i] == r]
+            owning = set(self.claims.get(r, [None] * len(dests))[i] for r in range(1, needed))
+            owners = [0] + sorted(r for r in owning if isinstance(r, int) and 0 < r < self.n)
             for pos in range(1, len(owners)):
                 parent = (pos - 1) // branching
                 depth_of[(owners[parent], owners[pos])] = depth_of.get((owners[parent], owners[pos]), 0)

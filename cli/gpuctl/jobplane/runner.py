@@ -63,6 +63,7 @@ class JobSpec:
     gpus_per_node: int = 0
     bucket_mounts: Sequence[BucketMount] = ()  # cloud buckets fetched (COPY) or mounted before setup
     container_image: str | None = None  # `image_id: docker:IMAGE`: setup and run inside this image
+    internal_mounts: frozenset[str] = frozenset()  # file_mounts gpuctl placed itself (a call's file): not shown
 
     @classmethod
     def of_task(cls, task: Task, req: ClusterRequest) -> JobSpec:
@@ -323,8 +324,9 @@ class JobRunner:
             rules = self.workdir_rules(spec)
             items: list[upload.Item] = []
             if spec.workdir is not None or mounts:
-                what = " and ".join(w for w, has in (("workdir", spec.workdir), ("file_mounts", mounts)) if has)
-                with self.reporter.stage(f"Copying the {what} to the head"):
+                shown = [m for m in mounts if m not in spec.internal_mounts]
+                what = " and ".join(w for w, has in (("workdir", spec.workdir), ("file_mounts", shown)) if has)
+                with (self.reporter.stage(f"Copying the {what} to the head") if what else ExitStack()):
                     try:
                         items = upload.upload(inv.head, workdir=spec.workdir, file_mounts=mounts,
                                               control_dir=self.control_dir, workdir_rules=rules)
@@ -338,7 +340,8 @@ class JobRunner:
             secrets_text = jobenv.secrets_script(spec.secrets)
             for line in buckets.describe(spec.bucket_mounts):
                 self.reporter.info(f"Bucket {line}")
-            view = _JobView(self, job.job_id, job_nodes, task, echo=not detach)  # detached: `gpuctl logs` shows it
+            view = _JobView(self, job.job_id, job_nodes, task, echo=not detach,  # detached: `gpuctl logs` shows it
+                            hidden_paths=spec.internal_mounts)
             for attempt in (1, 2):
                 session = client.Session(inv.head, job.node_job, self.control_dir, view.on_event)
                 try:
@@ -577,8 +580,10 @@ class _JobView:
     """What the controller does with a job's events: print, save per rank, record phases."""
 
     def __init__(self, runner: JobRunner, job_id: int, job_nodes: Sequence[Node], task: str | None, *,
-                 echo: bool, ranks: Sequence[int] | None = None, quiet: bool = False) -> None:
+                 echo: bool, ranks: Sequence[int] | None = None, quiet: bool = False,
+                 hidden_paths: frozenset[str] = frozenset()) -> None:
         self.runner = runner
+        self.hidden_paths = hidden_paths
         self.job_id = job_id
         self.job_nodes = job_nodes
         self.task = task
@@ -604,11 +609,9 @@ class _JobView:
                     runner.print_line(by_rank[event.rank], text)
         elif event.kind == protocol.EV_PHASE and not self.quiet:
             n = len(runner.inv.nodes)
-            if event.text == protocol.PHASE_SYNC and n > 1:
-                runner.reporter.info(f"Copying from the head to the other {n - 1} node(s)")
-            elif event.text.startswith(protocol.PHASE_PLAN + " ") and n > 1:
-                for line in describe_copies(event.text[len(protocol.PHASE_PLAN) + 1:], n):
-                    runner.reporter.info(f"  {line}")
+            if event.text.startswith(protocol.PHASE_PLAN + " ") and n > 1:
+                for line in describe_copies(event.text[len(protocol.PHASE_PLAN) + 1:], self.hidden_paths):
+                    runner.reporter.info(line)
             elif event.text == protocol.PHASE_SETUP:
                 runner.registry.update_job(cluster, self.job_id, status="SETTING_UP", started_at=time.time())
                 runner.reporter.info(f"Running setup on {n} node(s)")
@@ -634,21 +637,21 @@ class _JobView:
             self.logs.close()
 
 
-def describe_copies(plan_json: str, num_nodes: int) -> list[str]:
-    """The head's copy plan as users read it: where bytes go, and which nodes share a filesystem."""
+def describe_copies(plan_json: str, hidden: frozenset[str] = frozenset()) -> list[str]:
+    """The head's copy plan as users read it: how many nodes get bytes from the head, and the
+    paths that reach fewer of them (a filesystem shared with another node or the head). Paths
+    gpuctl placed itself are not named."""
     try:
-        copies = json.loads(plan_json).get("copies") or []
-    except (ValueError, AttributeError):
+        copies = [(str(path), list(ranks)) for path, ranks in json.loads(plan_json).get("copies") or []]
+    except (ValueError, AttributeError, TypeError):
         return []
-    lines = []
+    targets = sorted({r for _, ranks in copies for r in ranks})
+    if not targets:
+        return []
+    lines = [f"Copying from the head to {len(targets)} node(s)"]
     for path, ranks in copies:
-        others = num_nodes - 1
-        if not ranks and others:
-            lines.append(f"{path}: shared with the head by all {others} other node(s)")
-        else:
-            shared = others - len(ranks)
-            lines.append(f"{path}: to {len(ranks)} node(s)"
-                         + (f"; {shared} share a filesystem with one of them or the head" if shared else ""))
+        if path not in hidden and len(ranks) < len(targets):
+            lines.append(f"  {path}: to {len(ranks)} of them; the others share a filesystem with one that has it")
     return lines
 
 

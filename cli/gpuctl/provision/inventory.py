@@ -142,8 +142,10 @@ def peer_port(node: Node) -> int:
 
 
 def hostfile_lines(nodes: Iterable[Node]) -> list[str]:
-    """`IP slots=GPUS` per node, head first (DeepSpeed / MPI hostfile format)."""
-    return [f"{n.address} slots={n.gpus}" for n in sorted(nodes, key=lambda n: n.rank)]
+    """`IP slots=N` per node, head first (DeepSpeed / MPI hostfile format): N is the node's GPU
+    count, or 1 on a node without GPUs (one process per node; `slots=0` would give mpirun and
+    deepspeed nowhere to start a rank)."""
+    return [f"{n.address} slots={n.gpus or 1}" for n in sorted(nodes, key=lambda n: n.rank)]
 
 
 def inventory_from_outputs(

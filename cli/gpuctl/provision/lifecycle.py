@@ -24,21 +24,21 @@ from gpuctl.providers import get_provider
 from gpuctl.provision import ssh, sshconfig
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.request import ClusterRequest
-from gpuctl.state.lock import cluster_lock
+from gpuctl.state.lock import HeldLock, cluster_lock
 from gpuctl.state.registry import Registry
 
 
 @contextmanager
-def _changing(name: str, command: str, reporter: Reporter, registry: Registry) -> Iterator[None]:
+def _changing(name: str, command: str, reporter: Reporter, registry: Registry) -> Iterator[HeldLock]:
     """The cluster's lock: this machine's, and the state bucket's when state is shared."""
     with ExitStack() as stack:
-        stack.enter_context(cluster_lock(name, reporter.info))
+        held = stack.enter_context(cluster_lock(name, reporter.info))
         if registry.remote is not None:
             from gpuctl.state.remotestate.store import cluster_lock as remote_lock
 
             stack.enter_context(remote_lock(registry.remote.store, name, command=command, on_wait=reporter.info))
             registry.adopt(name)
-        yield
+        yield held
 
 
 def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, workdir: Path | None = None,
@@ -97,17 +97,27 @@ def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> bool:
     """
     from gpuctl.provision import provisioner
 
-    with _changing(name, "gpuctl down", reporter, registry), reporter.stage(f"Tearing down cluster '{name}'"):
+    with _changing(name, "gpuctl down", reporter, registry) as held, \
+            reporter.stage(f"Tearing down cluster '{name}'"):
         if not provisioner.cluster_exists(name):
             registry.forget(name)
+            forget_local_files(name, held)
             reporter.info(f"Cluster '{name}' had nothing provisioned; its record is removed.")
             return False
         registry.set_cluster_status(name, "STOPPING")
         remove_containers(name, reporter)
-        provisioner.destroy(name)
+        provisioner.destroy(name)  # the cluster's directory: keys, known hosts, inventory, state
         registry.forget(name)
+        forget_local_files(name, held)
     reporter.info(f"Cluster '{name}' is gone.")
     return True
+
+
+def forget_local_files(name: str, held: HeldLock) -> None:
+    """What gpuctl wrote for the cluster outside its directory: its ssh config (whose `Host` names
+    would otherwise reach whatever machine gets its addresses next) and, last, its lock file."""
+    (state_root() / "ssh" / f"{name}.conf").unlink(missing_ok=True)
+    held.discard()
 
 
 def remove_containers(name: str, reporter: Reporter) -> None:

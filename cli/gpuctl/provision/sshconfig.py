@@ -6,6 +6,7 @@ The file works with `ssh -F FILE NAME` and through `Include` from
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from gpuctl.common.errors import UserError
@@ -65,3 +66,37 @@ def write(inv: Inventory, path: Path, *, control_dir: Path | None = None) -> Pat
     tmp.write_text(text)
     tmp.replace(path)
     return path
+
+
+INCLUDE_ASKED = ".include-asked"  # in the state dir's ssh/: the user was asked once, whatever the answer
+
+
+def include_line(gpuctl_config: Path) -> str:
+    return f"Include {gpuctl_config}"
+
+
+def includes(user_config: Path, gpuctl_config: Path) -> bool:
+    """Whether the user's ssh config already has gpuctl's Include line."""
+    try:
+        lines = user_config.read_text().splitlines()
+    except OSError:
+        return False
+    wanted = include_line(gpuctl_config).split()
+    return any(ln.split() == wanted for ln in lines)
+
+
+def add_include(user_config: Path, gpuctl_config: Path) -> None:
+    """Put the Include line first in the user's ssh config: after a `Host` line it would apply to
+    that host only. The file is created (0600, ~/.ssh 0700) when missing."""
+    if user_config.is_symlink():  # a dotfiles manager's link: edit what it points to
+        user_config = user_config.resolve()
+    user_config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        before = user_config.read_text()
+    except FileNotFoundError:
+        before = ""
+    text = f"# added by gpuctl: `ssh CLUSTER` for gpuctl's clusters\n{include_line(gpuctl_config)}\n\n{before}"
+    tmp = user_config.with_name(user_config.name + ".gpuctl-tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, user_config.stat().st_mode & 0o777 if user_config.exists() else 0o600)
+    tmp.replace(user_config)

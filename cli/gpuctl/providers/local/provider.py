@@ -394,6 +394,11 @@ class LocalProvider(BaseProvider):
         for key in unused:
             lines.append(f"{task.where('resources', key)}: resources.{key}: ignored on infra local "
                          "(nodes on this machine)")
+        cpus, gib = os.cpu_count() or 1, _memory_gib()
+        for key, have in (("cpus", f"{cpus} CPU(s)"), ("memory", f"{gib:g} GiB" if gib else "its memory")):
+            if getattr(res, key):
+                lines.append(f"{task.where('resources', key)}: resources.{key}: not reserved on infra local: "
+                             f"every node shares this machine's {have}")
         return lines
 
     def check(self, req: ClusterRequest) -> None:
@@ -450,6 +455,18 @@ class LocalProvider(BaseProvider):
         if bridge_env.exists():
             _run_script(scripts / "bridge.sh", "down", _read_env(bridge_env))
         release(cluster_dir)
+
+
+def _memory_gib() -> float:
+    """This machine's memory in GiB (0 when /proc/meminfo cannot be read)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
 
 
 def _check_state_dir(state_dir: Path) -> None:

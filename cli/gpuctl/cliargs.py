@@ -1,0 +1,78 @@
+"""How the command line reads what it is given and words what it answers, beside cli.py (which
+defines the commands): `exec`'s argument, job names and failures as lines, the ssh config offer."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpuctl import usage
+from gpuctl.common.console import Reporter
+from gpuctl.common.paths import state_root
+from gpuctl.provision import sshconfig
+from gpuctl.provision.inventory import Inventory
+
+
+def shortened(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def names_task_file(entrypoint: str) -> bool:
+    """Whether `exec`'s argument is a task YAML (as `sky exec` decides): a .yaml/.yml path, found
+    or not (a missing one is an error, not a command), or an existing file holding a YAML mapping.
+    Anything else is a command string."""
+    path = Path(entrypoint)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return True
+    if "\n" in entrypoint or not path.is_file():
+        return False
+    import yaml
+
+    try:
+        with path.open() as fh:
+            return isinstance(yaml.safe_load(fh.read(1_000_000)), dict)
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+
+
+def failure_lines(inv: Inventory, job: Any) -> list[str]:
+    """What ended a failed job: the first rank that failed, with its node and exit code (or the
+    recorded reason when no rank ran). The others were stopped because of it (fail-fast)."""
+    if job.status not in ("FAILED", "FAILED_SETUP"):
+        return []
+    by_rank = {n.rank: n for n in inv.nodes}
+    failed = [r for r, c in sorted(job.returncodes.items()) if c != 0]
+    first = job.failed_rank if job.failed_rank in job.returncodes else (failed[0] if failed else None)
+    if first is None:
+        return [job.detail] if job.detail else []
+    code = job.returncodes.get(first)
+    node = by_rank.get(first)
+    where = f"rank {first}" + (f" ({node.name})" if node else "")
+    return [f"{where} " + ("lost (no exit code)" if code is None else f"exit code {code}")]
+
+
+def offer_ssh_include(reporter: Reporter) -> None:
+    """Once, and only on a terminal: offer to include gpuctl's ssh config from ~/.ssh/config, so
+    `ssh NAME` reaches a cluster's head (SkyPilot adds its own without asking)."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return
+    ssh_dir = state_root() / "ssh"
+    marker, gpuctl_config = ssh_dir / sshconfig.INCLUDE_ASKED, ssh_dir / "config"
+    user_config = Path.home() / ".ssh" / "config"
+    if marker.exists() or sshconfig.includes(user_config, gpuctl_config):
+        return
+    marker.touch()  # asked once, whatever the answer
+    try:
+        add = typer.confirm(f"Add `{sshconfig.include_line(gpuctl_config)}` to {user_config}, so `ssh NAME` "
+                            "reaches a cluster's head?", default=True, err=True)
+    except (typer.Abort, usage.Abort, EOFError):  # type: ignore[misc]
+        return
+    if add:
+        sshconfig.add_include(user_config, gpuctl_config)
+        reporter.info(f"Added it at the top of {user_config}; `ssh NAME` and `ssh NAME-worker1` work now.")
+    else:
+        reporter.info(f"Not added; `gpuctl ssh NAME` works, or add `{sshconfig.include_line(gpuctl_config)}` "
+                      f"to {user_config} yourself.")

@@ -1,0 +1,39 @@
+"""The accelerator names a task may ask for, whatever the infra: SkyPilot's catalogue names.
+
+A misspelt name (`H1000:8`) is refused where it is written, with the closest known name, on every
+infra: on AWS it would find no instance type, and on local or ssh nodes, which provision nothing,
+it would otherwise pass silently. Each cloud's own table (providers/aws/catalog.py) then says
+which of these it sells; every name there is one of these (tests/unit/test_spec.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+KNOWN_ACCELERATORS = (
+    # NVIDIA data-centre GPUs
+    "B200", "B300", "GB200", "GB300", "H100", "H100-MEGA", "H200", "H800", "H20", "GH200", "A100", "A100-80GB",
+    "A800", "A10", "A10G", "A16", "A30", "A40", "L4", "L20", "L40", "L40S", "T4", "T4g", "V100", "V100-32GB", "P100",
+    "P4", "P40", "K80", "M60",
+    # NVIDIA workstation and consumer GPUs
+    "RTX6000", "RTX6000-Ada", "RTXPRO6000", "RTXA4000", "RTXA4500", "RTXA5000", "RTXA6000", "A4000", "A5000",
+    "A6000", "RTX3060", "RTX3070", "RTX3080", "RTX3090", "RTX4070", "RTX4080", "RTX4090", "RTX5090",
+    # AMD, Intel, AWS silicon, TPUs
+    "MI100", "MI210", "MI250", "MI250X", "MI300X", "MI325X", "Gaudi", "Gaudi2", "Gaudi3", "Inferentia",
+    "Inferentia2", "Trainium", "Trainium2", "tpu-v2-8", "tpu-v3-8", "tpu-v4-8", "tpu-v5e-8", "tpu-v5p-8",
+    "tpu-v6e-8",
+)
+_BY_LOWER = {name.lower(): name for name in KNOWN_ACCELERATORS}
+
+
+def known_accelerator(name: str) -> str | None:
+    """The catalogue's spelling of `name` (case does not matter), or None."""
+    return _BY_LOWER.get(name.lower())
+
+
+def unknown_accelerator_message(name: str) -> str:
+    """Why `name` is refused, with the closest known names."""
+    close = difflib.get_close_matches(name.lower(), list(_BY_LOWER), n=2, cutoff=0.7)
+    hint = ("did you mean " + " or ".join(_BY_LOWER[c] for c in close) + "?" if close else
+            "known: " + ", ".join(KNOWN_ACCELERATORS[:12]) + ", ...")
+    return f"'{name}' is not a known accelerator; {hint}"
