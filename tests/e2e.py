@@ -196,6 +196,16 @@ def wait_for(what: str, predicate: Callable[[], object], timeout: float, interva
         time.sleep(interval)
 
 
+def queue_rows(text: str) -> list[list[str]]:
+    """`gpuctl queue`'s rows as [ID, NAME, STATUS, ...the other columns]: NAME is a fixed-width column
+    that may hold spaces (an exec job is named by its command), so it is cut where the header puts it."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    start, end = lines[0].index("NAME"), lines[0].index("STATUS")
+    return [[line[:start].strip(), line[start:end].strip(), *line[end:].split()] for line in lines[1:]]
+
+
 def queue_row_once_ended(queue: Callable[[], Result], job: int | None = None, timeout: float = 60) -> list[str]:
     """The job's `gpuctl queue` row (the newest job's without `job`), once its
     status is final. Its ranks can be gone while the head still collects their
@@ -203,7 +213,7 @@ def queue_row_once_ended(queue: Callable[[], Result], job: int | None = None, ti
     final = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")  # gpuctl.state.registry's, not imported here
 
     def ended() -> list[str] | None:
-        rows = [line.split() for line in queue().check().stdout.splitlines()[1:] if line.strip()]
+        rows = queue_rows(queue().check().stdout)
         row = next((r for r in rows if r[0] == str(job)), []) if job is not None else (rows[-1] if rows else [])
         return row if len(row) > 2 and row[2] in final else None
 

@@ -48,6 +48,9 @@ def test_check_prints_the_table_and_passes_on_sockets(cluster: Cluster) -> None:
     assert [r[0] for r in rows] == ["64K", "1M"], out
     assert all(float(t) > 0 and float(alg) > 0 and alg == bus for _, t, alg, bus in rows), rows  # 2 ranks: bus = alg
     assert out.rstrip().splitlines()[-1] == "OK: socket (gloo) meets the expected fabric (socket)"
+    # each size as it completed, before the table
+    progress = re.findall(r"^  all_reduce (64K|1M): [0-9.]+ ms on rank 0$", out, re.M)
+    assert progress == ["64K", "1M"] and out.index("all_reduce 1M:") < out.index("Transport:"), out
     assert "NCCL INFO" not in out and "__GPUCTL_CHECK__" not in out  # in the job's logs only
     queue = cluster.gpuctl("queue", NAME).check().stdout.splitlines()
     assert queue[1].split()[1:3] == ["gpuctl-check", "SUCCEEDED"], queue

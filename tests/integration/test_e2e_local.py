@@ -278,11 +278,11 @@ def check_environment(job: EnvJob) -> None:
         for name in SETUP_ONLY_NAMES:
             assert name not in run, f"{name} must not be set in run ({node.name})"
 
-        # The hostfile: a file on the node, `IP slots=GPUS` per node, head first.
+        # The hostfile: a file on the node, `IP slots=GPUS` (1 without GPUs) per node, head first.
         hostfile = run["GPUCTL_HOSTFILE"]
         assert hostfile.startswith("/"), hostfile
         assert setup["GPUCTL_HOSTFILE"] == hostfile  # setup gets it too (then listing every cluster node)
-        assert job.cluster.read(node, hostfile).splitlines() == [f"{ip} slots={job.gpus}" for ip in ips]
+        assert job.cluster.read(node, hostfile).splitlines() == [f"{ip} slots={job.gpus or 1}" for ip in ips]
 
         # bash, in the synced workdir
         for stage, (version, cwd, exe) in (("setup", job.setup_shell[r]), ("run", job.run_shell[r])):

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended, wait_for
+from e2e import (REPO, Cluster, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended, queue_rows,
+                 wait_for)
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -120,8 +121,8 @@ def test_a_worker_dying_mid_run_is_named_and_the_others_stop(ft):
     assert took < 30, took
     assert re.search(r"rank 2 \(worker2, [0-9.]+\) was lost first", err), out + err
     assert not pids_matching(marker), "the other ranks kept running"
-    rows = cluster.gpuctl("queue", NAME).check().stdout.splitlines()
-    assert rows[-1].split()[2] == "FAILED", rows
+    rows = queue_rows(cluster.gpuctl("queue", NAME).check().stdout)
+    assert rows[-1][2] == "FAILED", rows
     # the node is gone for good: bring the cluster back for the next test
     cluster.gpuctl("down", NAME).check()
     cluster.gpuctl("apply", str(root / "c.yaml")).check()
@@ -230,9 +231,9 @@ def test_full_disk_while_logs_are_saved_keeps_the_outcome(ft, tmp_path: Path):
         subprocess.run(["umount", "-l", str(jobs_dir)], check=False)
     job = re.search(r"^Job (\d+) running", res.stdout, re.M)
     assert job, res.describe()
-    rows = cluster.gpuctl("queue", NAME).check().stdout.splitlines()
-    mine = next(line for line in rows if line.split()[0] == job.group(1))
-    assert mine.split()[2] == "SUCCEEDED", rows
+    rows = queue_rows(cluster.gpuctl("queue", NAME).check().stdout)
+    mine = next(row for row in rows if row[0] == job.group(1))
+    assert mine[2] == "SUCCEEDED", rows
     check = subprocess.run([sys.executable, "-c", "import sqlite3,sys; print(sqlite3.connect(sys.argv[1])"
                             ".execute('pragma integrity_check').fetchone()[0])", str(cluster.state_dir / "state.db")],
                            capture_output=True, text=True)

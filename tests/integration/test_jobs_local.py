@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from e2e import (Cluster, Footprint, NodeInfo, Result, Watched, gpuctl_env, needs_local_nodes,
-                 netns_names, pids_matching, wait_for)
+                 netns_names, pids_matching, queue_rows, wait_for)
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -114,11 +114,8 @@ def parse_queue(res: Result) -> dict[int, QueueRow]:
     res.check()
     lines = res.stdout.splitlines()
     assert lines and lines[0].split()[:3] == ["ID", "NAME", "STATUS"], res.stdout
-    rows = {}
-    for line in lines[1:]:
-        words = line.split()
-        rows[int(words[0])] = QueueRow(int(words[0]), words[1], words[2], int(words[-2]), words[-1])
-    return rows
+    return {int(words[0]): QueueRow(int(words[0]), words[1], words[2], int(words[-2]), words[-1])
+            for words in queue_rows(res.stdout)}
 
 
 def job_paths(node_job: str) -> tuple[str, str]:
@@ -454,6 +451,27 @@ def test_ssh_config_hosts_and_gpuctl_ssh(jl: JobsCluster):
         assert proc.stdout.strip() == jl.hostnames[n.rank], (alias, proc.stdout)
     res = jl.gpuctl("ssh", NAME, "--rank", "2", "--", "hostname").check()
     assert res.stdout.strip() == jl.hostnames[2], res.describe()
+    # a node by name or by rank, as SkyPilot users write it
+    assert jl.gpuctl("ssh", NAME, "worker1", "--", "hostname").check().stdout.strip() == jl.hostnames[1]
+    assert jl.gpuctl("ssh", NAME, "2", "--", "hostname").check().stdout.strip() == jl.hostnames[2]
+    bad = jl.gpuctl("ssh", NAME, "worker9", "--", "hostname")
+    assert bad.returncode == 2 and bad.stderr.strip() == (f"error: node 'worker9': cluster '{NAME}' has head, worker1, "
+                                                          "worker2 (a name or a rank 0..2)"), bad.describe()
+
+
+def test_exec_takes_a_command_string_as_sky_exec_does(jl: JobsCluster):
+    res = jl.gpuctl("exec", NAME, 'echo "hi from $(hostname)" | tr a-z A-Z').check()
+    for n in jl.nodes:
+        assert f"({n.name}, rank={n.rank}) HI FROM {jl.hostnames[n.rank].upper()}" in res.stdout.splitlines(), \
+            res.describe()
+    job = job_id_of(res)
+    assert jl.queue()[job].name == 'echo "hi from $(hostn...', jl.gpuctl("queue", NAME).stdout  # its command
+    # one node: the workdir is copied to none of the others
+    one = jl.gpuctl("exec", NAME, "--num-nodes", "1", "hostname").check()
+    assert "Copying from the head" not in one.stdout and one.stdout.count("(head, rank=0)") == 1, one.describe()
+    # a .yaml that is not there is still a missing task file, not a command
+    missing = jl.gpuctl("exec", NAME, "nothere.yaml")
+    assert missing.returncode == 2 and "nothere.yaml: no such file" in missing.stderr, missing.describe()
 
 
 # -- 3. fail fast --------------------------------------------------------------------
@@ -499,6 +517,7 @@ def test_failing_rank_stops_the_others_fast(jl: JobsCluster):
     assert row.status == "FAILED" and row.codes == f"{m.group(1)},{m.group(2)},5", row
     status = jl.gpuctl("logs", NAME, str(job), "--status")
     assert status.returncode == 100, status.describe()
+    assert status.stdout.strip() == f"Job {job}: FAILED; rank 2 (worker2) exit code 5", status.describe()
 
 
 # -- 4. cancel and Ctrl-C ---------------------------------------------------------------
@@ -755,7 +774,7 @@ def test_json_output_and_inventory_export(jl: JobsCluster, pair: Pair, tmp_path:
     assert (again["cancelled"], again["jobs"][0]["status"]) == ([], "CANCELLED"), again
 
     hostfile = jl.gpuctl("inventory", NAME, "--format", "hostfile").check().stdout
-    assert hostfile.splitlines() == [f"{n.address} slots={n.gpus}" for n in jl.nodes]
+    assert hostfile.splitlines() == [f"{n.address} slots=1" for n in jl.nodes]  # no GPUs: one process per node
     exported = json_of(jl.gpuctl("inventory", NAME, "--format", "json").check())
     assert set(exported) == {"schema", "command", "ok", "cluster", "cloud", "region", "zone", "nodes", "ssh_key",
                              "known_hosts"}
@@ -819,6 +838,10 @@ def test_down_leaves_nothing(jl: JobsCluster):
     assert json.loads(down.stdout) == {"schema": 1, "command": "down", "ok": True, "cluster": NAME, "destroyed": True}
     assert "Tearing down cluster" in down.stderr  # progress on stderr
     footprint.assert_gone()
+    # nothing of it in the state dir either: its ssh config would reach the next cluster on its addresses
+    state = jl.cluster.state_dir
+    assert not (state / "ssh" / f"{NAME}.conf").exists() and not (state / "locks" / f"{NAME}.lock").exists()
+    assert not (state / "clusters" / NAME).exists()
     assert not set(jl.netns.values()) & netns_names()
     assert pids_matching(MOD) == []
     gone = jl.gpuctl("status", NAME)

@@ -1,0 +1,105 @@
+"""Pieces of the command line and the state dir that need no nodes: the once-only offer to include
+gpuctl's ssh config, `exec`'s task-file-or-command decision, and a cluster lock removed by `down`
+while another gpuctl waits on it."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import typer
+
+from gpuctl import cliargs
+from gpuctl.common.console import Reporter
+from gpuctl.state.lock import cluster_lock
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "state" / "ssh").mkdir(parents=True)
+    return tmp_path / "home"
+
+
+def on_terminal(monkeypatch: pytest.MonkeyPatch, answer: bool) -> list[str]:
+    asked: list[str] = []
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setattr(typer, "confirm", lambda text, **kw: asked.append(text) or answer)
+    return asked
+
+
+def test_the_ssh_include_is_offered_once_and_put_first(home: Path, monkeypatch: pytest.MonkeyPatch):
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text("Host work\n  User me\n")
+    asked = on_terminal(monkeypatch, True)
+    cliargs.offer_ssh_include(Reporter())
+    cliargs.offer_ssh_include(Reporter())
+    assert len(asked) == 1  # once
+    include = f"Include {Path(os.environ['GPUCTL_STATE_DIR']) / 'ssh' / 'config'}"
+    text = (home / ".ssh" / "config").read_text()
+    # first: after a Host line it would apply to that host only; the user's own lines kept
+    assert [ln for ln in text.splitlines() if ln and not ln.startswith("#")][0] == include
+    assert text.endswith("Host work\n  User me\n")
+
+
+def test_a_no_is_remembered_and_nothing_is_asked_off_a_terminal(home: Path, monkeypatch: pytest.MonkeyPatch):
+    asked = on_terminal(monkeypatch, False)
+    cliargs.offer_ssh_include(Reporter())
+    cliargs.offer_ssh_include(Reporter())
+    assert len(asked) == 1 and not (home / ".ssh" / "config").exists()
+    (Path(os.environ["GPUCTL_STATE_DIR"]) / "ssh" / ".include-asked").unlink()
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: False)  # CI, a pipe: never asked
+    cliargs.offer_ssh_include(Reporter())
+    assert len(asked) == 1
+
+
+def test_exec_tells_a_task_file_from_a_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "task").write_text("run: hostname\n")  # a YAML mapping without the suffix
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    assert cliargs.names_task_file("missing.yaml") and cliargs.names_task_file("x/TASK.YML")
+    assert cliargs.names_task_file("task")
+    assert not cliargs.names_task_file("train.py")  # an existing file that is not a task: a command
+    assert not cliargs.names_task_file("echo hi from $(hostname)")
+    assert not cliargs.names_task_file("curl http://example.com/")  # kept whole: no path normalising
+
+
+def test_a_lock_removed_by_down_is_never_held_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    events: list[str] = []
+    holding, waiting = threading.Event(), threading.Event()
+
+    def on_wait(line: str) -> None:
+        events.append(line)
+        waiting.set()
+
+    def waiter() -> None:
+        holding.wait()
+        with cluster_lock("c", on_wait):
+            events.append("waiter holds")
+            path = tmp_path / "locks" / "c.lock"
+            fd = os.open(path, os.O_RDWR)
+            try:  # the file at the path is the one held: a third gpuctl waits on it
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)
+            events.append("third refused")
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    with cluster_lock("c") as held:
+        holding.set()
+        assert waiting.wait(10)  # the waiter is blocked on this file
+        held.discard()  # `down`: the cluster is gone
+    thread.join(10)
+    assert events[0].startswith("Waiting for another gpuctl") and events[1:] == ["waiter holds", "third refused"]
+    with cluster_lock("c") as held:
+        held.discard()
+    assert not (tmp_path / "locks" / "c.lock").exists()
