@@ -306,7 +306,12 @@ PROFILE
     # Own hostname (UTS namespace) resolving to the node's address, as on a
     # real machine: gloo and NCCL pick their interface from it.
     local host_name=${LN_HOSTNAME:-$LN_NETNS}
-    printf '127.0.0.1 localhost\n%s\n' "${LN_HOSTS:-$LN_ADDR $host_name}" >"$LN_DIR/hosts"
+    local hosts=${LN_HOSTS:-$LN_ADDR $host_name}
+    # Reverse lookups as a VPC answers them: a dual-stack listener (torch's TCPStore) sees its
+    # peers as ::ffff:ADDR, and with no DNS reachable here every lookup not in this file fails
+    # with EAI_AGAIN (torch warns "hostname of the client socket cannot be retrieved").
+    printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n%s\n%s\n' \
+      "$hosts" "$(printf '%s\n' "$hosts" | sed -n 's/^\([0-9.]*\) /::ffff:\1 /p')" >"$LN_DIR/hosts"
     # `ip netns exec` mounts a fresh /sys, which hides the cgroup filesystems that
     # container runtimes (podman, runc) need: the node mounts this machine's again.
     local cgroups
