@@ -385,7 +385,8 @@ def exec_(
         where = "--num-nodes" if num_nodes is not None else f"{file}: num_nodes"
         raise UserError(f"{where} {k}: cluster '{name}' has {len(inv.nodes)} node(s); use 1..{len(inv.nodes)}")
     spec = JobSpec(name=job_name, run=run, workdir=spec_workdir, envs=envs, secrets=secrets, num_nodes=k,
-                   gpus_per_node=inv.head.gpus, container_image=last_apply.get("container_image"))
+                   gpus_per_node=inv.head.gpus, container_image=last_apply.get("container_image"),
+                   workdir_implied=file is None and workdir is None)
     try:
         job_id = _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=False,
                       sync_file_mounts=False, detach=detach)

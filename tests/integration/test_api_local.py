@@ -154,6 +154,8 @@ def test_output_control(capsys: pytest.CaptureFixture[str]):
         f"(worker1, rank=1) picked-{tag} from 1", f"(worker2, rank=2) picked-{tag} from 2"], out
     assert f"silent-{tag}" not in out and f"silent-err-{tag}" not in out
     assert "__GPUCTL_CALL__" not in out  # the results' marker lines are taken out
+    # a call's own file is gpuctl's plumbing: neither its copy nor its path is shown
+    assert ".pkl" not in out and "file_mounts" not in out and "Copying" not in out, out
 
 
 def test_exception_on_rank_1_raises_with_traceback_and_stops_the_others():

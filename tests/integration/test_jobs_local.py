@@ -315,6 +315,9 @@ def test_exec_runs_no_setup_syncs_workdir_but_not_file_mounts(jl: JobsCluster):
     os.utime(version_file, ns=(synced.st_atime_ns, second * 10**9 + (ns + 1) % 10**9))
     res = jl.gpuctl("exec", NAME, *shell('echo "dashes rank $GPUCTL_NODE_RANK version $(cat version.txt)"')).check()
     assert "Running setup" not in res.stdout
+    # the last apply's workdir, copied again: said only because a file changed, and naming how many
+    assert "==> Copied the workdir to the head: 1 changed file(s)" in res.stdout, res.stdout
+    assert "Copying the workdir" not in res.stdout, res.stdout
     for n in jl.nodes:
         assert f"({n.name}, rank={n.rank}) dashes rank {n.rank} version v3" in res.stdout.splitlines(), res.stdout
 
@@ -466,9 +469,9 @@ def test_exec_takes_a_command_string_as_sky_exec_does(jl: JobsCluster):
             res.describe()
     job = job_id_of(res)
     assert jl.queue()[job].name == 'echo "hi from $(hostn...', jl.gpuctl("queue", NAME).stdout  # its command
-    # one node: the workdir is copied to none of the others
+    # one node, nothing changed: no copy to the head is said, and none to the other nodes is made
     one = jl.gpuctl("exec", NAME, "--num-nodes", "1", "hostname").check()
-    assert "Copying from the head" not in one.stdout and one.stdout.count("(head, rank=0)") == 1, one.describe()
+    assert "Cop" not in one.stdout and one.stdout.count("(head, rank=0)") == 1, one.describe()
     # a .yaml that is not there is still a missing task file, not a command
     missing = jl.gpuctl("exec", NAME, "nothere.yaml")
     assert missing.returncode == 2 and "nothere.yaml: no such file" in missing.stderr, missing.describe()

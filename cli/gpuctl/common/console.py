@@ -86,6 +86,26 @@ class Reporter:
                 raise
         self.console.print(Text("✓ ", style="bold green") + Text(f"{title} ({time.monotonic() - start:.1f}s)"))
 
+    @contextmanager
+    def quiet_stage(self, title: str) -> Iterator[Callable[[str | None], None]]:
+        """A step that is shown only if it did something: a live line on a terminal while it runs,
+        then the line the step reports (`report(text)`), with its duration; nothing if none."""
+        start = time.monotonic()
+        said: list[str] = []
+        if self.plain:
+            yield lambda text: said.extend([text] if text else [])
+            for text in said:
+                self._write(f"==> {text} ({time.monotonic() - start:.1f}s)")
+            return
+        with self.console.status(title):
+            try:
+                yield lambda text: said.extend([text] if text else [])
+            except BaseException:
+                self.console.print(Text("✗ ", style="bold red") + Text(title))
+                raise
+        for text in said:
+            self.console.print(Text("✓ ", style="bold green") + Text(f"{text} ({time.monotonic() - start:.1f}s)"))
+
     def info(self, message: str) -> None:
         if self.plain:
             self._write(message)

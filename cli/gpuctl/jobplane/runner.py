@@ -64,6 +64,9 @@ class JobSpec:
     bucket_mounts: Sequence[BucketMount] = ()  # cloud buckets fetched (COPY) or mounted before setup
     container_image: str | None = None  # `image_id: docker:IMAGE`: setup and run inside this image
     internal_mounts: frozenset[str] = frozenset()  # file_mounts gpuctl placed itself (a call's file): not shown
+    # The workdir is not one the user named for this job (exec -- CMD: the last apply's; a Python API
+    # call: the cluster's): its copy is said only when files changed.
+    workdir_implied: bool = False
 
     @classmethod
     def of_task(cls, task: Task, req: ClusterRequest) -> JobSpec:
@@ -200,11 +203,15 @@ class JobRunner:
                 return result
 
             direct = [n.name for n in nodes if n not in by_head]
+            if direct and by_head:
+                step.update(f"the prepare play on {', '.join(direct[:3])}{', ...' if len(direct) > 3 else ''}")
             result = play_waiting(direct) if direct else playbooks.PlaybookResult(ok=True)
             if by_head:
                 head_failed = {f.host for f in result.failures} | set(result.unreachable)
                 missed = [n.name for n in by_head]
                 if self.inv.head.name not in head_failed and result.error is None:
+                    step.update(f"{len(installed)} of {len(nodes)} node(s) prepared; the head installs the "
+                                f"other {len(by_head)}")
                     by_head_result, missed = self.install_by_head(fingerprint, public, by_head, view, on_installed)
                     result = playbooks.merge_results(result, by_head_result, [])
                 if missed:  # not reached from the head (booting, made before nodes trusted it, head down)
@@ -322,19 +329,7 @@ class JobRunner:
             mounts = dict(spec.file_mounts) if sync_file_mounts else {}
             self.record_placed([*mounts, *(b.dest for b in spec.bucket_mounts)])
             rules = self.workdir_rules(spec)
-            items: list[upload.Item] = []
-            if spec.workdir is not None or mounts:
-                shown = [m for m in mounts if m not in spec.internal_mounts]
-                what = " and ".join(w for w, has in (("workdir", spec.workdir), ("file_mounts", shown)) if has)
-                with (self.reporter.stage(f"Copying the {what} to the head") if what else ExitStack()):
-                    try:
-                        items = upload.upload(inv.head, workdir=spec.workdir, file_mounts=mounts,
-                                              control_dir=self.control_dir, workdir_rules=rules)
-                    except upload.UploadError as exc:
-                        self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
-                        if ssh.host_key_changed(str(exc)):
-                            raise UserError(ssh.host_key_error(inv.head)) from None
-                        raise JobFailed(f"job {job.job_id}: {exc}") from None
+            items = self.copy_to_head(job.job_id, spec, mounts, rules) if spec.workdir is not None or mounts else []
             body = self._payload(job.node_job, task, spec, job_nodes, fingerprint, items, run_setup, container,
                                  rules)
             secrets_text = jobenv.secrets_script(spec.secrets)
@@ -380,6 +375,36 @@ class JobRunner:
         finally:
             timing.close()
             joblogs.unmark_watching(inv.cluster, job.job_id)
+
+    def copy_to_head(self, job_id: int, spec: JobSpec, mounts: Mapping[str, Path],
+                     rules: WorkdirFilter) -> list[upload.Item]:
+        """The workdir and file_mounts to the head, once per job (rsync: only what changed). A copy
+        the user did not ask for by name (`spec.workdir_implied`, gpuctl's own files) is said only
+        when files changed."""
+        shown = [m for m in mounts if m not in spec.internal_mounts]
+        what = " and ".join(w for w, has in (("workdir", spec.workdir), ("file_mounts", shown)) if has)
+        title = f"Copying the {what or 'job'} to the head"
+
+        def run() -> tuple[list[upload.Item], int]:
+            try:
+                items = upload.upload(self.inv.head, workdir=spec.workdir, file_mounts=mounts,
+                                      control_dir=self.control_dir, workdir_rules=rules)
+            except upload.UploadError as exc:
+                self.record_outcome(job_id, "FAILED", {}, [str(exc)])
+                if ssh.host_key_changed(str(exc)):
+                    raise UserError(ssh.host_key_error(self.inv.head)) from None
+                raise JobFailed(f"job {job_id}: {exc}") from None
+            return items, sum(i.changed for i in items if i.dest not in spec.internal_mounts)
+
+        if spec.workdir_implied and not shown:
+            with self.reporter.quiet_stage(title) as report:
+                items, changed = run()
+                report(f"Copied the {what} to the head: {changed} changed file(s)" if changed and what else None)
+            return items
+        with self.reporter.stage(title) as step:
+            items, changed = run()
+            step.update(f"{changed} changed file(s)" if changed else "nothing changed")
+        return items
 
     def _payload(self, node_job: str, task: str, spec: JobSpec, job_nodes: Sequence[Node], fingerprint: str,
                  items: Sequence[upload.Item], run_setup: bool, container: dict | None = None,
@@ -645,13 +670,16 @@ def describe_copies(plan_json: str, hidden: frozenset[str] = frozenset()) -> lis
         copies = [(str(path), list(ranks)) for path, ranks in json.loads(plan_json).get("copies") or []]
     except (ValueError, AttributeError, TypeError):
         return []
+    copies = [(path, ranks) for path, ranks in copies if path not in hidden]
     targets = sorted({r for _, ranks in copies for r in ranks})
     if not targets:
         return []
     lines = [f"Copying from the head to {len(targets)} node(s)"]
     for path, ranks in copies:
-        if path not in hidden and len(ranks) < len(targets):
-            lines.append(f"  {path}: to {len(ranks)} of them; the others share a filesystem with one that has it")
+        if len(ranks) == len(targets):
+            continue
+        lines.append(f"  {path}: to none of them (they share its filesystem with the head)" if not ranks else
+                     f"  {path}: to {len(ranks)} of them (the others share a filesystem with one of those)")
     return lines
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -38,6 +38,7 @@ class Item:
     src: Path
     dest: str  # "~/..." or absolute, as the task wrote it
     is_dir: bool
+    changed: int = 0  # files rsync sent or deleted on the head this time (0: the head had it all)
 
 
 def remote_path(dest: str) -> str:
@@ -60,8 +61,9 @@ def rsync_argv(head: Node, item: Item, control_dir: Path, extra: tuple[str, ...]
     host = f"[{head.ssh_host}]" if ":" in head.ssh_host else head.ssh_host
     src = str(item.src).rstrip("/") + ("/" if item.is_dir else "")
     dst = f"{host}:{remote}" + ("/" if item.is_dir else "")
-    return ["rsync", "--archive", "--compress", NANOSECOND_MTIMES, CLAIM_EXCLUDE, *extra, "--rsync-path", rsync_path,
-            "-e", rsh, "--", src, dst]
+    # --out-format: one line per file sent or deleted, so the copy says how much changed
+    return ["rsync", "--archive", "--compress", NANOSECOND_MTIMES, CLAIM_EXCLUDE, "--out-format=%i", *extra,
+            "--rsync-path", rsync_path, "-e", rsh, "--", src, dst]
 
 
 def workdir_args(rules: WorkdirFilter) -> tuple[tuple[str, ...], bytes | None]:
@@ -81,6 +83,7 @@ def upload(head: Node, *, workdir: Path | None, file_mounts: Mapping[str, Path],
         items.append((Item(Path(workdir), WORKDIR_DEST, True), *workdir_args(workdir_rules or WorkdirFilter())))
     for dest, src in file_mounts.items():
         items.append((Item(Path(src).expanduser(), dest, Path(src).expanduser().is_dir()), (), None))
+    done: list[Item] = []
     for item, extra, stdin in items:
         argv = rsync_argv(head, item, control_dir, extra)
         feed = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
@@ -92,4 +95,11 @@ def upload(head: Node, *, workdir: Path | None, file_mounts: Mapping[str, Path],
                 raise UploadError(refused[-1][len(REFUSED):])
             why = (err.strip().splitlines() or [f"rsync exit code {proc.returncode}"])[-1]
             raise UploadError(f"copying {item.src} to the head ({head.ssh_host}:{item.dest}) failed: {why}")
-    return [i for i, _, _ in items]
+        done.append(replace(item, changed=changed_files(proc.stdout)))
+    return done
+
+
+def changed_files(out: bytes) -> int:
+    """The files rsync's `%i` lines say it sent (`>f`, `<f`) or deleted (`*deleting`)."""
+    lines = out.decode("utf-8", "replace").splitlines()
+    return sum(1 for line in lines if line.startswith(("<f", ">f", "*deleting")))
