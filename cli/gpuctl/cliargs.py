@@ -3,6 +3,7 @@ defines the commands): `exec`'s argument, job names and failures as lines, the s
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,20 +22,26 @@ def shortened(text: str, width: int = 40) -> str:
 
 
 def names_task_file(entrypoint: str) -> bool:
-    """Whether `exec`'s argument is a task YAML (as `sky exec` decides): a .yaml/.yml path, found
-    or not (a missing one is an error, not a command), or an existing file holding a YAML mapping.
-    Anything else is a command string."""
+    """Whether `exec`'s argument is a task YAML (as `sky exec` decides): one shell word that is a
+    .yaml/.yml path, found or not (a missing one is an error, not a command), or an existing file
+    holding a YAML mapping. Anything else (`python train.py --cfg c.yaml`) is a command string."""
+    try:
+        words = shlex.split(entrypoint)
+    except ValueError:  # unbalanced quotes: bash will say what is wrong with it
+        return False
+    if len(words) != 1 or words[0] != entrypoint:
+        return False
     path = Path(entrypoint)
     if path.suffix.lower() in (".yaml", ".yml"):
         return True
-    if "\n" in entrypoint or not path.is_file():
-        return False
     import yaml
 
     try:
+        if not path.is_file():
+            return False
         with path.open() as fh:
             return isinstance(yaml.safe_load(fh.read(1_000_000)), dict)
-    except (OSError, ValueError, yaml.YAMLError):
+    except (OSError, ValueError, yaml.YAMLError):  # a name too long for a path, unreadable: a command
         return False
 
 
@@ -71,7 +78,12 @@ def offer_ssh_include(reporter: Reporter) -> None:
     except (typer.Abort, usage.Abort, EOFError):  # type: ignore[misc]
         return
     if add:
-        sshconfig.add_include(user_config, gpuctl_config)
+        try:
+            sshconfig.add_include(user_config, gpuctl_config)
+        except OSError as exc:  # a read-only config (a dotfiles link into a store): say so, go on
+            reporter.info(f"Could not add it to {user_config} ({exc.strerror or exc}); add "
+                          f"`{sshconfig.include_line(gpuctl_config)}` there yourself, or use `gpuctl ssh NAME`.")
+            return
         reporter.info(f"Added it at the top of {user_config}; `ssh NAME` and `ssh NAME-worker1` work now.")
     else:
         reporter.info(f"Not added; `gpuctl ssh NAME` works, or add `{sshconfig.include_line(gpuctl_config)}` "

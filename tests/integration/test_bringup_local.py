@@ -41,6 +41,14 @@ class Bringup:
         return {n.name: self.cluster.ssh(n, "stat -c %.9Y ~/.gpuctl/prepared; cat ~/.gpuctl/prepared").stdout
                 for n in nodes}
 
+    def prepared_state(self, node: NodeInfo) -> str:
+        """What the install step leaves on a node: each file's mode and hash, and the internal key's
+        authorization."""
+        files = ("~/.gpuctl/lib/gpuctl_node.py ~/.gpuctl/bin/gpuctl-node ~/.gpuctl/lib/gpuctl-fabric-probe "
+                 "~/.gpuctl/prepared ~/.gpuctl/fabric.env ~/.ssh/gpuctl_cluster ~/.ssh/gpuctl_known_hosts ~/.ssh/config")
+        return self.cluster.ssh(node, f"for f in {files}; do stat -c '%a %n' $f; sha256sum < $f; done; "
+                                      "grep -c gpuctl-internal- ~/.ssh/authorized_keys").stdout
+
     def records(self) -> dict[str, str]:
         return json.loads((self.cluster.cdir / "prepared.json").read_text())
 
@@ -63,6 +71,9 @@ def test_cold_apply_reports_its_phases_and_a_reapply_prepares_nothing(bu: Bringu
     assert all(p["seconds"] > 0 and p["controller_cpu_s"] >= 0 for p in phases.values())
     assert "Preparing 2 node(s) (first job on this cluster)" in res.stderr, res.describe()
     assert len(bu.records()) == 2 and len(set(bu.records().values())) == 1
+    # the head by the prepare play, worker1 by the head: the same prepared state, file for file
+    head, w1 = bu.cluster.nodes()
+    assert bu.prepared_state(head) == bu.prepared_state(w1)
     before = bu.prepared_mtimes(bu.cluster.nodes())
     again = bu.cluster.gpuctl("apply", bu.task(2), "-o", "json").check()
     assert "Preparing" not in again.stderr, again.describe()
@@ -129,16 +140,20 @@ def test_a_worker_the_head_cannot_log_in_to_is_prepared_directly(bu: Bringup):
     play (which logs in with the access key) prepares it, and the job runs there."""
     head, w1, w2 = bu.cluster.nodes()
     public = (bu.cluster.cdir / "ssh" / "internal_ed25519.pub").read_text().split()[1]
-    boot_keys = bu.cluster.cdir / "nodes" / "node1" / "sshd" / "authorized_keys"
-    boot_keys.write_text("".join(ln + "\n" for ln in boot_keys.read_text().splitlines() if public not in ln))
     bu.cluster.ssh(w1, f"sed -i '/{public.replace('/', '.')}/d' ~/.ssh/authorized_keys; rm -rf ~/.gpuctl")
     bu.cluster.ssh(head, "rm -f ~/.gpuctl/cm/*")  # no ControlMaster to worker1 left from earlier jobs
     assert bu.cluster.ssh(head, "ssh worker1 true", check=False).returncode == 255  # the head is refused
     # as for a node gpuctl has not prepared yet
     records = bu.records()
-    w1_id = yaml.safe_load((bu.cluster.cdir / "inventory.yml").read_text())["all"]["children"]["gpuctl_nodes"]["hosts"]["worker1"]["gpuctl_node_id"]
+    hosts = yaml.safe_load((bu.cluster.cdir / "inventory.yml").read_text())["all"]["children"]["gpuctl_nodes"]["hosts"]
+    w1_id = hosts["worker1"]["gpuctl_node_id"]
     (bu.cluster.cdir / "prepared.json").write_text(json.dumps({k: v for k, v in records.items() if k != w1_id}))
+    before = set((bu.cluster.cdir / "runner" / "artifacts").iterdir())
     res = bu.cluster.gpuctl("exec", NAME, "--", "hostname").check()
     assert "Preparing 1 of 3 node(s) (worker1 not prepared yet)" in res.stdout, res.describe()
+    assert "    0 of 1 node(s) prepared; the head installs the other 1" in res.stdout, res.describe()  # tried
+    played = [json.loads(p.read_text()).get("event_data", {}).get("host") for d in
+              set((bu.cluster.cdir / "runner" / "artifacts").iterdir()) - before for p in d.glob("job_events/*.json")]
+    assert "worker1" in played and "head" not in played, played  # then the prepare play, on worker1 alone
     assert f"(worker1, rank=1) {NAME}-1" in res.stdout.splitlines(), res.describe()
     assert bu.cluster.ssh(head, "ssh worker1 hostname").stdout.strip() == f"{NAME}-1"  # authorized again

@@ -115,6 +115,11 @@ def test_command_descriptions_are_whole_sentences(tmp_path: Path):
 
 
 def test_launch_is_apply(tmp_path: Path):
+    (tmp_path / "ok.yaml").write_text("name: dr\nnum_nodes: 2\nresources:\n  infra: local\nrun: hostname\n")
+    plans = [run(command, "ok.yaml", "--dry-run", cwd=tmp_path) for command in ("launch", "apply")]
+    assert all(p.returncode == 0 for p in plans), [p.stderr for p in plans]
+    assert sorted(plans[0].stdout.splitlines()) == sorted(plans[1].stdout.splitlines())  # in whatever order
+    assert "Plan: 3 to add, 0 to change, 0 to destroy." in plans[0].stdout
     (tmp_path / "c.yaml").write_text("resources:\n  infra: local\n  accelerators: H1000:8\nrun: hostname\n")
     for command in ("launch", "apply"):
         proc = run(command, "c.yaml", cwd=tmp_path)

@@ -388,8 +388,7 @@ def _second_controller(cluster: Cluster, root: Path) -> Cluster:
 
 
 def _queue_status(cluster: Cluster, job: int) -> str:
-    rows = [line.split() for line in cluster.gpuctl("queue", NAME).check().stdout.splitlines()[1:]]
-    return next(r[2] for r in rows if r and r[0] == str(job))
+    return next(r[2] for r in queue_rows(cluster.gpuctl("queue", NAME).check().stdout) if r[0] == str(job))
 
 
 def test_two_controllers_on_the_same_nodes_never_touch_each_others_job(ft):

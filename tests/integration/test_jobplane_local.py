@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e import Cluster, NodeInfo, Result, Watched, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended
+from e2e import (Cluster, NodeInfo, Result, Watched, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended,
+                 queue_rows)
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -224,6 +225,10 @@ def test_rotated_internal_key_is_prepared_again(jp: JP):
     head, *workers = jp.nodes
     authorized = jp.cluster.read(workers[1], "~/.ssh/authorized_keys")
     assert new.split()[1] in authorized and old.split()[1] not in authorized
+    # nor does sshd's own file hold it (the key authorized at boot is the one the install step replaces)
+    for n in jp.nodes:
+        boot = (jp.cluster.cdir / "nodes" / f"node{n.rank}" / "sshd" / "authorized_keys").read_text()
+        assert old.split()[1] not in boot and new.split()[1] not in boot
 
 
 def test_shared_destination_ten_applies_in_a_row(jp: JP):
@@ -265,8 +270,7 @@ def interrupt_when(jp: JP, args: list[str], trigger: str, marker: str) -> tuple[
 
 
 def last_job(jp: JP) -> tuple[int, str]:
-    res = jp.gpuctl("queue", NAME).check()
-    last = res.stdout.splitlines()[-1].split()
+    last = queue_rows(jp.gpuctl("queue", NAME).check().stdout)[-1]
     return int(last[0]), last[2]
 
 
@@ -369,6 +373,5 @@ def test_a_full_disk_fails_the_job_at_once_naming_the_node_and_path(jp: JP, rank
                                           r"No space left on device$", errors[0]), res.describe()
     assert "Preparing" not in res.stdout, res.describe()
     job = int(re.search(r"job (\d+):", errors[0]).group(1))  # type: ignore[union-attr]
-    row = next(line.split() for line in jp.gpuctl("queue", NAME).check().stdout.splitlines()
-               if line.split()[:1] == [str(job)])
+    row = next(r for r in queue_rows(jp.gpuctl("queue", NAME).check().stdout) if r[0] == str(job))
     assert row[2] == "FAILED", row

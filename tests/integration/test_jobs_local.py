@@ -469,9 +469,15 @@ def test_exec_takes_a_command_string_as_sky_exec_does(jl: JobsCluster):
             res.describe()
     job = job_id_of(res)
     assert jl.queue()[job].name == 'echo "hi from $(hostn...', jl.gpuctl("queue", NAME).stdout  # its command
-    # one node, nothing changed: no copy to the head is said, and none to the other nodes is made
-    one = jl.gpuctl("exec", NAME, "--num-nodes", "1", "hostname").check()
-    assert "Cop" not in one.stdout and one.stdout.count("(head, rank=0)") == 1, one.describe()
+    # a job on one node: the changed workdir reaches the head, and no other node
+    (jl.project / "proj" / "only-head.txt").write_text("new\n")
+    one = jl.gpuctl("exec", NAME, "--num-nodes", "1", "cat only-head.txt").check()
+    assert "(head, rank=0) new" in one.stdout.splitlines() and "Copying from the head" not in one.stdout, \
+        one.describe()
+    assert jl.cluster.ssh(jl.nodes[1], "test -e ~/gpuctl_workdir/only-head.txt", check=False).returncode == 1
+    # nothing changed: no copy is said at all
+    again = jl.gpuctl("exec", NAME, "--num-nodes", "1", "hostname").check()
+    assert "Cop" not in again.stdout and again.stdout.count("(head, rank=0)") == 1, again.describe()
     # a .yaml that is not there is still a missing task file, not a command
     missing = jl.gpuctl("exec", NAME, "nothere.yaml")
     assert missing.returncode == 2 and "nothere.yaml: no such file" in missing.stderr, missing.describe()

@@ -68,6 +68,31 @@ def test_exec_tells_a_task_file_from_a_command(tmp_path: Path, monkeypatch: pyte
     assert not cliargs.names_task_file("train.py")  # an existing file that is not a task: a command
     assert not cliargs.names_task_file("echo hi from $(hostname)")
     assert not cliargs.names_task_file("curl http://example.com/")  # kept whole: no path normalising
+    assert not cliargs.names_task_file("python train.py --cfg conf.yaml")  # more than one word: a command
+    assert not cliargs.names_task_file("python -c '" + "x" * 300 + "/y'")  # too long for a path: no traceback
+    assert not cliargs.names_task_file("echo 'unbalanced")
+
+
+def test_accelerator_names_are_checked_where_nothing_else_would():
+    from types import SimpleNamespace
+
+    from gpuctl.providers import get_provider
+    from gpuctl.providers.aws.catalog import AWS_DEFAULT_TYPES
+    from gpuctl.spec.accelerators import KNOWN_ACCELERATORS, unknown_accelerator_message
+
+    assert set(AWS_DEFAULT_TYPES) <= set(KNOWN_ACCELERATORS)  # what AWS sells is never called unknown
+    assert unknown_accelerator_message("H1000") == "'H1000' is not a known accelerator; did you mean H100?"
+    assert unknown_accelerator_message("zzz").startswith("'zzz' is not a known accelerator; known: B200, ")
+    local = get_provider("local")
+    assert local.resources_problem(SimpleNamespace(accelerators={"h100": 8.0})) is None  # any case
+    assert local.resources_problem(SimpleNamespace(accelerators={"H1000": 8.0})) == (
+        "accelerators", "'H1000' is not a known accelerator; did you mean H100?")
+    task = SimpleNamespace(resources=SimpleNamespace(accelerators={"RTX2080Ti": 4.0, "RTX2090": 4.0}),
+                           where=lambda *keys: "t.yaml:4")
+    # existing hosts may hold GPUs newer than the list: said, not refused
+    assert get_provider("ssh").task_warnings(task, None) == [  # type: ignore[arg-type]
+        f"t.yaml:4: resources.accelerators: {unknown_accelerator_message('RTX2090')} (the hosts' GPUs are taken "
+        "as named)"]
 
 
 def test_a_lock_removed_by_down_is_never_held_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -103,3 +128,24 @@ def test_a_lock_removed_by_down_is_never_held_twice(tmp_path: Path, monkeypatch:
     with cluster_lock("c") as held:
         held.discard()
     assert not (tmp_path / "locks" / "c.lock").exists()
+
+
+def test_an_include_written_with_a_tilde_counts_and_a_read_only_config_is_only_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(home / ".gpuctl"))
+    (home / ".gpuctl" / "ssh").mkdir(parents=True)
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "config").write_text("Include ~/.gpuctl/ssh/config\n")
+    asked = on_terminal(monkeypatch, True)
+    cliargs.offer_ssh_include(Reporter())
+    assert asked == []  # already there, as the help page tells users to write it
+    (home / ".ssh" / "config").write_text("Host x\n")
+
+    def read_only(*args: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(cliargs.sshconfig, "add_include", read_only)
+    cliargs.offer_ssh_include(Reporter())  # no traceback, the apply goes on
+    assert len(asked) == 1 and "Could not add it to" in capsys.readouterr().out

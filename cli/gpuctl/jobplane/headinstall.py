@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -18,6 +19,8 @@ from typing import Any, Callable, Mapping, Sequence
 from gpuctl.jobplane import payload, protocol
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
+
+PEER_INSTALL_TIMEOUT = 600  # s, one worker's install step on the head (agent/peerinstall.py has the same)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,11 @@ def install_through_head(head: Node, workers: Sequence[Node], *, bundle: Mapping
     outcomes: dict[str, PeerResult] = {}
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    # A head that stops answering holds nothing up for good: each worker has its own limit there.
+    rounds = -(-len(workers) // int(request["parallel"]))
+    watchdog = threading.Timer(PEER_INSTALL_TIMEOUT * rounds + 60, proc.kill)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         proc.stdin.write(json.dumps(request))
         proc.stdin.close()
@@ -68,6 +76,7 @@ def install_through_head(head: Node, workers: Sequence[Node], *, bundle: Mapping
             on_result(node, outcome)
     err = proc.stderr.read()
     code = proc.wait()
+    watchdog.cancel()
     missing = [n for n in workers if n.name not in outcomes]
     if missing:
         lines = [ln for ln in err.strip().splitlines() if ln.strip()]

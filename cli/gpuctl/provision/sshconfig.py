@@ -81,8 +81,15 @@ def includes(user_config: Path, gpuctl_config: Path) -> bool:
         lines = user_config.read_text().splitlines()
     except OSError:
         return False
-    wanted = include_line(gpuctl_config).split()
-    return any(ln.split() == wanted for ln in lines)
+    home = str(Path.home())
+    # ~/.gpuctl/ssh/config as users write it, or the *.conf files it includes
+    targets = {str(gpuctl_config), str(gpuctl_config.parent / "*.conf")}
+
+    def expanded(word: str) -> str:
+        return home + word[1:] if word.startswith("~/") else word
+
+    return any(len(words) >= 2 and words[0].lower() == "include" and any(expanded(w) in targets for w in words[1:])
+               for words in (line.split() for line in lines))
 
 
 def add_include(user_config: Path, gpuctl_config: Path) -> None:

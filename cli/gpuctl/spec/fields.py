@@ -24,7 +24,6 @@ from pydantic_core import PydanticCustomError
 
 from gpuctl.common.envargs import _ENV_NAME_RULE, ENV_NAME_RE
 from gpuctl.common.errors import UserError
-from gpuctl.spec.accelerators import known_accelerator, unknown_accelerator_message
 from gpuctl.spec.buckets import BucketMount, MODES as BUCKET_MODES
 from gpuctl.spec.infra import REGION_CLOUDS, UnsupportedInfra, infra_from_legacy, parse_infra
 
@@ -184,8 +183,6 @@ def _accelerators(value: Any) -> dict[str, float] | None:
     for name, count, written in _accelerator_options(value):
         if not _ACCEL_NAME_RE.fullmatch(name) or (isinstance(count, str) and ":" in count):
             raise _bad(f"'{written}' is not a valid accelerator; {_ACCEL_HINT}")
-        if known_accelerator(name) is None:
-            raise _bad(unknown_accelerator_message(name))
         out[name] = _accelerator_count(count, written)
     if not out:
         raise _bad(f"no accelerator given; {_ACCEL_HINT}")

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 
 from gpuctl.jobplane.agent.install import KEY_NAME, SSH_DIR, InstallError, write_view
@@ -42,21 +43,25 @@ def _bundle_fd(bundle):
 
 
 def install_one(target, remote, bundle_fd, timeout=PEER_INSTALL_TIMEOUT):
-    """One worker's install step over ssh: its result line as a dict."""
+    """One worker's install step over ssh: its result line as a dict. Output goes to files, not
+    pipes: the ControlMaster ssh leaves behind for the job must not hold the result back."""
     argv = ["ssh"] + list(target["ssh"]) + ["--", target["host"], remote]
-    with open("/proc/self/fd/%d" % bundle_fd, "rb") as stdin:
+    with open("/proc/self/fd/%d" % bundle_fd, "rb") as stdin, tempfile.TemporaryFile() as out_file, \
+            tempfile.TemporaryFile() as err_file:
         try:
-            proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    close_fds=True)
+            proc = subprocess.Popen(argv, stdin=stdin, stdout=out_file, stderr=err_file, close_fds=True)
         except OSError as exc:
             return {"node": target["name"], "ok": False, "unreachable": True, "error": "cannot start ssh: %s" % exc}
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return {"node": target["name"], "ok": False, "unreachable": False,
-                "error": "the install step took over %d s" % timeout}
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return {"node": target["name"], "ok": False, "unreachable": False,
+                    "error": "the install step took over %d s" % timeout}
+        out_file.seek(0)
+        err_file.seek(0)
+        out, err = out_file.read(), err_file.read()
     if proc.returncode == 0:
         try:
             result = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
@@ -94,7 +99,11 @@ def install_peers(request, emit):
                 if not pending:
                     return
                 target = pending.pop()
-            result = install_one(target, remote, fd)
+            try:
+                result = install_one(target, remote, fd)
+            except Exception as exc:  # noqa: BLE001 - reported for this worker; the others go on
+                result = {"node": target["name"], "ok": False, "unreachable": True,
+                          "error": "the head could not run ssh to it: %s" % exc}
             with lock:
                 if not result["ok"]:
                     failed.append(target["name"])

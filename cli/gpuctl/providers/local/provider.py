@@ -41,10 +41,11 @@ from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir as cluster_dir_of
 from gpuctl.providers import render_root
 from gpuctl.providers.base import BaseProvider
+from gpuctl.spec.accelerators import unknown_accelerator_message, unknown_accelerators
 from gpuctl.spec.request import ClusterRequest
 
 if TYPE_CHECKING:
-    from gpuctl.spec import Task
+    from gpuctl.spec import Resources, Task
 
 MODE_ENV = "GPUCTL_LOCAL_MODE"
 POOL_ENV = "GPUCTL_LOCAL_SUBNET_POOL"
@@ -380,6 +381,12 @@ class LocalProvider(BaseProvider):
             if len(line.split()) >= 2:
                 keys[rank] = line
         return keys
+
+    def resources_problem(self, resources: "Resources") -> tuple[str, str] | None:
+        """An accelerator name not in the catalogue: local nodes only name their GPUs, so a typo
+        (`H1000:8`) would otherwise pass silently."""
+        unknown = unknown_accelerators(resources.accelerators or {})
+        return ("accelerators", unknown_accelerator_message(unknown[0])) if unknown else None
 
     def task_warnings(self, task: "Task", req: ClusterRequest) -> list[str]:
         """The local nodes have no GPU of their own, and no instance type, market, disk or fabric."""

@@ -8,9 +8,15 @@ hosts as they were (after removing the job containers from them, which is why
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpuctl.common.errors import UserError
 from gpuctl.providers.base import BaseProvider
+from gpuctl.spec.accelerators import unknown_accelerator_message, unknown_accelerators
 from gpuctl.spec.request import ClusterRequest
+
+if TYPE_CHECKING:
+    from gpuctl.spec import Task
 
 
 class SshProvider(BaseProvider):
@@ -21,6 +27,13 @@ class SshProvider(BaseProvider):
     def check(self, req: ClusterRequest) -> None:
         if req.inventory_path is None:
             raise UserError("resources.infra 'ssh' needs an inventory path: infra: ssh/path/to/inventory.yml")
+
+    def task_warnings(self, task: "Task", req: ClusterRequest) -> list[str]:
+        """An accelerator name not in the catalogue: likely a typo, but the hosts' GPUs may be newer
+        than the list, so it is said and not refused."""
+        return [f"{task.where('resources', 'accelerators')}: resources.accelerators: "
+                f"{unknown_accelerator_message(name)} (the hosts' GPUs are taken as named)"
+                for name in unknown_accelerators(task.resources.accelerators or {})]
 
 
 PROVIDER = SshProvider()

@@ -276,8 +276,13 @@ up() {
   chmod 755 "$LN_DIR/home"
   ssh-keygen -q -t ed25519 -N '' -C "gpuctl-local-node-$LN_INDEX" -f "$LN_DIR/sshd/ssh_host_ed25519_key"
   printf '%s\n' "$LN_PUBKEY" >"$LN_DIR/sshd/authorized_keys"
-  # The cluster's internal key, authorized at boot: the head may install this node itself.
-  if [[ -n ${LN_INTERNAL_PUBKEY:-} ]]; then printf '%s\n' "$LN_INTERNAL_PUBKEY" >>"$LN_DIR/sshd/authorized_keys"; fi
+  # The cluster's internal key, authorized at boot so the head may install this node itself. It goes
+  # where the install step manages it (the node's ~/.ssh/authorized_keys, by the key's comment), so
+  # a rotated key replaces it there; netns mode only (loopback nodes use the access key).
+  if [[ -n ${LN_INTERNAL_PUBKEY:-} && $LN_MODE == netns ]]; then
+    mkdir -p -m 700 "$LN_DIR/home/.ssh"
+    (umask 077 && printf '%s\n' "$LN_INTERNAL_PUBKEY" >"$LN_DIR/home/.ssh/authorized_keys")
+  fi
   # /etc/profile resets PATH in login shells; SetEnv covers the other sessions.
   cat >"$LN_DIR/home/.profile" <<PROFILE
 # gpuctl local node: this machine's software, as the cluster's PATH says.
