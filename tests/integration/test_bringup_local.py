@@ -70,6 +70,7 @@ def test_cold_apply_reports_its_phases_and_a_reapply_prepares_nothing(bu: Bringu
     assert list(phases) == ["provision", "head_install", "prepare", "job"], doc["phases"]
     assert all(p["seconds"] > 0 and p["controller_cpu_s"] >= 0 for p in phases.values())
     assert "Preparing 2 node(s) (first job on this cluster)" in res.stderr, res.describe()
+    assert "    3 of 3 resource(s) made" in res.stderr.splitlines(), res.describe()  # the bridge and 2 nodes
     assert len(bu.records()) == 2 and len(set(bu.records().values())) == 1
     # the head by the prepare play, worker1 by the head: the same prepared state, file for file
     head, w1 = bu.cluster.nodes()

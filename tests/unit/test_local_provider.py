@@ -339,6 +339,22 @@ def test_capacity_error_is_flagged_and_warnings_are_dropped(fake_tf: FakeTerrafo
     assert (root.workdir / "logs" / "apply.log").read_text().count("InsufficientInstanceCapacity") == 1
 
 
+def test_apply_counts_resources_as_terraform_makes_them(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+    root = TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin))
+    stream = [{"type": "planned_change"}, {"type": "planned_change"}, {"type": "apply_start"},
+              {"type": "apply_complete"}, {"type": "apply_complete"},
+              {"type": "change_summary", "changes": {"operation": "apply", "add": 2, "change": 0, "remove": 0}}]
+    fake_tf.will(stdout="".join(json.dumps(m) + "\n" for m in stream) + "not json\n")
+    seen: list[tuple[int, int]] = []
+    assert root.apply(lambda done, total: seen.append((done, total))) is True
+    assert seen == [(1, 2), (2, 2)]
+    assert fake_tf.argv[0] == "apply" and {"-auto-approve", "-input=false", "-json", "-no-color"} <= set(fake_tf.argv)
+    fake_tf.will(rc=1, stderr=CAPACITY_STDERR)  # a failure reads as without the stream
+    with pytest.raises(ProvisionError) as info:
+        root.apply(lambda done, total: None)
+    assert info.value.insufficient_capacity and "terraform apply failed" in info.value.message
+
+
 def test_json_diagnostics_become_the_message(fake_tf: FakeTerraform, tmp_path: Path) -> None:
     diag = {"@level": "error", "@message": "Error: local-exec provisioner error", "type": "diagnostic",
             "diagnostic": {"severity": "error", "summary": "local-exec provisioner error",

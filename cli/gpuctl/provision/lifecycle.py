@@ -63,9 +63,11 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
 
     with _changing(req.name, "gpuctl apply", reporter, registry), \
             reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'",
-                           phase="provision"):
+                           phase="provision") as step:
         try:
-            inv = provisioner.provision(req, on_progress=reporter.info, on_start=record_start)
+            inv = provisioner.provision(
+                req, on_progress=reporter.info, on_start=record_start,
+                on_count=lambda done, total: step.update(f"{done} of {total} resource(s) made", done, total))
         except BaseException:
             if started:
                 registry.publish(req.name)  # a half-made cluster: the next runner can still take it down

@@ -146,7 +146,8 @@ def _cluster_and_provider(req: ClusterRequest) -> tuple[Path, Provider]:
 
 
 def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
-              on_start: Callable[[ClusterRequest], None] = _no_start) -> Inventory:
+              on_start: Callable[[ClusterRequest], None] = _no_start,
+              on_count: Callable[[int, int], None] | None = None) -> Inventory:
     """Create or update the cluster so it matches `req`; return its inventory.
 
     Re-applying the same request changes nothing; a changed num_nodes adds or
@@ -183,7 +184,7 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     while True:
         on_progress(f"terraform apply: {req.num_nodes} {provider.name} node(s)")
         try:
-            changed = root.apply()
+            changed = root.apply(on_count)  # on_count(done, total): resources made so far
             break
         except ProvisionError as exc:
             # The provider's hook (AWS): on a capacity shortage, the same

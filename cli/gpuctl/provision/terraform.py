@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from python_terraform import IsFlagged, Terraform
 
@@ -132,12 +134,17 @@ class TerraformRoot:
             raise ProvisionError(f"terraform plan in {self.workdir} printed no change summary (exit code {rc})")
         return summary
 
-    def apply(self) -> bool:
-        """`terraform apply`; True when something was created, changed or destroyed."""
-        _, out, _ = self._run(
-            "apply", input=False, no_color=IsFlagged, json=IsFlagged,
-            auto_approve=IsFlagged, lock_timeout=self.lock_timeout,
-        )
+    def apply(self, on_count: Callable[[int, int], None] | None = None) -> bool:
+        """`terraform apply`; True when something was created, changed or destroyed. `on_count(done,
+        total)` as each resource's change completes (Terraform's JSON stream: planned_change, then
+        apply_complete), for a live "12 of 64" while nodes are made."""
+        if on_count is None:
+            _, out, _ = self._run(
+                "apply", input=False, no_color=IsFlagged, json=IsFlagged,
+                auto_approve=IsFlagged, lock_timeout=self.lock_timeout,
+            )
+        else:
+            out = self._stream_apply(on_count)
         counts = _change_summary(out, operation="apply")
         return bool(counts and any(counts.get(k) for k in ("add", "change", "remove")))
 
@@ -189,6 +196,42 @@ class TerraformRoot:
                                  insufficient_capacity=capacity)
         return rc, out, err
 
+    def _stream_apply(self, on_count: Callable[[int, int], None]) -> str:
+        """`terraform apply -json`, read as it runs; its stdout. Failures as _run reports them."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        argv = [self._binary(), "apply", "-input=false", "-no-color", "-json", "-auto-approve",
+                f"-lock-timeout={self.lock_timeout}"]
+        lines: list[str] = []
+        planned = done = 0
+        with tempfile.TemporaryFile(mode="w+") as err_file:
+            try:
+                proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=err_file, text=True)
+            except OSError as exc:
+                raise UserError(f"could not run terraform ({exc.strerror or exc}); check that it is installed") \
+                    from None
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                kind = _message_type(line)
+                if kind == "planned_change":
+                    planned += 1
+                elif kind == "apply_complete":
+                    done += 1
+                    on_count(done, max(planned, done))
+            rc = proc.wait()
+            err_file.seek(0)
+            err = err_file.read()
+        out = "".join(lines)
+        self._log("apply", rc, out, err)
+        if rc != 0:
+            details = error_lines(out, err)
+            capacity = any(m in err or m in out for m in CAPACITY_MARKERS)
+            detail = "\n  ".join(details) if details else f"exit code {rc}, no error message"
+            raise ProvisionError(f"terraform apply failed in {self.workdir}:\n  {detail}",
+                                 insufficient_capacity=capacity)
+        return out
+
     def _log(self, command: str, rc: int, out: str, err: str) -> None:
         logs = self.workdir / "logs"
         try:
@@ -208,6 +251,15 @@ def _json_messages(stdout: str) -> Iterable[dict[str, Any]]:
                 continue
             if isinstance(msg, dict):
                 yield msg
+
+
+def _message_type(line: str) -> str | None:
+    """The `type` of one line of Terraform's JSON stream (None: not such a line)."""
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    return msg.get("type") if isinstance(msg, dict) else None
 
 
 def _change_summary(stdout: str, *, operation: str | None = None) -> dict[str, int] | None:
