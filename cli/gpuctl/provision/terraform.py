@@ -189,12 +189,16 @@ class TerraformRoot:
         out, err = out or "", err or ""
         self._log(command, rc, out, err)
         if rc not in tuple(ok):
-            lines = error_lines(out, err)
-            capacity = any(m in err or m in out for m in CAPACITY_MARKERS)
-            detail = "\n  ".join(lines) if lines else f"exit code {rc}, no error message"
-            raise ProvisionError(f"terraform {command} failed in {self.workdir}:\n  {detail}",
-                                 insufficient_capacity=capacity)
+            raise self._failure(command, rc, out, err)
         return rc, out, err
+
+    def _failure(self, command: str, rc: int, out: str, err: str) -> ProvisionError:
+        """What a failed command says: its error lines, and whether capacity ran out."""
+        lines = error_lines(out, err)
+        capacity = any(m in err or m in out for m in CAPACITY_MARKERS)
+        detail = "\n  ".join(lines) if lines else f"exit code {rc}, no error message"
+        return ProvisionError(f"terraform {command} failed in {self.workdir}:\n  {detail}",
+                              insufficient_capacity=capacity)
 
     def _stream_apply(self, on_count: Callable[[int, int], None]) -> str:
         """`terraform apply -json`, read as it runs; its stdout. Failures as _run reports them."""
@@ -225,11 +229,7 @@ class TerraformRoot:
         out = "".join(lines)
         self._log("apply", rc, out, err)
         if rc != 0:
-            details = error_lines(out, err)
-            capacity = any(m in err or m in out for m in CAPACITY_MARKERS)
-            detail = "\n  ".join(details) if details else f"exit code {rc}, no error message"
-            raise ProvisionError(f"terraform apply failed in {self.workdir}:\n  {detail}",
-                                 insufficient_capacity=capacity)
+            raise self._failure("apply", rc, out, err)
         return out
 
     def _log(self, command: str, rc: int, out: str, err: str) -> None:
