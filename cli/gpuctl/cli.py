@@ -32,7 +32,7 @@ from gpuctl.jobplane import gitworkdir, joblogs, jobs
 from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
 from gpuctl.providers import get_provider, request_for, resources_problem
 from gpuctl.provision import lifecycle, ssh, sshconfig
-from gpuctl.provision.inventory import Inventory, load_inventory
+from gpuctl.provision.inventory import Inventory, Node, load_inventory
 from gpuctl.provision.lifecycle import write_ssh_config
 from gpuctl.spec.request import ClusterRequest, check_cluster_name
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
@@ -556,25 +556,25 @@ def ssh_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
     inv = _cluster_inventory(name)
     if node is not None and rank is not None:
         raise UserError("give the node either as NODE or as --rank, not both")
-    if node is not None:
-        by_name = {n.name: n.rank for n in inv.nodes}
-        if node in by_name:
-            rank = by_name[node]
-        elif node.isdigit():
-            rank = int(node)
-        else:
-            raise UserError(f"node {node!r}: cluster '{name}' has {', '.join(list(by_name)[:6])}"
-                            f"{', ...' if len(by_name) > 6 else ''} (a name or a rank 0..{len(inv.nodes) - 1})")
-    rank = 0 if rank is None else rank
-    if not 0 <= rank < len(inv.nodes):
-        where = f"node {node}" if node is not None else f"--rank {rank}"
-        raise UserError(f"{where}: cluster '{name}' has ranks 0..{len(inv.nodes) - 1}")
+    if rank is not None and not 0 <= rank < len(inv.nodes):
+        raise UserError(f"--rank {rank}: cluster '{name}' has ranks 0..{len(inv.nodes) - 1}")
+    target = _node_of(inv, name, node) if node is not None else inv.nodes[rank or 0]
     conf = write_ssh_config(inv)
-    alias = sshconfig.host_alias(name, inv.nodes[rank])
+    alias = sshconfig.host_alias(name, target)
     command = _command_after_dashes()
     argv = ["ssh", "-F", str(conf), "--", alias, *command]
     sys.stdout.flush()
     os.execvp("ssh", argv)
+
+
+def _node_of(inv: Inventory, cluster: str, node: str) -> Node:
+    """The node named by its name (head, worker2) or its rank; one line naming the nodes if none is."""
+    found = next((n for n in inv.nodes if node in (n.name, str(n.rank))), None)
+    if found is None:
+        names = [n.name for n in inv.nodes]
+        raise UserError(f"node {node!r}: cluster '{cluster}' has {', '.join(names[:6])}"
+                        f"{', ...' if len(names) > 6 else ''} (a name or a rank 0..{len(names) - 1})")
+    return found
 
 
 @app.command("forget-host-key", cls=usage.HelpCommand, epilog=usage.examples_of("forget-host-key"))
@@ -585,9 +585,7 @@ def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluste
     from gpuctl.configplane import prepare
 
     inv = _cluster_inventory(name)
-    target = next((n for n in inv.nodes if node in (n.name, str(n.rank))), None)
-    if target is None:
-        raise UserError(f"node '{node}': cluster '{name}' has {', '.join(n.name for n in inv.nodes)}")
+    target = _node_of(inv, name, node)
     if not target.known_hosts:
         raise UserError(f"cluster '{name}' keeps no host keys")
     dropped = ssh.forget_host_keys(Path(target.known_hosts), {target.host_key_alias})
