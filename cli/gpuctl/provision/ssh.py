@@ -116,7 +116,7 @@ def forget_host_keys(known_hosts: Path, aliases: set[str], *, keep_only: bool = 
         return 0
     kept, dropped = [], 0
     for line in lines:
-        names = set(line.split(" ", 1)[0].split(",")) if line and not line.startswith("#") else set()
+        names = _host_names(line)
         node_entry = any(n.startswith("gpuctl-") and not n.startswith("gpuctl-bastion-") for n in names)
         hit = bool(names & aliases)
         if (keep_only and node_entry and not hit) or (not keep_only and hit):
@@ -124,10 +124,21 @@ def forget_host_keys(known_hosts: Path, aliases: set[str], *, keep_only: bool = 
             continue
         kept.append(line)
     if dropped:
-        tmp = known_hosts.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(known_hosts)
+        _rewrite(known_hosts, kept)
     return dropped
+
+
+def _host_names(line: str) -> set[str]:
+    """The host names (aliases) a known_hosts line is for; none for a comment or a blank line."""
+    return set(line.split(" ", 1)[0].split(",")) if line and not line.startswith("#") else set()
+
+
+def _rewrite(known_hosts: Path, lines: Sequence[str]) -> None:
+    """known_hosts with exactly `lines`, replaced at once (a reader never sees half of it)."""
+    tmp = known_hosts.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines))
+    os.chmod(tmp, 0o600)
+    tmp.replace(known_hosts)
 
 
 def known_aliases(known_hosts: Path) -> set[str]:
@@ -136,7 +147,7 @@ def known_aliases(known_hosts: Path) -> set[str]:
         lines = known_hosts.read_text().splitlines()
     except OSError:
         return set()
-    return {name for ln in lines if ln and not ln.startswith("#") for name in ln.split(" ", 1)[0].split(",")}
+    return {name for line in lines for name in _host_names(line)}
 
 
 def pin_host_keys(known_hosts: Path, keys: Mapping[str, str]) -> int:
@@ -149,16 +160,12 @@ def pin_host_keys(known_hosts: Path, keys: Mapping[str, str]) -> int:
         before = ""
     wanted = {alias: " ".join([alias, *line.split()[:2]]) for alias, line in keys.items() if len(line.split()) >= 2}
     lines = before.splitlines()
-    kept = [ln for ln in lines
-            if not (ln and not ln.startswith("#") and set(ln.split(" ", 1)[0].split(",")) & set(wanted))]
+    kept = [line for line in lines if not _host_names(line) & set(wanted)]
     present = set(lines)
     changed = sum(1 for entry in wanted.values() if entry not in present)
     if not changed and len(kept) + len(wanted) == len(lines):
         return 0
-    tmp = known_hosts.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept + list(wanted.values())))
-    os.chmod(tmp, 0o600)
-    tmp.replace(known_hosts)
+    _rewrite(known_hosts, kept + list(wanted.values()))
     return changed
 
 
