@@ -180,6 +180,9 @@ CMD_COORDINATE = "coordinate"  # the head's coordinator, started by submit
 CMD_CONTAINER_STAGE = "container-stage"  # a stage in the node's container, started by its supervisor
 CMD_INSTALL = "install"  # prepare's one step on a node: the bundle on stdin (agent/install.py)
 CMD_INSTALL_PEERS = "install-peers"  # the head installs the workers it is given (agent/peerinstall.py)
+# Seconds for one worker's install step on the head, ssh included; the controller's deadline for the
+# whole install-peers call follows from it.
+PEER_INSTALL_TIMEOUT = 600
 
 # -- commands down the tree (a relay's stdin) ---------------------------------------------------
 RELAY_CLAIM = "claim"
@@ -888,7 +891,6 @@ reported `unreachable`; the controller then prepares it directly (and waits for 
 """
 
 
-PEER_INSTALL_TIMEOUT = 600  # seconds for one worker's install step, ssh included
 _SSH_FAILED = 255  # ssh's own exit code: the worker was not reached (or refused us)
 
 

@@ -20,8 +20,6 @@ from gpuctl.jobplane import payload, protocol
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 
-PEER_INSTALL_TIMEOUT = 600  # s, one worker's install step on the head (agent/peerinstall.py has the same)
-
 
 @dataclass(frozen=True)
 class PeerResult:
@@ -55,7 +53,7 @@ def install_through_head(head: Node, workers: Sequence[Node], *, bundle: Mapping
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     # A head that stops answering holds nothing up for good: each worker has its own limit there.
     rounds = -(-len(workers) // int(request["parallel"]))
-    watchdog = threading.Timer(PEER_INSTALL_TIMEOUT * rounds + 60, proc.kill)
+    watchdog = threading.Timer(protocol.PEER_INSTALL_TIMEOUT * rounds + 60, proc.kill)
     watchdog.daemon = True
     watchdog.start()
     try:

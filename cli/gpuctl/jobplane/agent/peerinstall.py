@@ -22,8 +22,8 @@ import threading
 
 from gpuctl.jobplane.agent.install import KEY_NAME, SSH_DIR, InstallError, write_view
 from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, shell_quote
+from gpuctl.jobplane.protocol import PEER_INSTALL_TIMEOUT
 
-PEER_INSTALL_TIMEOUT = 600  # seconds for one worker's install step, ssh included
 _SSH_FAILED = 255  # ssh's own exit code: the worker was not reached (or refused us)
 
 
