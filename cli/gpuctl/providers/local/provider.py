@@ -362,7 +362,7 @@ class LocalProvider(BaseProvider):
     module_name = "local-nodes"
     local = True  # sshd processes on this machine: its filesystem, Python and container store
     containers_outlive_cluster = True
-    authorizes_internal_key_at_boot = True  # node.sh writes it beside the access key
+    authorizes_internal_key_at_boot = True  # netns: node.sh writes it to the node's ~/.ssh/authorized_keys
 
     def node_python(self) -> str | None:
         """This machine's python3, as a node's login shell finds it (sshd's default PATH): the nodes
