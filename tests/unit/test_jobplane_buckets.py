@@ -119,7 +119,10 @@ def test_tools_problem_names_what_is_missing():
     copy, mount = [dict(BUCKET, mode="COPY")], [BUCKET]
     have = {"rclone": "/usr/bin/rclone", "fusermount3": "/usr/bin/fusermount3"}
     assert agent.bucket_tools_problem([], which=lambda n: None) is None
-    assert agent.bucket_tools_problem(mount, which=have.get, exists=lambda p: True) is None
+    assert agent.bucket_tools_problem(mount, which=have.get, exists=lambda p: True, usable=True) is None
+    text = agent.bucket_tools_problem(mount, which=have.get, exists=lambda p: True, usable=False)
+    assert text.startswith("/dev/fuse cannot be opened by ") and "chmod 666 /dev/fuse" in text
+    assert agent.bucket_tools_problem(copy, which=have.get, exists=lambda p: True, usable=False) is None
     assert agent.bucket_tools_problem(copy, which={"rclone": "/x"}.get, exists=lambda p: False) is None
     text = agent.bucket_tools_problem(copy, which=lambda n: None)
     assert text.startswith("rclone is not installed") and "apt-get install rclone fuse3" in text

@@ -144,7 +144,7 @@ def test_container_wrapper_runs_the_stage_in_its_own_group_and_keeps_its_code(tm
 
 
 def test_config_binds_each_tree_once_and_refuses_paths_a_bind_cannot_take(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(agent, "find_runtime", lambda wanted=None: ("/usr/bin/podman", None))
+    monkeypatch.setattr(agent, "find_runtime", lambda wanted=None, prefix=(): ("/usr/bin/podman", None))
     c, problem = agent.container_config({"image": "img", "name": "gpuctl-c1",
                                          "mounts": ["~/gpuctl_workdir/sub", "/data/", "/data/x"]}, "worker 3",
                                         "~/gpuctl_workdir")
@@ -288,7 +288,7 @@ def _cmdline(path: Path) -> bytes:
 @pytest.mark.parametrize("cluster,node", [("a", "head"), ("a-b", "worker1"), ("x.y_z", "worker12")])
 def test_the_controller_names_a_nodes_container_as_the_agent_does(cluster: str, node: str,
                                                                     monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(agent, "find_runtime", lambda wanted=None: ("/usr/bin/podman", None))
+    monkeypatch.setattr(agent, "find_runtime", lambda wanted=None, prefix=(): ("/usr/bin/podman", None))
     box = containers.container_plan("ubuntu:22.04", cluster, ["~/gpuctl_workdir"])
     cfg, problem = agent.container_config(box, node, "~/gpuctl_workdir")
     assert problem is None and cfg["name"] == containers.container_name(cluster, node)

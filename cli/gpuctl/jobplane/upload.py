@@ -49,15 +49,23 @@ def remote_path(dest: str) -> str:
     return path[2:] if path.startswith("~/") else path
 
 
+def make_dir_command(path: str) -> str:
+    """Shell that makes the destination's directory on the head. Where the login user may not write
+    (/data for a user other than root) it is made through `sudo -n` and given to that user, as
+    SkyPilot makes absolute destinations; the last mkdir says why when neither works."""
+    q = shlex.quote(path)
+    via_sudo = f'{{ sudo -n mkdir -p -- {q} && sudo -n chown "$(id -u):$(id -g)" -- {q}; }} 2>/dev/null'
+    return f"{{ mkdir -p -- {q} 2>/dev/null || {via_sudo} || mkdir -p -- {q}; }}"
+
+
 def rsync_argv(head: Node, item: Item, control_dir: Path, extra: tuple[str, ...] = ()) -> list[str]:
     rsh = shlex.join(["ssh", *ssh.ssh_options(head, control_dir)])
     remote = remote_path(item.dest)
     parent = str(Path(remote).parent) if not item.is_dir else remote
     # The head's agent first checks the real path (a symlink into ~/.ssh, a mount in the workdir:
     # agent/destinations.py, check-dest); one that is missing is installed again at submit, so it is skipped.
-    # The destination's directory may not exist on the head yet: make it then.
     check = f"{{ test ! -x {AGENT} || {AGENT} {CMD_CHECK_DEST} -- {shlex.quote(item.dest)}; }}"
-    rsync_path = f"{check} && mkdir -p -- {shlex.quote(parent)} && rsync"
+    rsync_path = f"{check} && {make_dir_command(parent)} && rsync"
     host = f"[{head.ssh_host}]" if ":" in head.ssh_host else head.ssh_host
     src = str(item.src).rstrip("/") + ("/" if item.is_dir else "")
     dst = f"{host}:{remote}" + ("/" if item.is_dir else "")

@@ -30,11 +30,11 @@ mount's rclone log, KEY.cache its VFS cache (kept across remounts, so writes
 not yet uploaded go up once the path is mounted again).
 """
 
-import errno
 import fcntl
 import hashlib
 import json
 import os
+import pwd
 import re
 import select
 import shutil
@@ -47,7 +47,8 @@ import time
 
 from gpuctl.jobplane.agent.destinations import claim_destinations, destinations_problem, mount_table, release_claims
 from gpuctl.jobplane.agent.follow import LineReader, ev
-from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, agent_file, dest_paths, read_text, remove, write_private
+from gpuctl.jobplane.agent.jobdir import (GPUCTL_DIR, agent_file, dest_paths, ensure_dir, read_text, remove,
+                                         write_private)
 from gpuctl.jobplane.protocol import CMD_UNMOUNT_BUCKET, EV_BUCKETS
 
 
@@ -141,17 +142,23 @@ def rclone_mount_argv(bucket, path, base, extra=(), allow_other=False, uid=None,
             + (["--allow-other", "--default-permissions"] if allow_other else []) + RCLONE_NET + list(extra))
 
 
-def bucket_tools_problem(buckets, which=shutil.which, exists=os.path.exists):
+def bucket_tools_problem(buckets, which=shutil.which, exists=os.path.exists, usable=None):
     """What this node lacks for the job's buckets (rclone; FUSE to mount), or None."""
     if not buckets:
         return None
     missing = [] if which("rclone") else ["rclone"]
-    if any(b.get("mode") != "COPY" for b in buckets):
+    mounts = any(b.get("mode") != "COPY" for b in buckets)
+    if mounts:
         if not (which("fusermount3") or which("fusermount")):
             missing.append("fusermount3 (package fuse3)")
         if not exists("/dev/fuse"):
             missing.append("/dev/fuse (the fuse kernel module)")
     if not missing:
+        # fusermount opens the device with the user's own rights: root's alone (0600) refuses the mount
+        if mounts and not (os.access("/dev/fuse", os.R_OK | os.W_OK) if usable is None else usable):
+            return ("/dev/fuse cannot be opened by %s on this node, and the job's bucket mounts need it; give it "
+                    "mode 0666 as distributions do (chmod 666 /dev/fuse), or log in as root"
+                    % pwd.getpwuid(os.getuid()).pw_name)
         return None
     return ("%s %s not installed, and the job's cloud-bucket file_mounts need %s; gpuctl installs rclone and fuse3 "
             "when it prepares AWS nodes, elsewhere install them on the node (local nodes: on this machine): "
@@ -311,20 +318,6 @@ def unmount(path, lazy=False):
     if proc.returncode != 0:
         return proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1:] or ["exit code %d" % proc.returncode]
     return None
-
-
-def ensure_dir(path):
-    """mkdir -p, through `sudo -n` (then owned by this user) where the parent is not writable (/data)."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        return
-    except PermissionError:
-        if os.geteuid() == 0 or not shutil.which("sudo"):
-            raise
-    quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if subprocess.call(["sudo", "-n", "mkdir", "-p", "--", path], **quiet) != 0 or subprocess.call(
-            ["sudo", "-n", "chown", "%d:%d" % (os.getuid(), os.getgid()), "--", path], **quiet) != 0:
-        raise OSError(errno.EACCES, "cannot create %s (not writable, and sudo -n refused)" % path)
 
 
 def mount_dirty(cache_dir):

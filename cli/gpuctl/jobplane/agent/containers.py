@@ -54,8 +54,31 @@ CONTAINER_WRAPPER = (
     'echo "$pid" >"$cpid"; if [ -e "$killed" ]; then kill -TERM -- "-$pid"; fi; wait "$pid"' % shell_quote(WRAPPER))
 
 
-def find_runtime(wanted=None):
-    """(path of a container runtime that answers, None), or (None, what is wrong and what to install)."""
+def sudo_prefix():
+    """["/usr/bin/sudo", "-n"] for a login user other than root whose sudo needs no password (local
+    nodes, cloud images' users): the containers then live in the machine's own (root) store, where
+    `gpuctl down` removes them; [] otherwise."""
+    if os.geteuid() == 0:
+        return []
+    sudo = shutil.which("sudo")
+    if not sudo:
+        return []
+    try:
+        ok = subprocess.run([sudo, "-n", "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return [sudo, "-n"] if ok else []
+
+
+def runtime_argv(cfg):
+    """How the node's container runtime is run: its path, after sudo where that applies."""
+    return list(cfg.get("sudo") or []) + [cfg["runtime"]]
+
+
+def find_runtime(wanted=None, prefix=()):
+    """(path of a container runtime that answers, None), or (None, what is wrong and what to install).
+    `prefix`: sudo_prefix()."""
     notes = []
     for name in [wanted] if wanted else RUNTIMES:
         if os.path.isabs(name):
@@ -66,8 +89,8 @@ def find_runtime(wanted=None):
             notes.append("%s is not installed%s" % (name, "" if os.path.isabs(name) else " (not on PATH)"))
             continue
         try:
-            proc = subprocess.run([path, "version"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, timeout=20)
+            proc = subprocess.run(list(prefix) + [path, "version"], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=20)
         except (OSError, subprocess.SubprocessError) as exc:
             notes.append("`%s version` did not answer: %s" % (name, exc))
             continue
@@ -107,11 +130,13 @@ def container_config(box, node_name, workdir):
     for path in sorted(set(paths), key=len):
         if not any(path.startswith(m.rstrip("/") + "/") for m in mounts):
             mounts.append(path)
-    runtime, problem = find_runtime(box.get("runtime"))
+    sudo = sudo_prefix()
+    runtime, problem = find_runtime(box.get("runtime"), sudo)
     if problem:
         return None, problem
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", "%s-%s" % (box.get("name") or "gpuctl", node_name))
-    return {"runtime": runtime, "flavor": "podman" if "podman" in os.path.basename(runtime) else "docker",
+    return {"runtime": runtime, "sudo": sudo,
+            "flavor": "podman" if "podman" in os.path.basename(runtime) else "docker",
             "name": name if name[:1].isalnum() else "gpuctl-" + name, "image": image, "mounts": sorted(mounts),
             "gpus": has_nvidia_gpus(), "fabric": os.path.isdir("/dev/infiniband"), "home": os.path.expanduser("~"),
             "workdir": os.path.normpath(dest_paths(workdir)[0])}, None
@@ -147,7 +172,7 @@ def container_fits(have, want):
 
 
 def container_run_argv(cfg, want):
-    argv = [cfg["runtime"], "run", "--detach", "--name=" + cfg["name"],
+    argv = runtime_argv(cfg) + ["run", "--detach", "--name=" + cfg["name"],
             "--label=%s=%s" % (CONTAINER_LABEL, json.dumps(want, sort_keys=True, separators=(",", ":"))),
             "--network=host", "--ipc=host"]
     if want["gpus"]:
@@ -161,7 +186,7 @@ def container_run_argv(cfg, want):
 
 def container_exec_argv(cfg, st):
     fabric = os.path.join(st.jobdir, "fabric.env")
-    return [cfg["runtime"], "exec", "--env=PYTHONUNBUFFERED=1", "--env=HOME=" + cfg["home"],
+    return runtime_argv(cfg) + ["exec", "--env=PYTHONUNBUFFERED=1", "--env=HOME=" + cfg["home"],
             "--workdir=" + cfg["workdir"], cfg["name"], "bash", "-c", CONTAINER_WRAPPER, "gpuctl-" + st.name,
             st.cpid, st.killed, fabric, st.env, st.secrets, st.script]
 
@@ -169,7 +194,7 @@ def container_exec_argv(cfg, st):
 def container_state(cfg):
     """(running, the spec in its label) of the node's container, or None when there is none."""
     try:
-        proc = subprocess.run([cfg["runtime"], "inspect", "--type", "container", "--format",
+        proc = subprocess.run(runtime_argv(cfg) + ["inspect", "--type", "container", "--format",
                                '{{.State.Running}}|{{index .Config.Labels "%s"}}' % CONTAINER_LABEL, cfg["name"]],
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=60)
     except (OSError, subprocess.SubprocessError):
@@ -201,7 +226,7 @@ def ensure_container(cfg):
         want = wanted_container(cfg)
         state = container_state(cfg)
         if state is not None and container_fits(state[1], want):
-            if state[0] or subprocess.call([cfg["runtime"], "start", cfg["name"]], **quiet) == 0:
+            if state[0] or subprocess.call(runtime_argv(cfg) + ["start", cfg["name"]], **quiet) == 0:
                 fcntl.flock(use, fcntl.LOCK_SH)
                 return 0, use
         if state is not None:
@@ -212,7 +237,7 @@ def ensure_container(cfg):
                     "re-created once that job ends" % cfg["name"])
                 os.close(use)
                 return 125, None
-            subprocess.call([cfg["runtime"], "rm", "--force", cfg["name"]], **quiet)
+            subprocess.call(runtime_argv(cfg) + ["rm", "--force", cfg["name"]], **quiet)
         say("starting container %s from %s" % (cfg["name"], cfg["image"]))
         code = subprocess.call(container_run_argv(cfg, want), **quiet)
         if code != 0:
@@ -241,7 +266,8 @@ def cmd_container_stage(args):
     os.set_inheritable(use, True)  # held (shared) while the stage runs: no re-creation under it
     sys.stderr.flush()
     try:
-        os.execv(cfg["runtime"], container_exec_argv(cfg, st))
+        argv = container_exec_argv(cfg, st)
+        os.execv(argv[0], argv)
     except OSError as exc:
         say("cannot run %s: %s" % (cfg["runtime"], exc))
         return 126
@@ -253,7 +279,7 @@ def signal_in_container(cfg, st, sig):
     if not cpid or cpid <= 1:
         return False
     try:
-        code = subprocess.call([cfg["runtime"], "exec", cfg["name"], "bash", "-c", 'kill -"$1" -- "-$2" 2>/dev/null',
+        code = subprocess.call(runtime_argv(cfg) + ["exec", cfg["name"], "bash", "-c", 'kill -"$1" -- "-$2" 2>/dev/null',
                                 "gpuctl-kill", str(int(sig)), str(cpid)],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                timeout=30)

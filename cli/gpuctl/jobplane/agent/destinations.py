@@ -17,7 +17,7 @@ import re
 import sys
 import time
 
-from gpuctl.jobplane.agent.jobdir import dest_paths, read_int, read_text, remove
+from gpuctl.jobplane.agent.jobdir import dest_paths, ensure_dir, read_int, read_text, remove
 from gpuctl.jobplane.protocol import CLAIM_PREFIX, MESSAGE_PREFIX
 from gpuctl.spec.reserved import RESERVED_DIRS, RESERVED_TREES, WORKDIR
 
@@ -37,7 +37,7 @@ def claim_destinations(token, dests, rank):
         path, _ = dest_paths(dest["path"])
         where = path if dest.get("dir") else (os.path.dirname(path) or "/")
         marker = os.path.join(where, CLAIM_PREFIX + token + ("" if dest.get("dir") else "-" + os.path.basename(path)))
-        os.makedirs(where, exist_ok=True)
+        ensure_dir(where)
         try:
             fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:

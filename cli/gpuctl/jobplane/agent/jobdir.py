@@ -7,9 +7,11 @@ helpers: atomic replacement (an exit code, a pid) and private files (secrets,
 scripts), and `Stage`, the paths of one stage's files.
 """
 
+import errno
 import os
 import re
 import shutil
+import subprocess
 
 from gpuctl.jobplane.agent.procs import pid_alive
 from gpuctl.jobplane.protocol import NODE_JOBS_DIR
@@ -214,6 +216,21 @@ def dest_paths(dest):
     if path.startswith("~/"):
         return os.path.expanduser(path), path[2:]
     return path, path
+
+
+def ensure_dir(path):
+    """mkdir -p; where the parent is not writable (/data for a login user other than root) through
+    `sudo -n`, the directory then owned by this user, as SkyPilot makes absolute destinations."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        return
+    except PermissionError:
+        if os.geteuid() == 0 or not shutil.which("sudo"):
+            raise
+    quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if subprocess.call(["sudo", "-n", "mkdir", "-p", "--", path], **quiet) != 0 or subprocess.call(
+            ["sudo", "-n", "chown", "%d:%d" % (os.getuid(), os.getgid()), "--", path], **quiet) != 0:
+        raise OSError(errno.EACCES, "cannot create %s (not writable, and sudo -n refused)" % path, path)
 
 
 def cannot_write(exc, path):
