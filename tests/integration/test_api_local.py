@@ -161,6 +161,7 @@ def test_output_control(capsys: pytest.CaptureFixture[str]):
 def test_exception_on_rank_1_raises_with_traceback_and_stops_the_others():
     pids = SHARED / "pids"
     pids.mkdir()
+    pids.chmod(0o1777)  # the nodes' login user (not root) writes there, as users do in /tmp
 
     @gpuctl.function
     def fails_on_one(folder):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -158,11 +159,11 @@ def one_error_line(res: Result) -> str:
 def test_node_without_rclone_stops_the_first_bucket_job(bk: BK):
     """The first job with buckets prepares the nodes again (rclone, FUSE); a local node lacking
     rclone is named, with what to install, before anything runs."""
-    bk.on_worker("mount --bind /dev/null /usr/bin/rclone")  # in worker1's own mount namespace only
+    bk.on_worker("sudo -n mount --bind /dev/null /usr/bin/rclone")  # in worker1's own mount namespace only
     try:
         res = bk.apply(task(bk.endpoint, MOUNTS, setup="echo SETUP-RAN", run="echo RUN-RAN"))
     finally:
-        bk.on_worker("umount /usr/bin/rclone")
+        bk.on_worker("sudo -n umount /usr/bin/rclone")
     line = one_error_line(res)
     assert "Preparing 2 node(s)" in res.stdout
     assert line == ("error: preparing the nodes failed: worker1: rclone missing on worker1, and the job's "
@@ -208,7 +209,7 @@ def test_a_mount_is_the_job_users_alone(bk: BK):
 
 
 def test_no_copy_deletes_through_a_mount_left_in_the_workdir(bk: BK):
-    """A bucket mounted at the workdir (an older gpuctl accepted /root/gpuctl_workdir as a MOUNT)
+    """A bucket mounted at the workdir (an older gpuctl accepted ~/gpuctl_workdir as a MOUNT)
     stops the job before the workdir copy would delete through it, on the head (the controller's
     copy) and on a worker (the head's); the bucket keeps every object."""
     victim = f"victim-{MOD}"
@@ -229,9 +230,10 @@ def test_no_copy_deletes_through_a_mount_left_in_the_workdir(bk: BK):
         finally:
             bk.cluster.ssh(node, "fusermount -u ~/gpuctl_workdir")
         line = one_error_line(res)
-        assert re.fullmatch(rf"error: job \d+: {prefix}workdir: /root/gpuctl_workdir is a mount point \(fuse.rclone "
+        workdir = re.escape(pwd.getpwnam(node.user).pw_dir + "/gpuctl_workdir")  # the nodes' login user's
+        assert re.fullmatch(rf"error: job \d+: {prefix}workdir: {workdir} is a mount point \(fuse.rclone "
                             rf"old\S*:{victim}\), and the workdir copy would delete through it whatever your workdir "
-                            r"lacks; unmount it \(fusermount -u /root/gpuctl_workdir\) or mount it elsewhere", line), line
+                            rf"lacks; unmount it \(fusermount -u {workdir}\) or mount it elsewhere", line), line
         assert "RAN" not in res.stdout
         assert bk.keys(victim) == objects
 
@@ -307,11 +309,11 @@ def test_missing_bucket_is_one_line_and_nothing_runs(bk: BK):
 
 
 def test_node_that_lost_rclone_is_one_line(bk: BK):
-    bk.on_worker("mount --bind /dev/null /usr/bin/rclone")
+    bk.on_worker("sudo -n mount --bind /dev/null /usr/bin/rclone")
     try:
         res = bk.apply(task(bk.endpoint, MOUNTS, setup="echo SETUP-RAN", run="echo RUN-RAN"))
     finally:
-        bk.on_worker("umount /usr/bin/rclone")
+        bk.on_worker("sudo -n umount /usr/bin/rclone")
     line = one_error_line(res)
     assert re.match(r"error: job \d+: worker1: rclone is not installed, and the job's cloud-bucket file_mounts "
                     r"need it; .* apt-get install rclone fuse3$", line), line

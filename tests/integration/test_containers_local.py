@@ -17,6 +17,7 @@ machine's bash and a few tools and imported), through the real `gpuctl`:
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -177,11 +178,12 @@ def ctr(tmp_path_factory: pytest.TempPathFactory):
 def test_setup_and_run_share_the_nodes_container(ctr: Ctr):
     res = ctr.first.check()
     lines = res.stdout.splitlines()
+    home = pwd.getpwnam(ctr.nodes[0].user).pw_dir  # the nodes' login user's: the container runs in its paths
     for n in ctr.nodes:
         p = f"({n.name}, rank={n.rank}) "
-        expected = [f"setup {n.rank} of 2", f"rank={n.rank} sky={n.rank} n=2 env=hello world home=/root",
+        expected = [f"setup {n.rank} of 2", f"rank={n.rank} sky={n.rank} n=2 env=hello world home={home}",
                     f"marker: made by setup on {n.rank}",
-                    "pwd=/root/gpuctl_workdir code: code v1 data: blob v1", "in a container",
+                    f"pwd={home}/gpuctl_workdir code: code v1 data: blob v1", "in a container",
                     f"node network {n.address}", "secret in env"]
         for line in expected:
             assert p + line in lines, res.describe()

@@ -15,6 +15,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -161,7 +162,9 @@ class Prepared:
     @classmethod
     def make(cls, tmp_path_factory: pytest.TempPathFactory, name: str, num_nodes: int, gpus: int) -> "Prepared":
         root = tmp_path_factory.mktemp(name)
-        dir_mount = root / "mounted-dir"  # outside ~: nodes share this machine's filesystem there
+        # outside ~ (nodes share this machine's filesystem there), in a directory that does not exist
+        # yet: the node's login user (not root) makes it with sudo, as on a cloud image
+        dir_mount = Path(tempfile.gettempdir()) / f"gpuctl-e2e-{uuid.uuid4().hex[:12]}" / "mounted-dir"
         project = root / "project"
         project.mkdir()
         yaml_path = _write_project(project, name=name, num_nodes=num_nodes, gpus=gpus, dir_mount=dir_mount)
@@ -194,7 +197,7 @@ class Prepared:
 
     def teardown(self) -> None:
         self.cluster.down_quietly()
-        shutil.rmtree(self.dir_mount, ignore_errors=True)
+        shutil.rmtree(self.dir_mount.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -345,6 +348,8 @@ def check_synced(job: EnvJob) -> None:
         assert read("~/mounted/a.txt") == "single file mount\n"
         assert read(f"{job.dir_mount}/top.txt") == "dir mount top\n"
         assert read(f"{job.dir_mount}/inner/deeper.txt") == "dir mount deeper\n"
+    # made with sudo by the login user (not root), as SkyPilot makes absolute destinations: theirs
+    assert job.dir_mount.owner() == job.nodes[0].user != "root", job.dir_mount
 
 
 def check_down(job: EnvJob) -> None:

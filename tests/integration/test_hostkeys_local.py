@@ -77,7 +77,7 @@ def test_a_changed_key_is_refused_then_forgotten_on_request(hk: Cluster, rank: i
     node = hk.nodes()[rank]
     marker = f"~/ran-{uuid.uuid4().hex[:8]}"
     rekey(hk, node)
-    res = hk.gpuctl("exec", NAME, "--", "touch", marker.replace("~", "/root"))
+    res = hk.gpuctl("exec", NAME, f"touch {marker}")  # bash expands ~: the node user's home
     assert res.returncode == 2, res.describe()
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and node.name in lines[0] and "forget-host-key" in lines[0], res.describe()
@@ -85,7 +85,7 @@ def test_a_changed_key_is_refused_then_forgotten_on_request(hk: Cluster, rank: i
     for n in hk.nodes():
         assert not hk.exists_on(n, marker), f"the job ran on {n.name}"
     hk.gpuctl("forget-host-key", NAME, node.name).check()
-    again = hk.gpuctl("exec", NAME, "--", "touch", marker.replace("~", "/root")).check()
+    again = hk.gpuctl("exec", NAME, f"touch {marker}").check()
     assert "Preparing 1 of 3 node(s)" in again.stdout, again.describe()  # the others learn its key from the job
     for n in hk.nodes():
         assert hk.exists_on(n, marker)

@@ -361,12 +361,13 @@ def test_a_full_disk_fails_the_job_at_once_naming_the_node_and_path(jp: JP, rank
     the path, without preparing again, and `queue` says FAILED at once (not PENDING)."""
     node = jp.nodes[rank]
     jobs = "$HOME/.gpuctl/jobs"
-    jp.cluster.ssh(node, f'mount -t tmpfs -o size=64k tmpfs "{jobs}" && '
-                         f'{{ dd if=/dev/zero of="{jobs}/fill" bs=4k 2>/dev/null; true; }}')
+    # the login user's own tmpfs (a normal user with sudo, as on a cloud image)
+    jp.cluster.ssh(node, f'sudo -n mount -t tmpfs -o size=64k,mode=0700,uid="$(id -u)",gid="$(id -g)" tmpfs "{jobs}" '
+                         f'&& {{ dd if=/dev/zero of="{jobs}/fill" bs=4k 2>/dev/null; true; }}')
     try:
         res = jp.gpuctl("exec", NAME, "--", "true")
     finally:
-        jp.cluster.ssh(node, f'umount "{jobs}"')
+        jp.cluster.ssh(node, f'sudo -n umount "{jobs}"')
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.describe()
     errors = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and re.search(rf"\b{node.name}: cannot write /\S+/\.gpuctl/jobs/\d+-\w+(/\S+)?: "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import sqlite3
@@ -460,6 +461,15 @@ def test_ssh_config_hosts_and_gpuctl_ssh(jl: JobsCluster):
     bad = jl.gpuctl("ssh", NAME, "worker9", "--", "hostname")
     assert bad.returncode == 2 and bad.stderr.strip() == (f"error: node 'worker9': cluster '{NAME}' has head, worker1, "
                                                           "worker2 (a name or a rank 0..2)"), bad.describe()
+
+
+def test_nodes_log_in_as_a_normal_user_with_sudo_as_cloud_images_do(jl: JobsCluster):
+    """SkyPilot's examples run `sudo apt-get ...` and mpirun, which refuses root: local nodes log in
+    as `gpuctl`, a normal user with passwordless sudo."""
+    res = jl.gpuctl("exec", NAME, 'echo "user $(id -un) uid $(id -u) sudo $(sudo -n id -un)"').check()
+    for n in jl.nodes:
+        assert f"({n.name}, rank={n.rank}) user gpuctl uid {pwd.getpwnam('gpuctl').pw_uid} sudo root" in \
+            res.stdout.splitlines(), res.describe()
 
 
 def test_exec_takes_a_command_string_as_sky_exec_does(jl: JobsCluster):

@@ -158,11 +158,16 @@ def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[st
     for node in inv.nodes:
         assert ssh(node, "ip -4 -o addr show dev eth0").stdout.split()[3].split("/")[0] == node.address
 
+    # A normal login user with passwordless sudo, as on a cloud image (made here when missing).
+    assert head.ssh_user == "gpuctl" and ssh(head, "id -un; sudo -n id -un").stdout.split() == ["gpuctl", "root"]
+    home = Path(pwd.getpwnam("gpuctl").pw_dir)
     # Own home: a file written to ~ on the head is not in the worker's ~.
-    assert ssh(head, "echo hello > ~/only-on-head && echo $HOME").stdout.strip() == "/root"
+    assert ssh(head, "echo hello > ~/only-on-head && echo $HOME").stdout.strip() == str(home)
     assert ssh(worker, "test ! -e ~/only-on-head && echo absent").stdout.strip() == "absent"
     assert (cluster_dir(req.name) / "nodes" / "node0" / "home" / "only-on-head").read_text() == "hello\n"
-    assert not Path("/root/only-on-head").exists()
+    assert not (home / "only-on-head").exists()
+    # The Python gpuctl runs from stays visible (pyenv keeps it in root's private home)
+    assert ssh(head, f"{sys.executable} -c 'print(42)'").stdout.strip() == "42"
 
     # The head reaches the worker's sshd over the bridge.
     probe = (f"python3 -c \"import socket; s = socket.create_connection(('{worker.address}', 22), 5); "

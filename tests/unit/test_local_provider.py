@@ -74,10 +74,26 @@ def test_root_config_calls_the_packaged_module_and_passes_the_contract_through(
     assert call["node_path"].split(":")[0] == os.path.dirname(os.path.abspath(sys.executable))
     if mode == "netns":
         assert ipaddress.ip_network(call["subnet_cidr"]).prefixlen == 23 and "base_port" not in call
-        assert call["ssh_user"] == "root"
+        # a normal user with passwordless sudo, made when missing, as a cloud image's login user
+        assert call["ssh_user"] == "gpuctl" and call["create_user"] is True
     else:
         assert local_provider.PORT_RANGE[0] <= call["base_port"] < local_provider.PORT_RANGE[1] and "subnet_cidr" not in call
         assert call["keep_visible_paths"] == []
+
+
+def test_the_nodes_user_is_gpuctl_unless_asked_otherwise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(local_provider.USER_ENV, raising=False)
+    assert local_provider.local_user("netns") == "gpuctl"
+    monkeypatch.setenv(local_provider.USER_ENV, "root")  # root by choice
+    assert local_provider.local_user("netns") == "root"
+    monkeypatch.setenv(local_provider.USER_ENV, "-oProxyCommand=x")
+    with pytest.raises(UserError, match="GPUCTL_LOCAL_USER='-oProxyCommand=x': give a user name such as gpuctl"):
+        local_provider.local_user("netns")
+    # Python under root's private home (pyenv) stays visible to a normal user's nodes
+    monkeypatch.setattr(local_provider, "keep_visible_paths",
+                        lambda home: ["/root/.pyenv/versions/3.11.7"] if str(home) == "/root" else [])
+    assert local_provider.node_keep_paths("gpuctl") == ["/root/.pyenv/versions/3.11.7"]
+    assert local_provider.node_keep_paths("root") == ["/root/.pyenv/versions/3.11.7"]
 
 
 @needs_terraform
@@ -141,6 +157,28 @@ def test_local_prepare_rejects_too_many_nodes(tmp_path: Path, monkeypatch: pytes
                                         r"the bridge and 253 nodes\); a cluster made before holds fewer: make a new one"):
         get_provider("local").check(ClusterRequest(name="old", num_nodes=300, cloud="local"))
     get_provider("local").check(ClusterRequest(name="old", num_nodes=253, cloud="local"))
+
+
+def test_a_locked_nodes_user_is_refused_before_anything_is_made(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """sshd refuses a locked account even with a key: one line naming the variable, not nodes that
+    never let anyone in."""
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:*:19000:0:99999:7:::\nlocked:!:19000:0:99999:7:::\nopen:*:19000::::::\n"
+                      "disabled:!*:19000::::::\n")
+    assert [local_provider.account_locked(u, shadow) for u in ("root", "locked", "open", "disabled", "absent")] == \
+        [False, True, False, True, False]
+    assert local_provider.account_locked("locked", tmp_path / "unreadable") is False
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv(local_provider.MODE_ENV, "netns")
+    monkeypatch.setattr(local_provider, "account_locked", lambda user: user == "locked")
+    monkeypatch.setenv(local_provider.USER_ENV, "locked")
+    with pytest.raises(UserError, match=r"^GPUCTL_LOCAL_USER: the local nodes' user locked is locked .* \(usermod -p "
+                                        r"'\*' locked\) or set GPUCTL_LOCAL_USER to another user$"):
+        get_provider("local").check(ClusterRequest(name="l", num_nodes=1, cloud="local"))
+    assert not (tmp_path / "clusters" / "l").exists()
+    monkeypatch.setenv(local_provider.USER_ENV, "open")
+    get_provider("local").check(ClusterRequest(name="l", num_nodes=1, cloud="local"))
 
 
 def test_state_dir_with_spaces_is_a_user_error(tmp_path: Path) -> None:

@@ -106,6 +106,23 @@ def test_local_warns_about_what_it_ignores(tmp_path: Path, monkeypatch: pytest.M
     assert get_provider("aws").task_warnings(task, request_for(task)) == []
 
 
+def test_local_warns_when_the_nodes_user_would_have_no_sudo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuctl.providers.local import provider as local_provider
+
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\nrun: x\n")
+    task = load_task(path)
+    monkeypatch.setattr(local_provider, "detect_mode", lambda: "netns")
+    monkeypatch.setattr(local_provider.shutil, "which", lambda name: None)
+    monkeypatch.delenv(local_provider.USER_ENV, raising=False)
+    lines = get_provider("local").task_warnings(task, request_for(task))
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "the local nodes log in as gpuctl, whose passwordless sudo needs sudo on this machine "
+        "(apt-get install sudo; `make deps` installs it)"]
+    monkeypatch.setenv(local_provider.USER_ENV, "root")  # root needs no sudo
+    assert get_provider("local").task_warnings(task, request_for(task)) == []
+
+
 def _imports(path: Path) -> list[str]:
     """Every module `path` imports, function-local imports included."""
     found = []

@@ -121,8 +121,9 @@ resource "terraform_data" "node" {
       LN_HOSTNAME   = "${var.name}-${count.index}"
       LN_HOSTS      = local.hosts
       LN_WAIT       = var.wait_timeout_seconds
-      # Not a trigger: a new internal key replaces no node (the install step authorizes it too).
+      # Not triggers: a new internal key replaces no node (the install step authorizes it too).
       LN_INTERNAL_PUBKEY = trimspace(var.internal_public_key)
+      LN_CREATE_USER     = var.create_user ? "true" : "false"
     }
   }
 

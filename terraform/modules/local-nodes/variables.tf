@@ -95,7 +95,7 @@ variable "state_dir" {
 }
 
 variable "keep_visible_paths" {
-  description = "netns mode: host paths under ssh_user's home that nodes must still see although their home is their own (e.g. the Python installation under ~/.pyenv)."
+  description = "netns mode: host paths under ssh_user's home that nodes must still see although their home is their own (e.g. the Python installation under ~/.pyenv); for a user other than root also paths under root's home, which the nodes then see through a directory of their own over it."
   type        = list(string)
   default     = []
   nullable    = false
@@ -119,7 +119,7 @@ variable "node_path" {
 }
 
 variable "ssh_user" {
-  description = "Existing user the nodes accept logins for. netns mode: any user (sshd runs as root). loopback mode without root: must be the user running Terraform."
+  description = "User the nodes accept logins for (netns mode: any user, sshd runs as root; made when missing with create_user). loopback mode without root: must be the user running Terraform."
   type        = string
   default     = "root"
   nullable    = false
@@ -128,6 +128,13 @@ variable "ssh_user" {
     condition     = can(regex("^[a-z_][a-z0-9_-]{0,31}$", var.ssh_user))
     error_message = "ssh_user must be a POSIX user name such as root or ubuntu."
   }
+}
+
+variable "create_user" {
+  description = "netns mode: create ssh_user when this machine has no such user, with passwordless sudo (as a cloud image's login user). An existing user is left as it is."
+  type        = bool
+  default     = false
+  nullable    = false
 }
 
 variable "wait_timeout_seconds" {

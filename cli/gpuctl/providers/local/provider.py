@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from gpuctl.spec import Resources, Task
 
 MODE_ENV = "GPUCTL_LOCAL_MODE"
+USER_ENV = "GPUCTL_LOCAL_USER"
+DEFAULT_USER = "gpuctl"
+_USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 POOL_ENV = "GPUCTL_LOCAL_SUBNET_POOL"
 REGISTRY_ENV = "GPUCTL_LOCAL_REGISTRY"
 DEFAULT_POOL = "10.213.0.0/16"
@@ -73,6 +76,7 @@ class Allocation:
     keep_visible_paths: tuple[str, ...] = field(default_factory=tuple)
     subnet_cidr: str | None = None  # netns
     base_port: int | None = None  # loopback
+    create_user: bool = False  # netns: the module makes ssh_user (with passwordless sudo) when missing
 
     @property
     def reservation(self) -> str:
@@ -153,8 +157,41 @@ def subnet_pool() -> ipaddress.IPv4Network:
 
 
 def local_user(mode: str) -> str:
-    """netns nodes accept root (sshd runs as root); loopback sshd can only admit its own user."""
-    return "root" if mode == "netns" else pwd.getpwuid(os.getuid()).pw_name
+    """netns: GPUCTL_LOCAL_USER, by default `gpuctl`, a normal user with passwordless sudo as on a
+    cloud image (SkyPilot's examples run `sudo apt-get`, mpirun refuses root); root by choice.
+    loopback: sshd can only admit its own user."""
+    if mode != "netns":
+        return pwd.getpwuid(os.getuid()).pw_name
+    user = os.environ.get(USER_ENV, "").strip() or DEFAULT_USER
+    if not _USER_NAME.fullmatch(user):
+        raise UserError(f"{USER_ENV}={user!r}: give a user name such as {DEFAULT_USER} or root")
+    return user
+
+
+def user_home(user: str) -> Path:
+    """The user's home; for one the module will make, where useradd puts it."""
+    try:
+        return Path(pwd.getpwnam(user).pw_dir)
+    except KeyError:
+        return Path("/home") / user
+
+
+def account_locked(user: str, shadow: Path = Path("/etc/shadow")) -> bool:
+    """Whether `user` exists with a locked password ('!...'); False where the file is unreadable."""
+    try:
+        lines = shadow.read_text(errors="replace").splitlines()
+    except OSError:
+        return False
+    return any(f[0] == user and f[1].startswith("!") for f in (line.split(":") for line in lines) if len(f) > 1)
+
+
+def node_keep_paths(user: str) -> list[str]:
+    """The Python installation's paths the nodes must still see: under the user's home (which the
+    node's own home covers) and, for a user other than root, under root's (which they cannot pass)."""
+    paths = keep_visible_paths(user_home(user))
+    if user != "root":
+        paths += [p for p in keep_visible_paths(user_home("root")) if p not in paths]
+    return paths
 
 
 def node_path() -> str:
@@ -290,7 +327,8 @@ def allocate(
             return existing
         mode = mode or detect_mode()
         user = local_user(mode)
-        keep = tuple(keep_visible_paths(Path(pwd.getpwnam(user).pw_dir))) if mode == "netns" else ()
+        keep = tuple(node_keep_paths(user)) if mode == "netns" else ()
+        create = mode == "netns" and user != "root"
         chosen: Allocation | None = None
         if mode == "netns":
             taken = list(used_networks() if used is None else used)
@@ -298,7 +336,7 @@ def allocate(
             for net in pool.subnets(new_prefix=SUBNET_PREFIX):
                 if any(net.overlaps(u) for u in taken):
                     continue
-                candidate = Allocation("netns", user, node_path(), keep, subnet_cidr=str(net))
+                candidate = Allocation("netns", user, node_path(), keep, subnet_cidr=str(net), create_user=create)
                 if not _held_by_other(registry, candidate, path):
                     chosen = candidate
                     break
@@ -401,6 +439,12 @@ class LocalProvider(BaseProvider):
         for key in unused:
             lines.append(f"{task.where('resources', key)}: resources.{key}: ignored on infra local "
                          "(nodes on this machine)")
+        alloc = _read_allocation(cluster_dir_of(req.name).resolve() / ALLOCATION_FILE)
+        mode = alloc.mode if alloc is not None else detect_mode()
+        user = alloc.ssh_user if alloc is not None else local_user(mode)
+        if mode == "netns" and user != "root" and shutil.which("sudo") is None:
+            lines.append(f"{task.where()}: the local nodes log in as {user}, whose passwordless sudo needs sudo on "
+                         "this machine (apt-get install sudo; `make deps` installs it)")
         cpus, gib = os.cpu_count() or 1, _memory_gib()
         for key, have in (("cpus", f"{cpus} CPU(s)"), ("memory", f"{gib:g} GiB" if gib else "its memory")):
             if getattr(res, key):
@@ -424,6 +468,13 @@ class LocalProvider(BaseProvider):
             raise UserError(f"num_nodes {req.num_nodes}: infra local supports 1 to {most} nodes in "
                             f"{'this cluster' if alloc is not None else f'{mode} mode'} ({why}){grow}")
         _check_state_dir(nodes_dir(cdir))
+        if mode == "netns":
+            user = alloc.ssh_user if alloc is not None else local_user(mode)
+            if account_locked(user):
+                raise UserError(f"{USER_ENV}: the local nodes' user {user} is locked (its password starts with '!', "
+                                "as useradd leaves a user made without one), and sshd refuses a locked account even "
+                                f"with a key; unlock it for key logins (usermod -p '*' {user}) or set {USER_ENV} "
+                                "to another user")
 
     def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str,
                     internal_public_key: str = "") -> dict[str, Any]:
@@ -441,6 +492,7 @@ class LocalProvider(BaseProvider):
             "ssh_user": alloc.ssh_user,
             "node_path": alloc.node_path,
             "keep_visible_paths": list(alloc.keep_visible_paths),
+            "create_user": alloc.create_user,
         }
         if alloc.mode == "netns":
             inputs["subnet_cidr"] = alloc.subnet_cidr

@@ -29,6 +29,7 @@ die() { echo "local-nodes: node ${LN_INDEX:-?} (${LN_DIR:-?}): $*" >&2; exit 1; 
 LOG="$LN_DIR/sshd.log"
 PIDFILE="$LN_DIR/sshd.pid"
 RUN_DIR="/run/gpuctl/${LN_NETNS:-}" # netns mode: where the node sees its sshd/ dir
+DEV_DIR="$RUN_DIR.dev"                # netns mode: device files of the node's own (fuse)
 
 # Field 22 (start time) and field 3 (state) of /proc/PID/stat; the command
 # name may contain spaces, so split after its closing parenthesis.
@@ -122,6 +123,7 @@ down() {
     # /run/gpuctl itself stays (like /run/sshd): every node of every cluster
     # makes its directory there, and removing it would race their mkdir -p.
     rmdir -- "$RUN_DIR" 2>/dev/null || true
+    rm -rf -- "$DEV_DIR"
   fi
 }
 
@@ -237,6 +239,30 @@ netns_up() {
   ip link set dev "$LN_VETH" master "$LN_BRIDGE" up
 }
 
+# The login user, made when missing (create_user): a normal user with passwordless sudo, as cloud
+# images have one (SkyPilot's examples run `sudo apt-get ...` and mpirun refuses root). An existing
+# user is left as it is. Nodes are made in parallel: one at a time here.
+ensure_user() {
+  local mark="gpuctl local nodes" rule="/etc/sudoers.d/gpuctl-local-$LN_USER"
+  exec 9>/run/gpuctl-local-user.lock
+  flock 9
+  if ! getent passwd "$LN_USER" >/dev/null; then
+    command -v useradd >/dev/null || die "cannot create user '$LN_USER': useradd not found (package passwd)"
+    # password '*': none to log in with, but not a locked account, which sshd (UsePAM no) refuses
+    useradd --create-home --shell /bin/bash --user-group --comment "$mark" --password '*' "$LN_USER" ||
+      die "cannot create user '$LN_USER'"
+  fi
+  # Its sudo rule, for a user made here only (the comment says so): a user of this machine's own
+  # keeps the rights it has.
+  if [[ $(getent passwd "$LN_USER" | cut -d: -f5) == "$mark" && ! -e $rule ]]; then
+    mkdir -p -m 750 /etc/sudoers.d
+    printf '# %s: their login user, as on a cloud image\n%s ALL=(ALL:ALL) NOPASSWD: ALL\n' "$mark" "$LN_USER" \
+      >"$rule.tmp"
+    chmod 440 "$rule.tmp" && mv "$rule.tmp" "$rule"
+  fi
+  exec 9>&-
+}
+
 # A sibling's teardown (Terraform replaces nodes in parallel) removes the
 # state directory when it looks empty, which can fall between the two steps of
 # mkdir -p; once the node's own directory exists it keeps the parent.
@@ -254,8 +280,14 @@ up() {
   command -v ssh-keygen >/dev/null || die "ssh-keygen not found; install openssh-client"
   sshd=$(find_sshd)
   SFTP_SERVER=$(find_sftp_server)
+  if [[ ${LN_CREATE_USER:-false} == true && $LN_MODE == netns ]]; then ensure_user; fi
   home=$(getent passwd "$LN_USER" | cut -d: -f6) || true
   [[ -n $home ]] || die "user '$LN_USER' does not exist on this machine; set ssh_user to an existing user"
+  # sshd (UsePAM no) refuses a locked account ('!' before its password, as `useradd` leaves one
+  # made without a password) even for a key: say so now, not as a node that never lets anyone in.
+  if [[ $(getent shadow "$LN_USER" 2>/dev/null | cut -d: -f2) == '!'* ]]; then
+    die "user '$LN_USER' is locked (its password starts with '!'), and sshd refuses a locked account even with a key; unlock it for key logins (usermod -p '*' $LN_USER) or choose another user"
+  fi
   if [[ $LN_MODE == netns ]]; then
     [[ $(id -u) == 0 ]] || die "netns mode needs root; run as root or use mode = \"loopback\""
     for p in ip unshare setsid; do command -v "$p" >/dev/null || die "netns mode needs '$p' (iproute2, util-linux) or use mode = \"loopback\""; done
@@ -276,6 +308,9 @@ up() {
   chmod 755 "$LN_DIR/home"
   ssh-keygen -q -t ed25519 -N '' -C "gpuctl-local-node-$LN_INDEX" -f "$LN_DIR/sshd/ssh_host_ed25519_key"
   printf '%s\n' "$LN_PUBKEY" >"$LN_DIR/sshd/authorized_keys"
+  # sshd reads a user's keys as that user: one other than root may pass the directory (the host
+  # key in it stays root's alone) and read the public keys
+  if [[ $LN_USER != root ]]; then chmod 711 "$LN_DIR/sshd" && chmod 644 "$LN_DIR/sshd/authorized_keys"; fi
   # The cluster's internal key, authorized at boot so the head may install this node itself. It goes
   # where the install step manages it (the node's ~/.ssh/authorized_keys, by the key's comment), so
   # a rotated key replaces it there; netns mode only (loopback nodes use the access key).
@@ -297,16 +332,30 @@ PROFILE
     # empty mount points in the node home, bound to the originals inside the
     # node's mount namespace before the node home covers the real one.
     IFS=: read -r -a keep <<<"${LN_KEEP:-}"
-    local binds=()
+    local binds=() root_home shadow="" inside
+    # A user other than root cannot pass root's private home, where pyenv keeps Python: the node
+    # covers it with a directory holding just those paths (its own mount namespace only).
+    root_home=$(getent passwd root | cut -d: -f6)
     for p in "${keep[@]}"; do
-      [[ -n $p && $p == "$home"/* && -e $p ]] || continue
-      rel=${p#"$home"/}
-      if [[ -d $p ]]; then mkdir -p "$LN_DIR/home/$rel"; else mkdir -p "$(dirname "$LN_DIR/home/$rel")" && : >"$LN_DIR/home/$rel"; fi
+      [[ -n $p && -e $p ]] || continue
+      if [[ $p == "$home"/* ]]; then
+        inside="$LN_DIR/home/${p#"$home"/}"
+      elif [[ $LN_USER != root && -n $root_home && $p == "$root_home"/* ]]; then
+        shadow="$LN_DIR/roothome"
+        inside="$shadow/${p#"$root_home"/}"
+      else
+        continue
+      fi
+      if [[ -d $p ]]; then mkdir -p "$inside"; else mkdir -p "$(dirname "$inside")" && : >"$inside"; fi
       binds+=("$p")
     done
+    # its mount points, passable by the user whatever umask made them
+    if [[ -n $shadow ]]; then find "$shadow" -type d -exec chmod 755 {} +; fi
     if [[ $LN_USER != root ]]; then chown -R "$LN_USER:" "$LN_DIR/home"; fi
     mkdir -p /run/sshd "$RUN_DIR"
     chmod 755 /run/sshd
+    # where the node sees its sshd directory: passable by a login user other than root (above)
+    if [[ $LN_USER != root ]]; then chmod 711 "$(dirname "$RUN_DIR")"; fi
     netns_up
     # Own hostname (UTS namespace) resolving to the node's address, as on a
     # real machine: gloo and NCCL pick their interface from it.
@@ -317,14 +366,28 @@ PROFILE
     # with EAI_AGAIN (torch warns "hostname of the client socket cannot be retrieved").
     printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n%s\n%s\n' \
       "$hosts" "$(printf '%s\n' "$hosts" | sed -n 's/^\([0-9.]*\) /::ffff:\1 /p')" >"$LN_DIR/hosts"
+    chmod 644 "$LN_DIR/hosts" # /etc/hosts on the node: everyone reads it, whatever umask made it
+    # FUSE for the login user, as a distribution's udev rule gives it (0666): fusermount opens
+    # /dev/fuse with the user's rights, and a container's /dev/fuse is often root's alone. The node
+    # sees a device file of its own over it, in a directory only root passes (not the state
+    # directory, which users copy); this machine's /dev/fuse stays as it is.
+    local fuse=""
+    if [[ $LN_USER != root && -c /dev/fuse ]] && (((8#$(stat -c %a /dev/fuse) & 6) != 6)); then
+      fuse="$DEV_DIR/fuse"
+      rm -rf -- "$DEV_DIR" && mkdir -m 700 -p "$DEV_DIR" &&
+      mknod -m 666 "$fuse" c "$((16#$(stat -c %t /dev/fuse)))" "$((16#$(stat -c %T /dev/fuse)))" || {
+        echo "local-nodes: node $LN_INDEX: cannot make a FUSE device for $LN_USER: bucket mounts need root there" >&2
+        fuse=""
+      }
+    fi
     # `ip netns exec` mounts a fresh /sys, which hides the cgroup filesystems that
     # container runtimes (podman, runc) need: the node mounts this machine's again.
     local cgroups
     cgroups=$(awk '$2 ~ "^/sys/fs/cgroup" {print $3, $2, $4}' /proc/self/mounts)
     # shellcheck disable=SC2016
     local inner='set -e
-node_home=$1 home=$2 sshd_dir=$3 run_dir=$4 sshd=$5 cfg=$6 host_name=$7 hosts=$8
-shift 8
+node_home=$1 home=$2 sshd_dir=$3 run_dir=$4 sshd=$5 cfg=$6 host_name=$7 hosts=$8 root_home=$9 shadow=${10} fuse=${11}
+shift 11
 hostname "$host_name"
 printf "%s\n" "$LN_CGROUPS" | while read -r t d o; do
   [ -n "$t" ] || continue
@@ -332,13 +395,20 @@ printf "%s\n" "$LN_CGROUPS" | while read -r t d o; do
 done
 unset LN_CGROUPS
 mount --bind "$hosts" /etc/hosts
+if [ -n "$fuse" ]; then mount --bind "$fuse" /dev/fuse || echo "local-nodes: cannot open /dev/fuse to the login user on this node" >&2; fi
 mount --bind "$sshd_dir" "$run_dir"
-for p in "$@"; do mount --rbind "$p" "$node_home/${p#"$home"/}"; done
+for p in "$@"; do
+  case $p in
+    "$home"/*) mount --rbind "$p" "$node_home/${p#"$home"/}" ;;
+    *) mount --rbind "$p" "$shadow/${p#"$root_home"/}" ;;
+  esac
+done
 mount --rbind "$node_home" "$home"
+if [ -n "$shadow" ]; then mount --rbind "$shadow" "$root_home"; fi
 exec "$sshd" -D -e -f "$cfg"'
     setsid env GPUCTL_NODE_TAG="$LN_TAG" LN_CGROUPS="$cgroups" ip netns exec "$LN_NETNS" unshare --mount --uts --propagation private \
       sh -c "$inner" gpuctl-node "$LN_DIR/home" "$home" "$LN_DIR/sshd" "$RUN_DIR" "$sshd" "$RUN_DIR/sshd_config" \
-      "$host_name" "$LN_DIR/hosts" "${binds[@]}" </dev/null >>"$LOG" 2>&1 &
+      "$host_name" "$LN_DIR/hosts" "$root_home" "$shadow" "$fuse" "${binds[@]}" </dev/null >>"$LOG" 2>&1 &
     pid=$!
   else
     write_sshd_config "$LN_DIR/sshd" "$LN_DIR/home"
