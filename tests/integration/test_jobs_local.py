@@ -488,6 +488,12 @@ def test_exec_takes_a_command_string_as_sky_exec_does(jl: JobsCluster):
     # nothing changed: no copy is said at all
     again = jl.gpuctl("exec", NAME, "--num-nodes", "1", "hostname").check()
     assert "Cop" not in again.stdout and again.stdout.count("(head, rank=0)") == 1, again.describe()
+    # every node again: the workers get the file the head has, without a line about a copy nobody named
+    for _ in range(2):
+        everyone = jl.gpuctl("exec", NAME, "cat only-head.txt").check()
+        assert "Cop" not in everyone.stdout, everyone.describe()
+        assert all(f"({n.name}, rank={n.rank}) new" in everyone.stdout.splitlines() for n in jl.nodes), \
+            everyone.describe()
     # a .yaml that is not there is still a missing task file, not a command
     missing = jl.gpuctl("exec", NAME, "nothere.yaml")
     assert missing.returncode == 2 and "nothere.yaml: no such file" in missing.stderr, missing.describe()

@@ -335,8 +335,11 @@ class JobRunner:
             secrets_text = jobenv.secrets_script(spec.secrets)
             for line in buckets.describe(spec.bucket_mounts):
                 self.reporter.info(f"Bucket {line}")
+            hidden = set(spec.internal_mounts)
+            if spec.workdir_implied and not any(i.changed for i in items if i.dest == payload.WORKDIR_DEST):
+                hidden.add(payload.WORKDIR_DEST)  # a copy nobody named, unchanged on the head: not said
             view = _JobView(self, job.job_id, job_nodes, task, echo=not detach,  # detached: `gpuctl logs` shows it
-                            hidden_paths=spec.internal_mounts)
+                            hidden_paths=frozenset(hidden))
             for attempt in (1, 2):
                 session = client.Session(inv.head, job.node_job, self.control_dir, view.on_event)
                 try:
