@@ -18,6 +18,8 @@ PRIVATE = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH
 
 # ssh OPTIONS... -- HOST COMMAND: HOST "down" is not reached (255); any other runs COMMAND in its home.
 FAKE_SSH = """#!/bin/sh
+if [ "$1" = -Q ]; then printf 'curve25519-sha256\\nsntrup761x25519-sha512@openssh.com\\n'; exit 0; fi  # OpenSSH 9.2
+echo "$@" >> "$FAKE_HOMES/ssh-options.log"
 while [ "$1" != "--" ]; do shift; done
 host=$2; command=$3
 echo "$@" >> "$FAKE_HOMES/ssh.log"
@@ -92,6 +94,9 @@ def test_the_head_installs_each_worker_with_its_own_key(tmp_path: Path):
     assert [p.name for p in (homes / "head" / ".gpuctl").iterdir() if p.name.startswith("install-peers")] == []
     # the key went on stdin, never in an argument
     assert "PRIVATE KEY" not in (homes / "ssh.log").read_text()
+    # inside the cluster, the cheap key exchange first (this ssh would start with sntrup761)
+    calls = (homes / "ssh-options.log").read_text()
+    assert calls.count("-o KexAlgorithms=^curve25519-sha256 -p 22 -o BatchMode=yes -- ") == len(workers), calls
 
 
 def test_an_unreachable_worker_is_told_apart_from_a_failed_install(tmp_path: Path):
@@ -198,3 +203,25 @@ def test_only_the_install_step_goes_through_the_head():
     assert not prepare.only_install_step(manages_sshd=True, features=(), python=None)  # sshd limits: Ansible
     assert not prepare.only_install_step(manages_sshd=False, features=("rclone",), python=None)
     assert not prepare.only_install_step(manages_sshd=False, features=(), python={"version": "3.11"})
+
+
+def test_peers_are_reached_with_a_cheap_key_exchange_only_where_the_default_is_sntrup761():
+    """OpenSSH 9.0-9.8 start with sntrup761x25519 (65 ms of client CPU a connection here); a node's
+    ssh puts mlkem768x25519 or curve25519 first for hops inside the cluster, and changes nothing
+    where its defaults are already fast or `^` may be unknown."""
+    from gpuctl.jobplane.agent import peerssh
+
+    def kex(*names: str):
+        return lambda: "\n".join(names) + "\n"
+
+    assert peerssh.fast_kex_option(kex("mlkem768x25519-sha256", "sntrup761x25519-sha512@openssh.com",
+                                       "curve25519-sha256")) == ["-o", "KexAlgorithms=^mlkem768x25519-sha256"]
+    assert peerssh.fast_kex_option(kex("sntrup761x25519-sha512@openssh.com", "curve25519-sha256")) == \
+        ["-o", "KexAlgorithms=^curve25519-sha256"]
+    assert peerssh.fast_kex_option(kex("curve25519-sha256", "diffie-hellman-group14-sha256")) == []  # OpenSSH 7.4
+    assert peerssh.fast_kex_option(kex("sntrup761x25519-sha512@openssh.com")) == []  # curve25519 not built in
+
+    def broken():
+        raise OSError("no ssh")
+
+    assert peerssh.fast_kex_option(broken) == []

@@ -28,6 +28,7 @@ MODULES = (
     "spec/reserved.py",
     "jobplane/protocol.py",
     "jobplane/agent/procs.py",
+    "jobplane/agent/peerssh.py",
     "jobplane/agent/jobdir.py",
     "jobplane/agent/install.py",
     "jobplane/agent/peerinstall.py",

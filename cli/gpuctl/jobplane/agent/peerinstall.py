@@ -22,6 +22,7 @@ import threading
 
 from gpuctl.jobplane.agent.install import KEY_NAME, SSH_DIR, InstallError, write_view
 from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, shell_quote
+from gpuctl.jobplane.agent.peerssh import peer_ssh_argv
 from gpuctl.jobplane.protocol import PEER_INSTALL_TIMEOUT
 
 _SSH_FAILED = 255  # ssh's own exit code: the worker was not reached (or refused us)
@@ -45,7 +46,7 @@ def _bundle_fd(bundle):
 def install_one(target, remote, bundle_fd, timeout=PEER_INSTALL_TIMEOUT):
     """One worker's install step over ssh: its result line as a dict. Output goes to files, not
     pipes: the ControlMaster ssh leaves behind for the job must not hold the result back."""
-    argv = ["ssh"] + list(target["ssh"]) + ["--", target["host"], remote]
+    argv = peer_ssh_argv(target["ssh"]) + ["--", target["host"], remote]
     with open("/proc/self/fd/%d" % bundle_fd, "rb") as stdin, tempfile.TemporaryFile() as out_file, \
             tempfile.TemporaryFile() as err_file:
         try:

@@ -27,6 +27,7 @@ from gpuctl.jobplane.agent.jobdir import (
     FABRIC_ENV, Stage, cannot_write, dest_paths, job_dir, prepared_problem, remove, shell_quote, take_job_dir,
     write_private,
 )
+from gpuctl.jobplane.agent.peerssh import peer_ssh_argv
 from gpuctl.jobplane.agent.stages import kill_stage, stage_env_text, start_stage
 from gpuctl.jobplane.protocol import (
     AGENT, CLAIM_PREFIX, CMD_RELAY, EV_CLAIMS, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_STARTED, EV_SYNCED,
@@ -65,7 +66,7 @@ class Child(object):
         self.hello = False  # the child answered (H)
         self.err = b""
         peer = relay.peers[self.rank]
-        argv = ["ssh"] + list(peer["ssh"]) + ["--", peer["host"], "%s %s" % (AGENT, CMD_RELAY)]
+        argv = peer_ssh_argv(peer["ssh"]) + ["--", peer["host"], "%s %s" % (AGENT, CMD_RELAY)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      close_fds=True)
         self.out = LineReader(self.proc.stdout.fileno())
@@ -290,7 +291,7 @@ class Relay(object):
         # --modify-window=-1: mtimes to the nanosecond, as upload.py (same-size edits within a second)
         argv = ["rsync", "--archive", "--modify-window=-1", "--exclude=/" + CLAIM_PREFIX + "*"]
         argv += list(dest.get("rsync_args") or [])
-        rsh = " ".join(shell_quote(a) for a in ["ssh"] + list(peer["ssh"]))
+        rsh = " ".join(shell_quote(a) for a in peer_ssh_argv(peer["ssh"]))
         host = peer["host"]
         target = "%s:%s" % ("[%s]" % host if ":" in host else host, remote)
         if dest.get("dir"):
