@@ -225,3 +225,45 @@ def test_peers_are_reached_with_a_cheap_key_exchange_only_where_the_default_is_s
         raise OSError("no ssh")
 
     assert peerssh.fast_kex_option(broken) == []
+
+
+def _imports_from_cache(home: Path) -> bool:
+    """Whether the node's agent loads from its pyc (Python says 'code object from' the cache)."""
+    lib = home / ".gpuctl" / "lib"
+    proc = subprocess.run([sys.executable, "-v", "-c", f"import sys; sys.path.insert(0, {str(lib)!r}); "
+                           "import gpuctl_node"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return f"code object from '{lib}/__pycache__/gpuctl_node." in proc.stderr
+
+
+def test_workers_get_the_agent_compiled_once_by_the_head(tmp_path: Path):
+    """The head compiles the agent once; each worker runs that code and keeps it as a pyc checked
+    against the source's hash, so neither its install nor its first job compiles 3,500 lines."""
+    workers = ["10.0.0.3"]
+    homes, env = setup(tmp_path, workers)
+    assert _imports_from_cache(homes / "head")  # the play's bootstrap kept its compile too
+    proc, results = install_peers(env, workers, bundle(workers))
+    assert proc.returncode == 0 and results["node-10.0.0.3"]["ok"], proc.stderr
+    pyc = next((homes / "10.0.0.3" / ".gpuctl" / "lib" / "__pycache__").glob("gpuctl_node.*.pyc"))
+    assert pyc.read_bytes()[4:8] == b"\x03\x00\x00\x00"  # PEP 552: hash-based, checked
+    assert _imports_from_cache(homes / "10.0.0.3")
+    # a later agent never runs from that cache: the hash no longer matches, Python compiles the new text
+    agent = homes / "10.0.0.3" / ".gpuctl" / "lib" / "gpuctl_node.py"
+    agent.write_text(agent.read_text() + "\nLATER = True\n")
+    lib = agent.parent
+    later = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(lib)!r}); "
+                            "import gpuctl_node; print(gpuctl_node.LATER)"], capture_output=True, text=True, timeout=60)
+    assert later.stdout.strip() == "True", later.stderr
+
+
+def test_bytecode_of_another_python_is_not_run(tmp_path: Path):
+    """A worker whose Python differs from the head's (another magic number) compiles the text."""
+    home = tmp_path / "node"
+    home.mkdir()
+    data = bundle(["10.0.0.3"])
+    data["ssh"] = dict(data["ssh"], key=PRIVATE)
+    data["agent_code"] = {"magic": "AAAAAA==", "zdata": "bm90IGJ5dGVjb2Rl"}  # neither this Python's nor marshal
+    done = subprocess.run([sys.executable, "-c", prepare.install_bootstrap()], input=json.dumps(data),
+                          capture_output=True, text=True, env={**os.environ, "HOME": str(home)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert _imports_from_cache(home)

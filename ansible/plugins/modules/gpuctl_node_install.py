@@ -37,14 +37,20 @@ import sys
 from ansible.module_utils.basic import AnsibleModule
 
 # Loads the agent from the bundle (nothing is written before everything was read) and runs its install.
+# The head sends its workers the agent compiled too (`agent_code`): taken when this Python's bytecode
+# is the same (magic number), else the text is compiled here. install() keeps it as the import cache.
 BOOTSTRAP = (
-    "import base64, json, sys, types, zlib\n"
+    "import base64, json, marshal, sys, types, zlib\n"
+    "from importlib.util import MAGIC_NUMBER\n"
     "bundle = json.load(sys.stdin)\n"
     "entry = bundle['files']['lib/gpuctl_node.py']\n"
     "text = zlib.decompress(base64.b64decode(entry['zdata'])) if 'zdata' in entry else entry['text']\n"
+    "given = bundle.get('agent_code') or {}\n"
+    "code = (marshal.loads(zlib.decompress(base64.b64decode(given['zdata'])))\n"
+    "        if base64.b64decode(given.get('magic') or '') == MAGIC_NUMBER else compile(text, 'gpuctl_node.py', 'exec'))\n"
     "agent = types.ModuleType('gpuctl_node')\n"
-    "exec(compile(text, 'gpuctl_node.py', 'exec'), agent.__dict__)\n"
-    "sys.exit(agent.install(bundle))\n"
+    "exec(code, agent.__dict__)\n"
+    "sys.exit(agent.install(bundle, code))\n"
 )
 
 

@@ -16,10 +16,13 @@ Prints one JSON line: the probe's result, `hostname` and `changed`.
 """
 
 import base64
+import importlib.util
 import json
+import marshal
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import zlib
@@ -218,10 +221,35 @@ def probe_fabric(fabric):
         raise InstallError("fabric probe", "printed no JSON")
 
 
-def install(bundle):
-    """The whole step; exit code 0 and one JSON line, or 1 and one line naming the step that failed."""
+def agent_code(bundle):
+    """The bundle's agent compiled, for a node with this Python (the head's workers): {magic, zdata}."""
+    code = compile(file_text(bundle["files"][AGENT_FILES[0]]), "gpuctl_node.py", "exec")
+    return {"magic": base64.b64encode(importlib.util.MAGIC_NUMBER).decode("ascii"),
+            "zdata": base64.b64encode(zlib.compress(marshal.dumps(code), 6)).decode("ascii")}
+
+
+def write_bytecode(code):
+    """The agent's import cache from `code`, which the bootstrap just ran: a pyc checked against the
+    source's hash (PEP 552), so the first job imports it without compiling the agent again and a
+    later agent is never run from a stale cache. Python < 3.7 compiles on import, as before."""
+    source_hash = getattr(importlib.util, "source_hash", None)
+    if code is None or source_hash is None:
+        return
+    path = os.path.join(GPUCTL_DIR, AGENT_FILES[0])
+    with open(path, "rb") as fh:
+        source = fh.read()
+    data = importlib.util.MAGIC_NUMBER + struct.pack("<I", 0b11) + source_hash(source) + marshal.dumps(code)
+    cache = importlib.util.cache_from_source(path)
+    os.makedirs(os.path.dirname(cache), 0o700, exist_ok=True)
+    write_if_changed(cache, data, 0o600)
+
+
+def install(bundle, code=None):
+    """The whole step; exit code 0 and one JSON line, or 1 and one line naming the step that failed.
+    `code`: the agent as the bootstrap compiled or was given it, kept as its import cache."""
     try:
         changed = install_files(bundle)
+        write_bytecode(code)
         if bundle.get("ssh"):
             changed |= install_ssh(bundle["ssh"])
         check_tools()

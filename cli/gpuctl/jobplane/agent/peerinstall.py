@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import zlib
 
-from gpuctl.jobplane.agent.install import KEY_NAME, SSH_DIR, InstallError, write_view
+from gpuctl.jobplane.agent.install import KEY_NAME, SSH_DIR, InstallError, agent_code, write_view
 from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, shell_quote
 from gpuctl.jobplane.agent.peerssh import peer_ssh_argv
 from gpuctl.jobplane.protocol import PEER_INSTALL_TIMEOUT
@@ -88,6 +89,10 @@ def install_peers(request, emit):
         return 1
     bundle = dict(request["bundle"])
     bundle["ssh"] = dict(bundle["ssh"], key=key)
+    try:  # compiled once here rather than on every worker (they run the head's image)
+        bundle["agent_code"] = agent_code(bundle)
+    except (KeyError, SyntaxError, ValueError, zlib.error):
+        pass  # each worker compiles the text itself
     remote = "%s -c %s" % (shell_quote(request.get("python") or "python3"), shell_quote(request["bootstrap"]))
     fd = _bundle_fd(bundle)
     lock = threading.Lock()
