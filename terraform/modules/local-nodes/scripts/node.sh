@@ -35,7 +35,7 @@ DEV_DIR="$RUN_DIR.dev"                # netns mode: device files of the node's o
 # name may contain spaces, so split after its closing parenthesis.
 proc_stat() {
   local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
   stat=${stat##*) }
   # shellcheck disable=SC2086
   set -- $stat
@@ -50,7 +50,8 @@ alive() {
   [[ -z ${2:-} || ${st#* } == "$2" ]]
 }
 
-ns_exists() { [[ -n ${LN_NETNS:-} ]] && ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$LN_NETNS"; }
+# `ip netns add` names a namespace by a file in /run/netns (what `ip netns list` lists).
+ns_exists() { [[ -n ${LN_NETNS:-} && -e /run/netns/$LN_NETNS ]]; }
 
 # This script and its ancestors, which must never be signalled (they could
 # carry the tag if Terraform itself was started from inside a node).
@@ -59,7 +60,7 @@ self_and_ancestors() {
   echo "$BASHPID"
   while [[ -n $pid && $pid != 0 && $pid != 1 ]]; do
     echo "$pid"
-    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || break
+    { read -r stat <"/proc/$pid/stat"; } 2>/dev/null || break
     stat=${stat##*) }
     # shellcheck disable=SC2086
     set -- $stat
@@ -157,7 +158,8 @@ write_sshd_config() {
     setenv="PATH=$LN_NODE_PATH GPUCTL_NODE_TAG=$LN_TAG HOME=$home"
     forced="ForceCommand /bin/sh $conf_dir/session.sh"
   fi
-  cat >"$LN_DIR/sshd/sshd_config" <<CFG
+  local text
+  IFS= read -r -d '' text <<CFG || true
 # gpuctl local node $LN_INDEX ($LN_MODE mode), written by terraform/modules/local-nodes.
 Port $LN_PORT
 ListenAddress $listen
@@ -191,6 +193,7 @@ SetEnv $setenv
 Subsystem sftp $SFTP_SERVER
 $forced
 CFG
+  printf '%s' "$text" >"$LN_DIR/sshd/sshd_config"
 }
 
 # loopback mode: sessions start in the node's home (sshd itself always starts
@@ -213,11 +216,11 @@ SH
 # can reach a new one ("neighbor table overflow"). Raise the limits with the cluster's size, room
 # for each node to know 64 others; never lower them.
 raise_neighbour_limits() {
-  local nodes want key have
-  nodes=$(printf '%s\n' "$LN_HOSTS" | grep -c .)
+  local nodes=0 line want key have
+  while IFS= read -r line; do [[ -z $line ]] || nodes=$((nodes + 1)); done <<<"$LN_HOSTS"
   want=$((1024 + 64 * nodes))
   for key in gc_thresh3:$want gc_thresh2:$((want / 2)); do
-    have=$(cat "/proc/sys/net/ipv4/neigh/default/${key%%:*}" 2>/dev/null) || continue
+    { read -r have <"/proc/sys/net/ipv4/neigh/default/${key%%:*}"; } 2>/dev/null || continue
     if ((have < ${key#*:})); then
       echo "${key#*:}" >"/proc/sys/net/ipv4/neigh/default/${key%%:*}" ||
         echo "local-nodes: could not raise net.ipv4.neigh.default.${key%%:*} to ${key#*:}" >&2
@@ -226,41 +229,47 @@ raise_neighbour_limits() {
 }
 
 netns_up() {
-  ip link show dev "$LN_BRIDGE" >/dev/null 2>&1 || die "bridge $LN_BRIDGE is missing (terraform_data.bridge makes it); run apply again"
+  [[ -e /sys/class/net/$LN_BRIDGE ]] || die "bridge $LN_BRIDGE is missing (terraform_data.bridge makes it); run apply again"
   raise_neighbour_limits
-  ip netns add "$LN_NETNS"
-  ip link add "$LN_VETH" type veth peer name eth0 netns "$LN_NETNS"
   # The MAC follows the address (02: locally administered, then the IPv4 bytes): a node replaced at
   # the same address keeps it, so the other nodes' neighbour caches stay right.
-  ip -n "$LN_NETNS" link set dev eth0 address "$(printf '02:00:%02x:%02x:%02x:%02x' ${LN_ADDR//./ })"
-  ip -n "$LN_NETNS" addr add "$LN_ADDR/$LN_PREFIX_LEN" dev eth0
-  ip -n "$LN_NETNS" link set dev eth0 up
-  ip -n "$LN_NETNS" link set dev lo up
-  ip link set dev "$LN_VETH" master "$LN_BRIDGE" up
+  local mac
+  # shellcheck disable=SC2086
+  printf -v mac '02:00:%02x:%02x:%02x:%02x' ${LN_ADDR//./ }
+  # One ip process per namespace (a batch stops at its first error): every process costs here.
+  printf 'netns add %s\nlink add %s type veth peer name eth0 netns %s\nlink set dev %s master %s up\n' \
+    "$LN_NETNS" "$LN_VETH" "$LN_NETNS" "$LN_VETH" "$LN_BRIDGE" | ip -batch -
+  printf 'link set dev eth0 address %s\naddr add %s/%s dev eth0\nlink set dev eth0 up\nlink set dev lo up\n' \
+    "$mac" "$LN_ADDR" "$LN_PREFIX_LEN" | ip -n "$LN_NETNS" -batch -
 }
 
 # The login user, made when missing (create_user): a normal user with passwordless sudo, as cloud
 # images have one (SkyPilot's examples run `sudo apt-get ...` and mpirun refuses root). An existing
 # user is left as it is. Nodes are made in parallel: one at a time here.
 ensure_user() {
-  local mark="gpuctl local nodes" rule="/etc/sudoers.d/gpuctl-local-$LN_USER"
-  exec 9>/run/gpuctl-local-user.lock
-  flock 9
-  if ! getent passwd "$LN_USER" >/dev/null; then
-    command -v useradd >/dev/null || die "cannot create user '$LN_USER': useradd not found (package passwd)"
-    # password '*': none to log in with, but not a locked account, which sshd (UsePAM no) refuses
-    useradd --create-home --shell /bin/bash --user-group --comment "$mark" --password '*' "$LN_USER" ||
-      die "cannot create user '$LN_USER'"
+  local mark="gpuctl local nodes" rule="/etc/sudoers.d/gpuctl-local-$LN_USER" gecos
+  if [[ -z $USER_ENTRY ]]; then
+    exec 9>/run/gpuctl-local-user.lock
+    flock 9
+    USER_ENTRY=$(getent passwd "$LN_USER") || USER_ENTRY=""
+    if [[ -z $USER_ENTRY ]]; then
+      command -v useradd >/dev/null || die "cannot create user '$LN_USER': useradd not found (package passwd)"
+      # password '*': none to log in with, but not a locked account, which sshd (UsePAM no) refuses
+      useradd --create-home --shell /bin/bash --user-group --comment "$mark" --password '*' "$LN_USER" ||
+        die "cannot create user '$LN_USER'"
+      USER_ENTRY=$(getent passwd "$LN_USER") || die "user '$LN_USER' was made but cannot be read back"
+    fi
+    exec 9>&-
   fi
   # Its sudo rule, for a user made here only (the comment says so): a user of this machine's own
   # keeps the rights it has.
-  if [[ $(getent passwd "$LN_USER" | cut -d: -f5) == "$mark" && ! -e $rule ]]; then
-    mkdir -p -m 750 /etc/sudoers.d
+  IFS=: read -r _ _ _ _ gecos _ <<<"$USER_ENTRY"
+  if [[ $gecos == "$mark" && ! -e $rule ]]; then
+    [[ -d /etc/sudoers.d ]] || mkdir -p -m 750 /etc/sudoers.d
     printf '# %s: their login user, as on a cloud image\n%s ALL=(ALL:ALL) NOPASSWD: ALL\n' "$mark" "$LN_USER" \
-      >"$rule.tmp"
-    chmod 440 "$rule.tmp" && mv "$rule.tmp" "$rule"
+      >"$rule.tmp.$$"
+    chmod 440 "$rule.tmp.$$" && mv -f "$rule.tmp.$$" "$rule"
   fi
-  exec 9>&-
 }
 
 # A sibling's teardown (Terraform replaces nodes in parallel) removes the
@@ -280,24 +289,31 @@ up() {
   command -v ssh-keygen >/dev/null || die "ssh-keygen not found; install openssh-client"
   sshd=$(find_sshd)
   SFTP_SERVER=$(find_sftp_server)
+  USER_ENTRY=$(getent passwd "$LN_USER") || USER_ENTRY=""
   if [[ ${LN_CREATE_USER:-false} == true && $LN_MODE == netns ]]; then ensure_user; fi
-  home=$(getent passwd "$LN_USER" | cut -d: -f6) || true
+  IFS=: read -r _ _ _ _ _ home _ <<<"$USER_ENTRY"
   [[ -n $home ]] || die "user '$LN_USER' does not exist on this machine; set ssh_user to an existing user"
   # sshd (UsePAM no) refuses a locked account ('!' before its password, as `useradd` leaves one
   # made without a password) even for a key: say so now, not as a node that never lets anyone in.
-  if [[ $(getent shadow "$LN_USER" 2>/dev/null | cut -d: -f2) == '!'* ]]; then
+  local shadow_entry password
+  shadow_entry=$(getent shadow "$LN_USER" 2>/dev/null) || shadow_entry=""
+  IFS=: read -r _ password _ <<<"$shadow_entry"
+  if [[ $password == '!'* ]]; then
     die "user '$LN_USER' is locked (its password starts with '!'), and sshd refuses a locked account even with a key; unlock it for key logins (usermod -p '*' $LN_USER) or choose another user"
   fi
   if [[ $LN_MODE == netns ]]; then
-    [[ $(id -u) == 0 ]] || die "netns mode needs root; run as root or use mode = \"loopback\""
+    ((EUID == 0)) || die "netns mode needs root; run as root or use mode = \"loopback\""
     for p in ip unshare setsid; do command -v "$p" >/dev/null || die "netns mode needs '$p' (iproute2, util-linux) or use mode = \"loopback\""; done
-  elif [[ $(id -u) != 0 && $LN_USER != "$(id -un)" ]]; then
+  elif ((EUID != 0)) && [[ $LN_USER != "$(id -un)" ]]; then
     die "loopback mode without root can only accept logins for $(id -un); set ssh_user = \"$(id -un)\""
   fi
 
   # Leftovers of an earlier failed attempt have this node's names (they hash
-  # the cluster name and state_dir): remove them first.
-  down keep-state-dir
+  # the cluster name and state_dir): remove them first. A node made for the first time has none, and
+  # the search for them costs more processes than the bring-up itself.
+  if [[ -e $LN_DIR ]] || ns_exists || [[ $LN_MODE == netns && (-e $RUN_DIR || -e $DEV_DIR || -e /sys/class/net/$LN_VETH) ]]; then
+    down keep-state-dir
+  fi
 
   trap 'rc=$?; if ((rc != 0)); then echo "local-nodes: node $LN_INDEX: bring-up failed, removing what was made" >&2; (down) >&2 || true; fi' EXIT
 
@@ -319,11 +335,8 @@ up() {
     (umask 077 && printf '%s\n' "$LN_INTERNAL_PUBKEY" >"$LN_DIR/home/.ssh/authorized_keys")
   fi
   # /etc/profile resets PATH in login shells; SetEnv covers the other sessions.
-  cat >"$LN_DIR/home/.profile" <<PROFILE
-# gpuctl local node: this machine's software, as the cluster's PATH says.
-PATH="$LN_NODE_PATH"
-export PATH
-PROFILE
+  printf '# gpuctl local node: this machine'"'"'s software, as the cluster'"'"'s PATH says.\nPATH="%s"\nexport PATH\n' \
+    "$LN_NODE_PATH" >"$LN_DIR/home/.profile"
   chmod 644 "$LN_DIR/home/.profile"
 
   if [[ $LN_MODE == netns ]]; then
@@ -335,7 +348,8 @@ PROFILE
     local binds=() root_home shadow="" inside
     # A user other than root cannot pass root's private home, where pyenv keeps Python: the node
     # covers it with a directory holding just those paths (its own mount namespace only).
-    root_home=$(getent passwd root | cut -d: -f6)
+    IFS=: read -r _ _ _ _ _ root_home _ <<<"$(getent passwd root)"
+    umask 022 # mount points the login user must pass
     for p in "${keep[@]}"; do
       [[ -n $p && -e $p ]] || continue
       if [[ $p == "$home"/* ]]; then
@@ -346,16 +360,15 @@ PROFILE
       else
         continue
       fi
-      if [[ -d $p ]]; then mkdir -p "$inside"; else mkdir -p "$(dirname "$inside")" && : >"$inside"; fi
+      if [[ -d $p ]]; then mkdir -p "$inside"; else mkdir -p "${inside%/*}" && : >"$inside"; fi
       binds+=("$p")
     done
-    # its mount points, passable by the user whatever umask made them
-    if [[ -n $shadow ]]; then find "$shadow" -type d -exec chmod 755 {} +; fi
+    umask 077
     if [[ $LN_USER != root ]]; then chown -R "$LN_USER:" "$LN_DIR/home"; fi
     mkdir -p /run/sshd "$RUN_DIR"
     chmod 755 /run/sshd
     # where the node sees its sshd directory: passable by a login user other than root (above)
-    if [[ $LN_USER != root ]]; then chmod 711 "$(dirname "$RUN_DIR")"; fi
+    if [[ $LN_USER != root ]]; then chmod 711 "${RUN_DIR%/*}"; fi
     netns_up
     # Own hostname (UTS namespace) resolving to the node's address, as on a
     # real machine: gloo and NCCL pick their interface from it.
@@ -364,35 +377,52 @@ PROFILE
     # Reverse lookups as a VPC answers them: a dual-stack listener (torch's TCPStore) sees its
     # peers as ::ffff:ADDR, and with no DNS reachable here every lookup not in this file fails
     # with EAI_AGAIN (torch warns "hostname of the client socket cannot be retrieved").
-    printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n%s\n%s\n' \
-      "$hosts" "$(printf '%s\n' "$hosts" | sed -n 's/^\([0-9.]*\) /::ffff:\1 /p')" >"$LN_DIR/hosts"
+    local mapped="" address names
+    while read -r address names; do
+      [[ $address =~ ^[0-9.]+$ && -n $names ]] && mapped+="::ffff:$address $names"$'\n'
+    done <<<"$hosts"
+    printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n%s\n%s' "$hosts" "$mapped" >"$LN_DIR/hosts"
     chmod 644 "$LN_DIR/hosts" # /etc/hosts on the node: everyone reads it, whatever umask made it
     # FUSE for the login user, as a distribution's udev rule gives it (0666): fusermount opens
     # /dev/fuse with the user's rights, and a container's /dev/fuse is often root's alone. The node
     # sees a device file of its own over it, in a directory only root passes (not the state
     # directory, which users copy); this machine's /dev/fuse stays as it is.
-    local fuse=""
-    if [[ $LN_USER != root && -c /dev/fuse ]] && (((8#$(stat -c %a /dev/fuse) & 6) != 6)); then
+    local fuse="" fuse_mode="" fuse_major="" fuse_minor=""
+    if [[ $LN_USER != root && -c /dev/fuse ]]; then read -r fuse_mode fuse_major fuse_minor <<<"$(stat -c '%a %t %T' /dev/fuse)"; fi
+    if [[ -n $fuse_mode ]] && (((8#$fuse_mode & 6) != 6)); then
       fuse="$DEV_DIR/fuse"
       rm -rf -- "$DEV_DIR" && mkdir -m 700 -p "$DEV_DIR" &&
-      mknod -m 666 "$fuse" c "$((16#$(stat -c %t /dev/fuse)))" "$((16#$(stat -c %T /dev/fuse)))" || {
+      mknod -m 666 "$fuse" c "$((16#$fuse_major))" "$((16#$fuse_minor))" || {
         echo "local-nodes: node $LN_INDEX: cannot make a FUSE device for $LN_USER: bucket mounts need root there" >&2
         fuse=""
       }
     fi
     # `ip netns exec` mounts a fresh /sys, which hides the cgroup filesystems that
     # container runtimes (podman, runc) need: the node mounts this machine's again.
-    local cgroups
-    cgroups=$(awk '$2 ~ "^/sys/fs/cgroup" {print $3, $2, $4}' /proc/self/mounts)
+    local cgroups="" fstype dir options _rest
+    while read -r _ dir fstype options _rest; do
+      if [[ $dir == /sys/fs/cgroup* ]]; then cgroups+="$fstype $dir $options"$'\n'; fi
+    done </proc/self/mounts
     # shellcheck disable=SC2016
     local inner='set -e
 node_home=$1 home=$2 sshd_dir=$3 run_dir=$4 sshd=$5 cfg=$6 host_name=$7 hosts=$8 root_home=$9 shadow=${10} fuse=${11}
 shift 11
 hostname "$host_name"
-printf "%s\n" "$LN_CGROUPS" | while read -r t d o; do
-  [ -n "$t" ] || continue
-  mkdir -p "$d" && mount -t "$t" -o "$o" "$t" "$d" || echo "local-nodes: cannot mount $t on $d: containers will not run on this node" >&2
-done
+# In two rounds, so that the mount points the first makes (a tmpfs at /sys/fs/cgroup) take one mkdir.
+cgroup() { mount -t "$1" -o "$3" "$1" "$2" || echo "local-nodes: cannot mount $1 on $2: containers will not run on this node" >&2; }
+missing="" dirs=""
+while read -r t d o; do
+  if [ -z "$t" ]; then continue; elif [ -d "$d" ]; then cgroup "$t" "$d" "$o"; else missing="$missing$t $d $o
+" dirs="$dirs $d"; fi
+done <<CGROUPS
+$LN_CGROUPS
+CGROUPS
+if [ -n "$missing" ]; then
+  mkdir -p $dirs || true
+  while read -r t d o; do if [ -n "$t" ]; then cgroup "$t" "$d" "$o"; fi; done <<CGROUPS
+$missing
+CGROUPS
+fi
 unset LN_CGROUPS
 mount --bind "$hosts" /etc/hosts
 if [ -n "$fuse" ]; then mount --bind "$fuse" /dev/fuse || echo "local-nodes: cannot open /dev/fuse to the login user on this node" >&2; fi
