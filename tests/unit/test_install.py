@@ -77,6 +77,34 @@ def test_install_names_the_step_that_failed(tmp_path: Path):
     assert not (tmp_path / "c" / ".gpuctl" / "prepared").exists()
 
 
+def test_the_fabric_probe_runs_in_the_install_and_fails_in_one_line(tmp_path: Path):
+    """The probe runs inside the install's own Python (a second one per node costs more than the
+    probe); one that cannot be loaded runs as a program, and either failure is one line, no fingerprint."""
+    import base64
+    import zlib
+
+    def with_probe(text: str) -> dict:
+        data = bundle()
+        entry = dict(data["files"]["lib/gpuctl-fabric-probe"])
+        entry.pop("text", None)
+        entry["zdata"] = base64.b64encode(zlib.compress(text.encode())).decode()
+        data["files"] = {**data["files"], "lib/gpuctl-fabric-probe": entry}
+        return data
+
+    fine = install(tmp_path / "a", bundle())
+    assert fine.returncode == 0 and json.loads(fine.stdout)["kind"] == "socket", fine.stderr
+    assert (tmp_path / "a" / ".gpuctl" / "fabric.env").exists()
+    raising = install(tmp_path / "b", with_probe("def probe(**kw):\n    raise RuntimeError('no devices')\n"
+                                                 "def write(result, directory):\n    return False\n"))
+    assert raising.returncode == 1 and raising.stderr.strip() == \
+        "gpuctl-node install: fabric probe: RuntimeError: no devices", raising.stderr
+    broken = install(tmp_path / "c", with_probe("def broken(:\n"))
+    assert broken.returncode == 1, broken.stderr
+    assert broken.stderr.startswith("gpuctl-node install: fabric probe: exit code 1: ") and \
+        "SyntaxError" in broken.stderr and len(broken.stderr.strip().splitlines()) == 1, broken.stderr
+    assert not (tmp_path / "b" / ".gpuctl" / "prepared").exists() and not (tmp_path / "c" / ".gpuctl" / "prepared").exists()
+
+
 def test_no_fingerprint_keeps_the_record_and_an_empty_ssh_part_is_none(tmp_path: Path):
     assert install(tmp_path, bundle()).returncode == 0
     (tmp_path / ".gpuctl").chmod(0o755)  # a directory opened up since: made private again

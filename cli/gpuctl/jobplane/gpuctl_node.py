@@ -83,6 +83,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import zlib
 
 
@@ -892,7 +893,32 @@ def check_tools():
 
 
 def probe_fabric(fabric):
-    """Run the fabric probe, which writes ~/.gpuctl/fabric.env; its JSON result."""
+    """Run the fabric probe, which writes ~/.gpuctl/fabric.env; its JSON result. In this process: a
+    second Python and its imports cost each node more than the probe itself (the head installs its
+    workers 32 at a time on its own CPUs); as a program where the probe cannot be loaded so."""
+    path = os.path.join(GPUCTL_DIR, "lib", "gpuctl-fabric-probe")
+    try:
+        probe = types.ModuleType("gpuctl_fabric_probe")
+        probe.__file__ = path
+        with open(path) as fh:
+            exec(compile(fh.read(), path, "exec"), probe.__dict__)
+        run, write = probe.probe, probe.write
+    except Exception:  # noqa: BLE001 - an older or broken probe: as a program, which says why
+        return probe_fabric_program(fabric)
+    try:
+        result = run(head=fabric.get("head") or None, instance=fabric.get("instance_type") or None,
+                     fallback_env=dict((str(k), str(v)) for k, v in (fabric.get("fallback_env") or {}).items()),
+                     sys_root="/sys", dev_root="/dev", proc_root="/proc", root="/")
+        result["changed"] = write(result, GPUCTL_DIR)
+    except (OSError, IOError) as exc:
+        raise InstallError("fabric probe", "writing %s: %s" % (GPUCTL_DIR, exc))
+    except Exception as exc:  # noqa: BLE001 - the probe's own failure, in one line as the program's
+        raise InstallError("fabric probe", "%s: %s" % (type(exc).__name__, exc))
+    return result
+
+
+def probe_fabric_program(fabric):
+    """The fabric probe as its own program (`gpuctl-fabric-probe --write`); its JSON result."""
     argv = [sys.executable, os.path.join(GPUCTL_DIR, "lib", "gpuctl-fabric-probe"), "--write", GPUCTL_DIR,
             "--head", str(fabric.get("head") or ""), "--instance-type", str(fabric.get("instance_type") or ""),
             "--fallback-env", json.dumps(fabric.get("fallback_env") or {})]
