@@ -278,9 +278,9 @@ ensure_user() {
 make_node_dir() {
   local _
   for _ in 1 2 3 4; do
-    if mkdir -p "$LN_DIR/home" "$LN_DIR/sshd" 2>/dev/null; then return 0; fi
+    if mkdir -p -m 755 "$LN_DIR/home" "$LN_DIR/sshd" 2>/dev/null; then return 0; fi
   done
-  mkdir -p "$LN_DIR/home" "$LN_DIR/sshd"
+  mkdir -p -m 755 "$LN_DIR/home" "$LN_DIR/sshd"
 }
 
 up() {
@@ -317,16 +317,14 @@ up() {
 
   trap 'rc=$?; if ((rc != 0)); then echo "local-nodes: node $LN_INDEX: bring-up failed, removing what was made" >&2; (down) >&2 || true; fi' EXIT
 
-  make_node_dir
-  chmod 700 "$LN_DIR" "$LN_DIR/sshd"
-  printf 'LN_MODE=%s\nLN_INDEX=%s\nLN_DIR=%s\nLN_NETNS=%s\nLN_VETH=%s\nLN_TAG=%s\n' \
-    "$LN_MODE" "$LN_INDEX" "$LN_DIR" "$LN_NETNS" "$LN_VETH" "$LN_TAG" >"$LN_DIR/node.env"
-  chmod 755 "$LN_DIR/home"
-  ssh-keygen -q -t ed25519 -N '' -C "gpuctl-local-node-$LN_INDEX" -f "$LN_DIR/sshd/ssh_host_ed25519_key"
-  printf '%s\n' "$LN_PUBKEY" >"$LN_DIR/sshd/authorized_keys"
+  make_node_dir # LN_DIR 0700 (this script's umask), home and sshd 0755
   # sshd reads a user's keys as that user: one other than root may pass the directory (the host
   # key in it stays root's alone) and read the public keys
-  if [[ $LN_USER != root ]]; then chmod 711 "$LN_DIR/sshd" && chmod 644 "$LN_DIR/sshd/authorized_keys"; fi
+  if [[ $LN_USER != root ]]; then chmod 711 "$LN_DIR/sshd"; else chmod 700 "$LN_DIR/sshd"; fi
+  printf 'LN_MODE=%s\nLN_INDEX=%s\nLN_DIR=%s\nLN_NETNS=%s\nLN_VETH=%s\nLN_TAG=%s\n' \
+    "$LN_MODE" "$LN_INDEX" "$LN_DIR" "$LN_NETNS" "$LN_VETH" "$LN_TAG" >"$LN_DIR/node.env"
+  ssh-keygen -q -t ed25519 -N '' -C "gpuctl-local-node-$LN_INDEX" -f "$LN_DIR/sshd/ssh_host_ed25519_key"
+  (umask 022 && printf '%s\n' "$LN_PUBKEY" >"$LN_DIR/sshd/authorized_keys")
   # The cluster's internal key, authorized at boot so the head may install this node itself. It goes
   # where the install step manages it (the node's ~/.ssh/authorized_keys, by the key's comment), so
   # a rotated key replaces it there; netns mode only (loopback nodes use the access key).
@@ -335,9 +333,8 @@ up() {
     (umask 077 && printf '%s\n' "$LN_INTERNAL_PUBKEY" >"$LN_DIR/home/.ssh/authorized_keys")
   fi
   # /etc/profile resets PATH in login shells; SetEnv covers the other sessions.
-  printf '# gpuctl local node: this machine'"'"'s software, as the cluster'"'"'s PATH says.\nPATH="%s"\nexport PATH\n' \
-    "$LN_NODE_PATH" >"$LN_DIR/home/.profile"
-  chmod 644 "$LN_DIR/home/.profile"
+  (umask 022 && printf '# gpuctl local node: this machine'"'"'s software, as the cluster'"'"'s PATH says.\nPATH="%s"\nexport PATH\n' \
+    "$LN_NODE_PATH" >"$LN_DIR/home/.profile")
 
   if [[ $LN_MODE == netns ]]; then
     write_sshd_config "$RUN_DIR" "$home"
@@ -365,8 +362,8 @@ up() {
     done
     umask 077
     if [[ $LN_USER != root ]]; then chown -R "$LN_USER:" "$LN_DIR/home"; fi
-    mkdir -p /run/sshd "$RUN_DIR"
-    chmod 755 /run/sshd
+    [[ -d /run/sshd ]] || mkdir -p -m 755 /run/sshd
+    mkdir -p "$RUN_DIR"
     # where the node sees its sshd directory: passable by a login user other than root (above)
     if [[ $LN_USER != root ]]; then chmod 711 "${RUN_DIR%/*}"; fi
     netns_up
@@ -381,8 +378,8 @@ up() {
     while read -r address names; do
       [[ $address =~ ^[0-9.]+$ && -n $names ]] && mapped+="::ffff:$address $names"$'\n'
     done <<<"$hosts"
-    printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n%s\n%s' "$hosts" "$mapped" >"$LN_DIR/hosts"
-    chmod 644 "$LN_DIR/hosts" # /etc/hosts on the node: everyone reads it, whatever umask made it
+    # /etc/hosts on the node: everyone reads it
+    (umask 022 && printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n%s\n%s' "$hosts" "$mapped" >"$LN_DIR/hosts")
     # FUSE for the login user, as a distribution's udev rule gives it (0666): fusermount opens
     # /dev/fuse with the user's rights, and a container's /dev/fuse is often root's alone. The node
     # sees a device file of its own over it, in a directory only root passes (not the state
@@ -391,7 +388,7 @@ up() {
     if [[ $LN_USER != root && -c /dev/fuse ]]; then read -r fuse_mode fuse_major fuse_minor <<<"$(stat -c '%a %t %T' /dev/fuse)"; fi
     if [[ -n $fuse_mode ]] && (((8#$fuse_mode & 6) != 6)); then
       fuse="$DEV_DIR/fuse"
-      rm -rf -- "$DEV_DIR" && mkdir -m 700 -p "$DEV_DIR" &&
+      mkdir -m 700 -p "$DEV_DIR" &&
       mknod -m 666 "$fuse" c "$((16#$fuse_major))" "$((16#$fuse_minor))" || {
         echo "local-nodes: node $LN_INDEX: cannot make a FUSE device for $LN_USER: bucket mounts need root there" >&2
         fuse=""
