@@ -151,6 +151,7 @@ def apply(
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the Terraform plan; create nothing."),
     provision_only: bool = typer.Option(False, "--provision-only", help="Stop after provisioning and writing the inventory."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started; follow with `gpuctl logs`."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Ask nothing (as `sky launch -y`)."),
     output_format: str = OutputOption,
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
@@ -177,7 +178,7 @@ def apply(
     registry = Registry()
     inv = lifecycle.bring_up(req, reporter=reporter, registry=registry, workdir=task.workdir,
                              container_image=task.container_image)
-    if not as_json:
+    if not as_json and not yes:
         cliargs.offer_ssh_include(reporter)
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provisioner.inventory_path(req.name)}")
@@ -664,22 +665,22 @@ def check(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
 
 
 @app.command("down", cls=usage.HelpCommand, epilog=usage.examples_of("down"))
-def down(name: str = typer.Argument(..., metavar="NAME", help="Cluster to tear down."),
-         yes: bool = typer.Option(True, "-y", "--yes", hidden=True),
+def down(names: list[str] = typer.Argument(None, metavar="NAME...", help="Clusters to tear down.", show_default=False),
+         all_clusters: bool = typer.Option(False, "-a", "--all", help="Tear down every cluster gpuctl knows."),
+         yes: bool = typer.Option(False, "-y", "--yes", help="Accepted as `sky down -y`: down never asks."),
          output_format: str = OutputOption) -> None:
-    """Destroy a cluster (terraform destroy) and forget it."""
-    from gpuctl.provision import provisioner
-
-    as_json = wants_json(output_format)
+    """Destroy clusters (terraform destroy) and forget them; one that does not exist is passed over."""
+    as_json, registry = wants_json(output_format), Registry()
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
-    check_cluster_name(name)
-    registry = Registry()
-    registry.adopt(name)
-    if registry.cluster(name) is None and not provisioner.cluster_exists(name):
-        raise ClusterNotFound(name)
-    destroyed = lifecycle.tear_down(name, reporter=reporter, registry=registry)
-    if as_json:  # destroyed: false when the record had nothing provisioned behind it
-        output.emit("down", {"ok": True, "cluster": name, "destroyed": destroyed})
+    results = lifecycle.tear_down_all(cliargs.down_targets(names or [], all_clusters, registry), reporter=reporter,
+                                      registry=registry)
+    if not results:
+        reporter.info("No clusters to tear down.")
+    if as_json:  # destroyed: false when nothing was provisioned behind a record (found) or no record (not found)
+        output.emit("down", cliargs.down_document(results, one=bool(names) and len(results) == 1))
+    if any(r.error for r in results):
+        failed = [r.cluster for r in results if r.error]
+        raise ProvisionError(f"{len(failed)} of {len(results)} cluster(s) not torn down: {', '.join(failed)}")
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,13 @@ import typer
 
 from gpuctl import usage
 from gpuctl.common.console import Reporter
+from gpuctl.common.errors import UserError
 from gpuctl.common.paths import state_root
 from gpuctl.provision import sshconfig
 from gpuctl.provision.inventory import Inventory
+from gpuctl.provision.lifecycle import Teardown
+from gpuctl.spec.request import check_cluster_name
+from gpuctl.state.registry import Registry
 
 
 def shortened(text: str, width: int = 40) -> str:
@@ -88,3 +93,24 @@ def offer_ssh_include(reporter: Reporter) -> None:
     else:
         reporter.info(f"Not added; `gpuctl ssh NAME` works, or add `{sshconfig.include_line(gpuctl_config)}` "
                       f"to {user_config} yourself.")
+
+
+def down_targets(names: list[str], all_clusters: bool, registry: Registry) -> list[str]:
+    """The clusters `gpuctl down` acts on (`-a`: every one, the state bucket's too), each name
+    checked before any is torn down."""
+    if all_clusters and names:
+        raise UserError("give cluster names or -a/--all, not both")
+    if not all_clusters:
+        if not names:
+            raise UserError("give the cluster to tear down (gpuctl down NAME [NAME...]), or -a/--all for every one")
+        return list(dict.fromkeys(check_cluster_name(name) for name in names))
+    registry.adopt_all()
+    return [record.name for record in registry.clusters()]
+
+
+def down_document(results: list[Teardown], one: bool) -> dict[str, Any]:
+    """`down -o json`: one cluster as before (its `cluster` and `destroyed`, and `found`), or a list."""
+    ok = not any(r.error for r in results)
+    if one:
+        return {"ok": ok, "cluster": results[0].cluster, "found": results[0].found, "destroyed": results[0].destroyed}
+    return {"ok": ok, "clusters": [{k: v for k, v in asdict(r).items() if k != "error" or v} for r in results]}

@@ -190,6 +190,8 @@ EXAMPLES = {
     ),
     'down': (
         'gpuctl down demo',
+        'gpuctl down demo train-2 -o json',
+        'gpuctl down -a -y',
     ),
     'version': (
         'gpuctl version',

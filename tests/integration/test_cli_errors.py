@@ -92,7 +92,8 @@ def test_null_secret_needs_a_value(tmp_path: Path, _isolated_state: Path):
 
 
 def test_unknown_cluster_for_down_and_status(tmp_path: Path, _isolated_state: Path):
-    assert_user_error(gpuctl("down", "nosuch", cwd=tmp_path), "nosuch")
+    down = gpuctl("down", "nosuch", cwd=tmp_path)  # nothing to destroy is no error (issue 24)
+    assert down.returncode == 0 and "Cluster 'nosuch' does not exist" in down.stdout, down
     assert_user_error(gpuctl("status", "nosuch", cwd=tmp_path), "nosuch")
 
 
@@ -189,7 +190,9 @@ def test_refused_apply_leaves_no_cluster_behind(nodes: str, tmp_path: Path, _iso
                       "infra local supports 1 to")
     status = gpuctl("status", "-o", "json", cwd=tmp_path)
     assert status.returncode == 0 and json.loads(status.stdout)["clusters"] == []
-    assert_user_error(gpuctl("down", "big", cwd=tmp_path), "cluster 'big' not found")
+    down = gpuctl("down", "big", cwd=tmp_path)  # as terraform destroy with nothing to destroy: exit 0
+    assert down.returncode == 0 and down.stderr == "" and \
+        down.stdout.strip() == "Cluster 'big' does not exist; nothing to tear down.", down
     assert_nothing_provisioned(_isolated_state)
 
 
@@ -208,3 +211,27 @@ def test_down_forgets_a_record_with_nothing_provisioned(left: str, tmp_path: Pat
     assert "nothing provisioned" in proc.stderr
     assert registry.cluster("ghost") is None
     assert gpuctl("status", cwd=tmp_path).stdout.strip() == "No clusters."
+
+
+def test_down_takes_several_names_or_all_and_a_missing_one_is_no_error(tmp_path: Path, _isolated_state: Path):
+    """SkyPilot's teardown habits: `down A B C`, `down -a`, `-y`; a cluster that is not there is said
+    and passed over (a CI step that always tears down must not fail when apply never made it)."""
+    (tmp_path / "cluster.yaml").write_text("resources:\n  infra: local\nnum_nodes: 1\n" + GOOD_RUN)
+    for name in ("down-a", "down-b", "down-c"):
+        made = gpuctl("apply", "cluster.yaml", "-c", name, "--provision-only", "-y", cwd=tmp_path)
+        assert made.returncode == 0, made.stderr
+    both = gpuctl("down", "down-a", "never-made", "down-b", "-o", "json", cwd=tmp_path)
+    assert both.returncode == 0, both.stderr
+    assert json.loads(both.stdout)["clusters"] == [
+        {"cluster": "down-a", "found": True, "destroyed": True},
+        {"cluster": "never-made", "found": False, "destroyed": False},
+        {"cluster": "down-b", "found": True, "destroyed": True}]
+    assert "Cluster 'never-made' does not exist; nothing to tear down." in both.stderr
+    assert json.loads(gpuctl("status", "-o", "json", cwd=tmp_path).stdout)["clusters"][0]["name"] == "down-c"
+    every = gpuctl("down", "-a", "-y", cwd=tmp_path)
+    assert every.returncode == 0 and "Cluster 'down-c' is gone." in every.stdout, every.stderr
+    assert_nothing_provisioned(_isolated_state)
+    assert gpuctl("down", "--all", cwd=tmp_path).stdout.strip() == "No clusters to tear down."
+    assert_user_error(gpuctl("down", cwd=tmp_path), "give the cluster to tear down (gpuctl down NAME [NAME...])")
+    assert_user_error(gpuctl("down", "-a", "down-a", cwd=tmp_path), "give cluster names or -a/--all, not both")
+    assert_user_error(gpuctl("down", "ok-name", "Bad_Name", cwd=tmp_path), "cluster name 'Bad_Name'")

@@ -860,7 +860,8 @@ def test_down_leaves_nothing(jl: JobsCluster):
     footprint = jl.cluster.footprint()
     footprint.assert_present(3)
     down = jl.gpuctl("down", NAME, "-o", "json").check()
-    assert json.loads(down.stdout) == {"schema": 1, "command": "down", "ok": True, "cluster": NAME, "destroyed": True}
+    assert json.loads(down.stdout) == {"schema": 1, "command": "down", "ok": True, "cluster": NAME, "found": True,
+                                      "destroyed": True}
     assert "Tearing down cluster" in down.stderr  # progress on stderr
     footprint.assert_gone()
     # nothing of it in the state dir either: its ssh config would reach the next cluster on its addresses

@@ -14,7 +14,7 @@ after a crash, carries on from it.
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -113,6 +113,40 @@ def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> bool:
         forget_local_files(name, held)
     reporter.info(f"Cluster '{name}' is gone.")
     return True
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """What `gpuctl down` did to one cluster."""
+
+    cluster: str
+    found: bool
+    destroyed: bool
+    error: str | None = None
+
+
+def tear_down_all(names: list[str], *, reporter: Reporter, registry: Registry) -> list[Teardown]:
+    """`gpuctl down A B ...`, each in turn. A cluster that does not exist is said and passed over, as
+    `terraform destroy` with nothing to destroy: a CI step that always tears down must not fail when
+    apply never made the cluster. With several, one that fails does not keep the others up."""
+    from gpuctl.common.errors import ProvisionError, UserError
+    from gpuctl.provision import provisioner
+
+    done = []
+    for name in names:
+        registry.adopt(name)
+        if registry.cluster(name) is None and not provisioner.cluster_exists(name):
+            reporter.info(f"Cluster '{name}' does not exist; nothing to tear down.")
+            done.append(Teardown(name, found=False, destroyed=False))
+            continue
+        try:
+            done.append(Teardown(name, found=True, destroyed=tear_down(name, reporter=reporter, registry=registry)))
+        except (ProvisionError, UserError) as exc:
+            if len(names) == 1:
+                raise
+            reporter.error(f"{name}: {exc.message}")
+            done.append(Teardown(name, found=True, destroyed=False, error=exc.message))
+    return done
 
 
 def forget_local_files(name: str, held: HeldLock) -> None:
