@@ -441,3 +441,12 @@ def test_skywards_compute_is_a_cluster_with_its_argument_names() -> None:
     assert (local.infra, local.num_nodes, local.accelerators) == ("local", 2, None)
     assert str(gpuctl.accelerators.A100_80GB()) == "A100-80GB:1"
     assert gpuctl.Local().infra == "local" and gpuctl.AWS().infra == "aws"
+
+
+def test_down_of_a_cluster_that_does_not_exist_says_so(tmp_path: Path, monkeypatch, capsys):
+    """As `gpuctl down NAME`: nothing to destroy is said plainly, and is no error."""
+    import gpuctl
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    gpuctl.Cluster(name="nosuch").down()
+    assert "Cluster 'nosuch' does not exist; nothing to tear down." in capsys.readouterr().out

@@ -102,9 +102,11 @@ def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> bool:
     with _changing(name, "gpuctl down", reporter, registry) as held, \
             reporter.stage(f"Tearing down cluster '{name}'"):
         if not provisioner.cluster_exists(name):
+            had_record = registry.cluster(name) is not None
             registry.forget(name)
             forget_local_files(name, held)
-            reporter.info(f"Cluster '{name}' had nothing provisioned; its record is removed.")
+            reporter.info(f"Cluster '{name}' had nothing provisioned; its record is removed." if had_record else
+                          f"Cluster '{name}' does not exist; nothing to tear down.")
             return False
         registry.set_cluster_status(name, "STOPPING")
         remove_containers(name, reporter)
