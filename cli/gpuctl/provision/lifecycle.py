@@ -90,6 +90,11 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
     return inv
 
 
+def _absent(name: str) -> str:
+    """What `down` says of a cluster with neither record nor directory (`gpuctl down`, the Python API)."""
+    return f"Cluster '{name}' does not exist; nothing to tear down."
+
+
 def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> bool:
     """terraform destroy the cluster and forget it (its jobs too); whether there was anything to destroy.
 
@@ -106,7 +111,7 @@ def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> bool:
             registry.forget(name)
             forget_local_files(name, held)
             reporter.info(f"Cluster '{name}' had nothing provisioned; its record is removed." if had_record else
-                          f"Cluster '{name}' does not exist; nothing to tear down.")
+                          _absent(name))
             return False
         registry.set_cluster_status(name, "STOPPING")
         remove_containers(name, reporter)
@@ -138,7 +143,7 @@ def tear_down_all(names: list[str], *, reporter: Reporter, registry: Registry) -
     for name in names:
         registry.adopt(name)
         if registry.cluster(name) is None and not provisioner.cluster_exists(name):
-            reporter.info(f"Cluster '{name}' does not exist; nothing to tear down.")
+            reporter.info(_absent(name))  # without tear_down's lock and stage: nothing is changed
             done.append(Teardown(name, found=False, destroyed=False))
             continue
         try:

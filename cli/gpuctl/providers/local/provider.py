@@ -176,6 +176,16 @@ def user_home(user: str) -> Path:
         return Path("/home") / user
 
 
+def _mode_of(alloc: Allocation | None) -> str:
+    """The cluster's mode: its allocation's, or what a new one would get."""
+    return alloc.mode if alloc is not None else detect_mode()
+
+
+def _user_of(alloc: Allocation | None, mode: str) -> str:
+    """The cluster's login user: its allocation's, or what a new one would get."""
+    return alloc.ssh_user if alloc is not None else local_user(mode)
+
+
 def account_locked(user: str, shadow: Path = Path("/etc/shadow")) -> bool:
     """Whether `user` exists with a locked password ('!...'); False where the file is unreadable."""
     try:
@@ -440,8 +450,8 @@ class LocalProvider(BaseProvider):
             lines.append(f"{task.where('resources', key)}: resources.{key}: ignored on infra local "
                          "(nodes on this machine)")
         alloc = _read_allocation(cluster_dir_of(req.name).resolve() / ALLOCATION_FILE)
-        mode = alloc.mode if alloc is not None else detect_mode()
-        user = alloc.ssh_user if alloc is not None else local_user(mode)
+        mode = _mode_of(alloc)
+        user = _user_of(alloc, mode)
         if mode == "netns" and user != "root" and shutil.which("sudo") is None:
             lines.append(f"{task.where()}: the local nodes log in as {user}, whose passwordless sudo needs sudo on "
                          "this machine (apt-get install sudo; `make deps` installs it)")
@@ -455,7 +465,7 @@ class LocalProvider(BaseProvider):
     def check(self, req: ClusterRequest) -> None:
         cdir = cluster_dir_of(req.name).resolve()
         alloc = _read_allocation(cdir / ALLOCATION_FILE)
-        mode = alloc.mode if alloc is not None else detect_mode()
+        mode = _mode_of(alloc)
         most, why = MAX_NODES[mode], ("its ports: a block of 256 per cluster" if mode == "loopback" else
                                        f"its subnet: a /{SUBNET_PREFIX} holds the bridge and 509 nodes")
         if mode == "netns" and alloc is not None and alloc.subnet_cidr:
@@ -469,7 +479,7 @@ class LocalProvider(BaseProvider):
                             f"{'this cluster' if alloc is not None else f'{mode} mode'} ({why}){grow}")
         _check_state_dir(nodes_dir(cdir))
         if mode == "netns":
-            user = alloc.ssh_user if alloc is not None else local_user(mode)
+            user = _user_of(alloc, mode)
             if account_locked(user):
                 raise UserError(f"{USER_ENV}: the local nodes' user {user} is locked (its password starts with '!', "
                                 "as useradd leaves a user made without one), and sshd refuses a locked account even "
