@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import stat
@@ -166,6 +167,14 @@ def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[st
     assert ssh(worker, "test ! -e ~/only-on-head && echo absent").stdout.strip() == "absent"
     assert (cluster_dir(req.name) / "nodes" / "node0" / "home" / "only-on-head").read_text() == "hello\n"
     assert not (home / "only-on-head").exists()
+    # The node's own hostname, this machine's cgroup filesystems (container runtimes need them) and
+    # a FUSE device the login user may open (bucket mounts), however this machine's is set.
+    assert ssh(head, "hostname").stdout.strip() != ssh(worker, "hostname").stdout.strip()
+    cgroups = sorted(line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+                     if line.split()[1].startswith("/sys/fs/cgroup"))
+    assert sorted(ssh(worker, "awk '$2 ~ \"^/sys/fs/cgroup\" {print $2}' /proc/self/mounts").stdout.split()) == cgroups
+    if Path("/dev/fuse").exists():
+        assert ssh(worker, "test -r /dev/fuse -a -w /dev/fuse && echo usable").stdout.strip() == "usable"
     # The Python gpuctl runs from stays visible (pyenv keeps it in root's private home)
     assert ssh(head, f"{sys.executable} -c 'print(42)'").stdout.strip() == "42"
 
@@ -348,3 +357,28 @@ def test_failed_destroy_keeps_host_files_and_can_be_rerun(cleanup_clusters: list
     provisioner.destroy(req.name)
     assert_gone(req.name, envs, sshd, [])
     assert (precious / "keep.txt").read_text() == "mine"
+
+
+@needs_netns
+def test_node_mount_table_keeps_odd_paths(tmp_path: Path) -> None:
+    """A node's mounts go through fstab files (one `mount -a` instead of a process per mount): a kept
+    path with a space, a tab, a backslash or a newline must still be bound where it belongs."""
+    script = (local_provider.LocalProvider().module_dir() / "scripts" / "node.sh").read_text()
+    function = script[script.index("fstab_add() {"):]
+    function = function[:function.index("\n}\n") + 3]
+    names = ["with space", "tab\there", "back\\slash", "new\nline"]
+    for i, name in enumerate(names):
+        (tmp_path / "src" / name).mkdir(parents=True)
+        (tmp_path / "src" / name / "marker").write_text(str(i))
+        (tmp_path / "dst" / name).mkdir(parents=True)
+    pairs = "".join(f'fstab_add table {shlex.quote(str(tmp_path / "src" / n))} '
+                    f'{shlex.quote(str(tmp_path / "dst" / n))} none bind\n' for n in names)
+    program = f'{function}\ntable=""\n{pairs}printf %s "$table" >{shlex.quote(str(tmp_path / "fstab"))}\n'
+    subprocess.run(["bash", "-c", program], check=True, timeout=30)
+    assert len((tmp_path / "fstab").read_text().splitlines()) == len(names)
+    shown = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount -a -T "$1" && cat "$2"/*/marker', "_", str(tmp_path / "fstab"), str(tmp_path / "dst")],
+        capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert sorted(shown.stdout) == sorted("".join(str(i) for i in range(len(names))))

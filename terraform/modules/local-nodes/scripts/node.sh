@@ -131,7 +131,7 @@ down() {
 find_sshd() {
   local p
   p=$(PATH="$PATH:/usr/sbin:/sbin:/usr/local/sbin" command -v sshd) || die "sshd not found; install openssh-server (apt-get install openssh-server)"
-  readlink -f -- "$p"
+  echo "$p"
 }
 
 find_sftp_server() {
@@ -140,6 +140,21 @@ find_sftp_server() {
     if [[ -x $p ]]; then echo "$p" && return 0; fi
   done
   echo internal-sftp
+}
+
+# fstab_add VAR SOURCE TARGET TYPE OPTIONS: append an fstab line to VAR. libmount reads octal
+# escapes in paths, so a space or a backslash survives; no process is started.
+fstab_add() {
+  local -n fstab=$1
+  local field line="" p
+  for p in "$2" "$3"; do
+    field=${p//\\/\\134}
+    field=${field// /\\040}
+    field=${field//$'\t'/\\011}
+    field=${field//$'\n'/\\012}
+    line+="$field "
+  done
+  fstab+="$line$4 $5 0 0"$'\n'
 }
 
 # Does something answer with an SSH banner on ADDR:PORT?
@@ -346,7 +361,7 @@ up() {
     # A user other than root cannot pass root's private home, where pyenv keeps Python: the node
     # covers it with a directory holding just those paths (its own mount namespace only).
     IFS=: read -r _ _ _ _ _ root_home _ <<<"$(getent passwd root)"
-    umask 022 # mount points the login user must pass
+    local mount_points=() files=()
     for p in "${keep[@]}"; do
       [[ -n $p && -e $p ]] || continue
       if [[ $p == "$home"/* ]]; then
@@ -357,9 +372,13 @@ up() {
       else
         continue
       fi
-      if [[ -d $p ]]; then mkdir -p "$inside"; else mkdir -p "${inside%/*}" && : >"$inside"; fi
+      if [[ -d $p ]]; then mount_points+=("$inside"); else mount_points+=("${inside%/*}") files+=("$inside"); fi
       binds+=("$p")
     done
+    # mount points the login user must pass; one mkdir for all of them
+    umask 022
+    if ((${#mount_points[@]})); then mkdir -p "${mount_points[@]}"; fi
+    for p in "${files[@]}"; do : >"$p"; done
     umask 077
     if [[ $LN_USER != root ]]; then chown -R "$LN_USER:" "$LN_DIR/home"; fi
     [[ -d /run/sshd ]] || mkdir -p -m 755 /run/sshd
@@ -394,48 +413,39 @@ up() {
         fuse=""
       }
     fi
-    # `ip netns exec` mounts a fresh /sys, which hides the cgroup filesystems that
-    # container runtimes (podman, runc) need: the node mounts this machine's again.
-    local cgroups="" fstype dir options _rest
+    # The node's mounts, as two fstab files for one `mount -a` each (a mount process per entry cost
+    # more than the rest of the node's start-up). Optional: `ip netns exec` mounts a fresh /sys, which
+    # hides the cgroup filesystems container runtimes (podman, runc) need, so the node mounts this
+    # machine's again; and the FUSE device above. Required: the node's files over this machine's, the
+    # kept paths first, as the node home covers the real one.
+    local optional="" required="" fstype dir options _rest
     while read -r _ dir fstype options _rest; do
-      if [[ $dir == /sys/fs/cgroup* ]]; then cgroups+="$fstype $dir $options"$'\n'; fi
+      # already escaped as fstab escapes
+      if [[ $dir == /sys/fs/cgroup* ]]; then optional+="$fstype $dir $fstype $options,X-mount.mkdir 0 0"$'\n'; fi
     done </proc/self/mounts
+    if [[ -n $fuse ]]; then fstab_add optional "$fuse" /dev/fuse none bind; fi
+    fstab_add required "$LN_DIR/hosts" /etc/hosts none bind
+    fstab_add required "$LN_DIR/sshd" "$RUN_DIR" none bind
+    for p in "${binds[@]}"; do
+      if [[ $p == "$home"/* ]]; then inside="$LN_DIR/home/${p#"$home"/}"; else inside="$shadow/${p#"$root_home"/}"; fi
+      fstab_add required "$p" "$inside" none rbind
+    done
+    fstab_add required "$LN_DIR/home" "$home" none rbind
+    if [[ -n $shadow ]]; then fstab_add required "$shadow" "$root_home" none rbind; fi
+    printf '%s' "$optional" >"$LN_DIR/optional.fstab"
+    printf '%s' "$required" >"$LN_DIR/node.fstab"
     # shellcheck disable=SC2016
     local inner='set -e
-node_home=$1 home=$2 sshd_dir=$3 run_dir=$4 sshd=$5 cfg=$6 host_name=$7 hosts=$8 root_home=$9 shadow=${10} fuse=${11}
-shift 11
-hostname "$host_name"
-# In two rounds, so that the mount points the first makes (a tmpfs at /sys/fs/cgroup) take one mkdir.
-cgroup() { mount -t "$1" -o "$3" "$1" "$2" || echo "local-nodes: cannot mount $1 on $2: containers will not run on this node" >&2; }
-missing="" dirs=""
-while read -r t d o; do
-  if [ -z "$t" ]; then continue; elif [ -d "$d" ]; then cgroup "$t" "$d" "$o"; else missing="$missing$t $d $o
-" dirs="$dirs $d"; fi
-done <<CGROUPS
-$LN_CGROUPS
-CGROUPS
-if [ -n "$missing" ]; then
-  mkdir -p $dirs || true
-  while read -r t d o; do if [ -n "$t" ]; then cgroup "$t" "$d" "$o"; fi; done <<CGROUPS
-$missing
-CGROUPS
+host_name=$1 optional=$2 required=$3 sshd=$4 cfg=$5
+echo "$host_name" >/proc/sys/kernel/hostname
+if [ -s "$optional" ]; then
+  mount -a -T "$optional" || echo "local-nodes: some of this node'"'"'s optional mounts failed (above): without cgroups containers will not run, without /dev/fuse bucket mounts need root" >&2
 fi
-unset LN_CGROUPS
-mount --bind "$hosts" /etc/hosts
-if [ -n "$fuse" ]; then mount --bind "$fuse" /dev/fuse || echo "local-nodes: cannot open /dev/fuse to the login user on this node" >&2; fi
-mount --bind "$sshd_dir" "$run_dir"
-for p in "$@"; do
-  case $p in
-    "$home"/*) mount --rbind "$p" "$node_home/${p#"$home"/}" ;;
-    *) mount --rbind "$p" "$shadow/${p#"$root_home"/}" ;;
-  esac
-done
-mount --rbind "$node_home" "$home"
-if [ -n "$shadow" ]; then mount --rbind "$shadow" "$root_home"; fi
+mount -a -T "$required"
 exec "$sshd" -D -e -f "$cfg"'
-    setsid env GPUCTL_NODE_TAG="$LN_TAG" LN_CGROUPS="$cgroups" ip netns exec "$LN_NETNS" unshare --mount --uts --propagation private \
-      sh -c "$inner" gpuctl-node "$LN_DIR/home" "$home" "$LN_DIR/sshd" "$RUN_DIR" "$sshd" "$RUN_DIR/sshd_config" \
-      "$host_name" "$LN_DIR/hosts" "$root_home" "$shadow" "$fuse" "${binds[@]}" </dev/null >>"$LOG" 2>&1 &
+    setsid env GPUCTL_NODE_TAG="$LN_TAG" ip netns exec "$LN_NETNS" unshare --mount --uts --propagation private \
+      sh -c "$inner" gpuctl-node "$host_name" "$LN_DIR/optional.fstab" "$LN_DIR/node.fstab" "$sshd" \
+      "$RUN_DIR/sshd_config" </dev/null >>"$LOG" 2>&1 &
     pid=$!
   else
     write_sshd_config "$LN_DIR/sshd" "$LN_DIR/home"
@@ -454,7 +464,7 @@ exec "$sshd" -D -e -f "$cfg"'
     ((SECONDS < deadline)) || die "sshd (pid $pid) did not accept connections on $LN_ADDR:$LN_PORT within ${LN_WAIT:-30}s; its log says: $(tail -n 5 "$LOG" 2>/dev/null)"
     sleep 0.1
   done
-  [[ $(readlink -f "/proc/$pid/exe" 2>/dev/null) == "$sshd" ]] || die "pid $pid is not $sshd after start-up"
+  [[ /proc/$pid/exe -ef $sshd ]] || die "pid $pid is not $sshd after start-up"
   trap - EXIT
   echo "local-nodes: node $LN_INDEX up: ssh -p $LN_PORT $LN_USER@$LN_ADDR (sshd pid $pid)"
 }
