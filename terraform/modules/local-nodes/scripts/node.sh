@@ -157,6 +157,21 @@ fstab_add() {
   fstab+="$line$4 $5 0 0"$'\n'
 }
 
+# netns mode: is PID this node's sshd (up's $sshd), in the node's namespace, listening on LN_PORT? Read from
+# /proc, with no process and no packet: a connection tried while the node's link is still coming
+# up can lose its SYN, and TCP sends the next one a second later.
+listening() {
+  local _sl address _remote state _rest port
+  [[ /proc/$1/exe -ef $sshd && /proc/$1/ns/net -ef /run/netns/$LN_NETNS ]] || return 1
+  printf -v port '%04X' "$LN_PORT"
+  {
+    while read -r _sl address _remote state _rest; do
+      [[ $state == 0A && $address == *:"$port" ]] && return 0
+    done <"/proc/$1/net/tcp"
+  } 2>/dev/null
+  return 1
+}
+
 # Does something answer with an SSH banner on ADDR:PORT?
 banner() {
   timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2" && IFS= read -r -t 2 line <&3 && [[ $line == SSH-* ]]' _ "$1" "$2" 2>/dev/null
@@ -459,10 +474,13 @@ exec "$sshd" -D -e -f "$cfg"'
   echo "$pid $start" >"$PIDFILE"
 
   local deadline=$((SECONDS + ${LN_WAIT:-30}))
-  until banner "$LN_ADDR" "$LN_PORT" && alive "$pid" "$start"; do
+  ready() {
+    if [[ $LN_MODE == netns ]]; then listening "$pid"; else banner "$LN_ADDR" "$LN_PORT"; fi
+  }
+  until ready && alive "$pid" "$start"; do
     alive "$pid" "$start" || die "sshd exited during start-up; its log says: $(tail -n 5 "$LOG" 2>/dev/null)"
     ((SECONDS < deadline)) || die "sshd (pid $pid) did not accept connections on $LN_ADDR:$LN_PORT within ${LN_WAIT:-30}s; its log says: $(tail -n 5 "$LOG" 2>/dev/null)"
-    sleep 0.1
+    sleep 0.05
   done
   [[ /proc/$pid/exe -ef $sshd ]] || die "pid $pid is not $sshd after start-up"
   trap - EXIT
