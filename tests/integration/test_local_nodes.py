@@ -382,3 +382,36 @@ def test_node_mount_table_keeps_odd_paths(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=30)
     assert shown.returncode == 0, shown.stderr
     assert sorted(shown.stdout) == sorted("".join(str(i) for i in range(len(names))))
+
+
+@needs_tools
+@needs_netns
+@pytest.mark.parametrize("fake, message", [
+    ("echo 'fake sshd: bad configuration' >&2; exit 1", "fake sshd: bad configuration"),
+    ("exec sleep 30", "did not accept connections on 10.254.77.2:22 within 2s"),
+])
+def test_netns_node_whose_sshd_never_listens_is_named_and_removed(tmp_path: Path, fake: str, message: str) -> None:
+    """A netns node is up when its sshd listens in the node's namespace (read from /proc): an sshd
+    that exits, or a process that never listens, fails the node with sshd's log, within LN_WAIT,
+    and leaves no namespace, link or process behind."""
+    tag = f"gpuctl-test-{os.getpid()}"
+    bridge, netns, veth = f"gpbr{os.getpid() % 100000}", f"gptest{os.getpid()}", f"gpv{os.getpid() % 100000}"
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sshd").write_text(f"#!/bin/sh\n{fake}\n")
+    (shim / "sshd").chmod(0o755)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
+    env = {"LN_MODE": "netns", "LN_INDEX": "0", "LN_DIR": str(tmp_path / "state" / "node0"), "LN_NETNS": netns,
+           "LN_VETH": veth, "LN_BRIDGE": bridge, "LN_ADDR": "10.254.77.2", "LN_PREFIX_LEN": "24", "LN_PORT": "22",
+           "LN_USER": "root", "LN_PUBKEY": (tmp_path / "key.pub").read_text(), "LN_NODE_PATH": os.environ["PATH"],
+           "LN_KEEP": "", "LN_TAG": tag, "LN_HOSTNAME": "it-never", "LN_HOSTS": "", "LN_WAIT": "2"}
+    subprocess.run(["ip", "link", "add", "name", bridge, "type", "bridge"], check=True)
+    try:
+        up = run_node_script("up", env, path_prefix=f"{shim}:")
+        assert up.returncode != 0
+        assert "its log says" in up.stderr and message in up.stderr, up.stderr
+        assert not Path("/run/netns", netns).exists() and not link_exists(veth)
+        assert tagged_pids(tag) == [] and not Path(env["LN_DIR"]).exists()
+    finally:
+        run_node_script("down", env)
+        subprocess.run(["ip", "link", "del", bridge], check=False)
