@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
-from gpuctl import cliargs, usage
+from gpuctl import autostopcli, cliargs, usage
 from gpuctl.common import output
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
@@ -129,12 +129,15 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
         parts.append(f"workdir from git {task.workdir_git.url}")
     if task.bucket_mounts:
         parts.append(f"{len(task.bucket_mounts)} bucket mount(s)")
+    if task.resources.autostop:
+        parts.append(task.resources.autostop.describe())
     if as_json:
         output.emit("validate", {
             "ok": True, "file": str(file), "cluster": req.name, "num_nodes": req.num_nodes, "cloud": req.cloud,
             "region": req.region, "zone": req.zone, "instance_type": instance_type,
             "accelerator": req.accelerator, "gpus_per_node": req.gpus_per_node,
-            "container_image": task.container_image, "warnings": warnings})
+            "container_image": task.container_image, "warnings": warnings,
+            "autostop": task.resources.autostop.as_dict() if task.resources.autostop else None})
         return
     typer.echo(f"{file}: OK ({', '.join(parts)})")
 
@@ -152,6 +155,8 @@ def apply(
     provision_only: bool = typer.Option(False, "--provision-only", help="Stop after provisioning and writing the inventory."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started; follow with `gpuctl logs`."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Ask nothing (as `sky launch -y`)."),
+    idle: Optional[int] = autostopcli.IdleOption, down: bool = autostopcli.DownOption,
+    lease: Optional[float] = autostopcli.LeaseOption,
     output_format: str = OutputOption,
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
@@ -162,6 +167,8 @@ def apply(
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     task = _load(file, env, secret, infra=infra)
     req = _request(task, file, cluster=cluster, infra=infra, num_nodes=num_nodes)
+    setting = autostopcli.setting_for_apply(task, idle, down)
+    req = replace(req, autodown=bool(setting and setting.down))
     check_task(task, req)  # as validate does, before anything is written or provisioned
     _warn(task, req)
     if dry_run:
@@ -180,10 +187,22 @@ def apply(
                              container_image=task.container_image)
     if not as_json and not yes:
         cliargs.offer_ssh_include(reporter)
+    # --down: this gpuctl removes the cluster when the job ends, after giving back its lease
+    with autostopcli.down_after_job(req.name, setting, detach or provision_only or not (task.run or task.setup),
+                                    reporter=reporter, registry=registry), \
+            autostopcli.arm_for_apply(inv, setting, registry=registry, lease_minutes=lease, reporter=reporter):
+        _apply_job(task, req, inv, registry, reporter, as_json=as_json, provision_only=provision_only,
+                   no_setup=no_setup, detach=detach)
+
+
+def _apply_job(task: Task, req: ClusterRequest, inv: Inventory, registry: Registry, reporter: Reporter, *,
+               as_json: bool, provision_only: bool, no_setup: bool, detach: bool) -> None:
+    from gpuctl.provision import provisioner
+
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provisioner.inventory_path(req.name)}")
         if as_json:
-            _emit_apply(registry, req.name, inv, job_id=None, phases=reporter.phases)
+            cliargs.emit_apply(registry, req.name, inv, job_id=None, phases=reporter.phases)
         return
     spec = JobSpec.of_task(task, req)
     job_id: int | None = None
@@ -197,31 +216,17 @@ def apply(
                           sync_file_mounts=True, detach=detach)
     except JobFailed:
         if as_json:  # the failed job is the result: its document, then the error line and exit code 1
-            _emit_apply(registry, req.name, inv, job_id=None, latest_job=True, phases=reporter.phases)
+            cliargs.emit_apply(registry, req.name, inv, job_id=None, latest_job=True, phases=reporter.phases)
         raise
     if as_json:
-        _emit_apply(registry, req.name, inv, job_id=job_id, phases=reporter.phases)
+        cliargs.emit_apply(registry, req.name, inv, job_id=job_id, phases=reporter.phases)
+
 
 
 # `sky launch` is how SkyPilot users bring a cluster up and run a task: the same command here.
 app.command("launch", cls=usage.HelpCommand, help="Alias of `apply` (SkyPilot's `sky launch`).",
             epilog=usage.examples_of("launch"))(apply)
-
-
-def _emit_apply(registry: Registry, name: str, inv: Inventory, *, job_id: int | None,
-                latest_job: bool = False, phases: list | None = None) -> None:
-    """apply's JSON document: the cluster as `status` shows it, the job this apply ran (or null), and
-    how long each phase took (provision, prepare, job)."""
-    record = registry.cluster(name)
-    job = registry.job(name, job_id) if job_id is not None else None
-    if latest_job:
-        job = (registry.jobs(name) or [None])[-1]
-    doc = output.cluster_doc(record, inv, None) if record is not None else {"name": name}
-    doc.pop("last_job", None)
-    output.emit("apply", {"ok": job is None or job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
-                          **{k: v for k, v in doc.items() if k != "name"},
-                          "inventory": str(cluster_dir(name) / "inventory.yml"),
-                          "job": output.job_doc(job) if job is not None else None, "phases": phases or []})
+autostopcli.register(app)
 
 
 def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> int:
@@ -276,6 +281,7 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
             assert rec is not None
             inv = provisioner.load_inventory_of(rec.name)
             doc = output.cluster_doc(rec, inv, (registry.jobs(rec.name) or [None])[-1])
+            doc.update(autostopcli.status_of(rec.name, rec.status, registry)[1])
             detected = fabricrecord.load_fabric(cluster_dir(rec.name)) or {}
             by_rank = {n.get("rank"): n for n in detected.get("nodes", []) if isinstance(n, dict)}
             doc["fabric"] = detected.get("kind")
@@ -298,8 +304,11 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
     for rec in records:
         assert rec is not None
         where = "/".join(p for p in (rec.cloud, rec.region, rec.zone) if p)
-        typer.echo(f"{rec.name}: {rec.status}, {rec.num_nodes} node(s) on {where}")
-        inv = provisioner.load_inventory_of(rec.name)
+        lines, fields = autostopcli.status_of(rec.name, rec.status, registry)
+        typer.echo(f"{rec.name}: {fields.get('status', rec.status)}, {rec.num_nodes} node(s) on {where}")
+        for line in lines:
+            typer.echo(line)
+        inv = None if fields.get("status") else provisioner.load_inventory_of(rec.name)
         health: dict[int, str] = {}
         if inv is not None and refresh:
             health = _node_health(inv)

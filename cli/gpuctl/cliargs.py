@@ -12,9 +12,11 @@ from typing import Any
 import typer
 
 from gpuctl import usage
+from gpuctl.common import output
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import UserError
-from gpuctl.common.paths import state_root
+from gpuctl.common.paths import cluster_dir, state_root
+from gpuctl.jobplane import autostop
 from gpuctl.provision import sshconfig
 from gpuctl.provision.inventory import Inventory
 from gpuctl.provision.lifecycle import Teardown
@@ -114,3 +116,20 @@ def down_document(results: list[Teardown], one: bool) -> dict[str, Any]:
     if one:
         return {"ok": ok, "cluster": results[0].cluster, "found": results[0].found, "destroyed": results[0].destroyed}
     return {"ok": ok, "clusters": [{k: v for k, v in asdict(r).items() if k != "error" or v} for r in results]}
+
+
+def emit_apply(registry: Registry, name: str, inv: Inventory, *, job_id: int | None,
+                latest_job: bool = False, phases: list | None = None) -> None:
+    """apply's JSON document: the cluster as `status` shows it, the job this apply ran (or null), and
+    how long each phase took (provision, prepare, job)."""
+    record = registry.cluster(name)
+    job = registry.job(name, job_id) if job_id is not None else None
+    if latest_job:
+        job = (registry.jobs(name) or [None])[-1]
+    doc = output.cluster_doc(record, inv, None) if record is not None else {"name": name}
+    doc.pop("last_job", None)
+    output.emit("apply", {"ok": job is None or job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
+                          **{k: v for k, v in doc.items() if k != "name"},
+                          "inventory": str(cluster_dir(name) / "inventory.yml"),
+                          "job": output.job_doc(job) if job is not None else None, "phases": phases or [],
+                          "autostop": setting.as_dict() if (setting := autostop.saved(name)) else None})

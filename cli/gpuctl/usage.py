@@ -139,6 +139,8 @@ EXAMPLES = {
         'gpuctl apply cluster.yaml -c demo --infra local --num-nodes 2',
         'gpuctl apply cluster.yaml --dry-run',
         'gpuctl apply cluster.yaml -d; gpuctl logs NAME',
+        'gpuctl apply cluster.yaml -i 30 --down   (down after 30 idle minutes)',
+        'gpuctl apply train.yaml --down -y   (CI: down when the job ends, even if the runner dies)',
     ),
     'status': (
         'gpuctl status',
@@ -192,6 +194,11 @@ EXAMPLES = {
         'gpuctl down demo',
         'gpuctl down demo train-2 -o json',
         'gpuctl down -a -y',
+    ),
+    'autostop': (
+        'gpuctl autostop demo -i 10',
+        'gpuctl autostop demo -i 30 --down',
+        'gpuctl autostop demo --cancel',
     ),
     'version': (
         'gpuctl version',

@@ -10,7 +10,9 @@
 #
 # Environment: GPUCTL_STATE_BUCKET (required), CLUSTER (default ci-$GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT),
 # TASK (default cluster.yaml next to this script), GPUCTL_INFRA (optional --infra override),
-# GPUCTL (the gpuctl command, default gpuctl), GPUCTL_CI_OUT (default ./gpuctl-ci).
+# GPUCTL (the gpuctl command, default gpuctl), GPUCTL_CI_OUT (default ./gpuctl-ci),
+# GPUCTL_CI_IDLE_MINUTES (default 30): the cluster removes itself after that many idle minutes (no
+# job, no ssh session), decided on the cluster: a runner killed at any step cannot leak it.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,16 +25,18 @@ out=${GPUCTL_CI_OUT:-gpuctl-ci}
 read -r -a gpuctl <<< "${GPUCTL:-gpuctl}"
 infra=()
 if [[ -n ${GPUCTL_INFRA:-} ]]; then infra=(--infra "$GPUCTL_INFRA"); fi
+autodown=(--down -i "${GPUCTL_CI_IDLE_MINUTES:-30}")
 mkdir -p "$out"
 
 case $step in
   up)
     "${gpuctl[@]}" validate "${infra[@]}" --output json "$task" > "$out/validate.json"
-    "${gpuctl[@]}" apply "${infra[@]}" --cluster "$cluster" --provision-only --output json "$task" > "$out/up.json"
+    "${gpuctl[@]}" apply "${infra[@]}" --cluster "$cluster" --provision-only "${autodown[@]}" --output json \
+      "$task" > "$out/up.json"
     ;;
   run)
     # the task's setup and run on the cluster `up` made (Terraform changes nothing: it is reused)
-    "${gpuctl[@]}" apply "${infra[@]}" --cluster "$cluster" --output json "$task" > "$out/run.json"
+    "${gpuctl[@]}" apply "${infra[@]}" --cluster "$cluster" "${autodown[@]}" --output json "$task" > "$out/run.json"
     ;;
   down)
     "${gpuctl[@]}" down --output json "$cluster" > "$out/down.json"

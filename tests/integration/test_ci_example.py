@@ -27,7 +27,7 @@ EXAMPLE = REPO / "examples" / "ci"
 BUCKET = "gpuctl-ci-example"
 # the keys of `apply --output json` (README: "Machine-readable output"); a job adds its own
 APPLY_KEYS = {"schema", "command", "ok", "cluster", "status", "cloud", "region", "zone", "num_nodes", "nodes",
-              "inventory", "job", "phases"}
+              "inventory", "job", "phases", "autostop"}
 
 
 @pytest.fixture()
@@ -59,6 +59,8 @@ def test_workflow_steps_on_three_runners(moto: MotoServer, tmp_path: Path, tf_cl
         doc = json.loads((out / "up.json").read_text())
         assert set(doc) == APPLY_KEYS and doc["job"] is None, doc
         assert (doc["cluster"], doc["status"], len(doc["nodes"])) == (cluster, "UP", 2)
+        # armed on the cluster: a runner killed from here on cannot leak it
+        assert (doc["autostop"]["down"], doc["autostop"]["idle_minutes"]) == (True, 30), doc
 
         run = step("run", tmp_path / "runner-2", env)
         assert run.returncode == 0, run.stdout + run.stderr

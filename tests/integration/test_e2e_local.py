@@ -566,7 +566,7 @@ def test_failing_setup_stops_before_run(three: EnvJob):
     assert "Starting job" not in res.stderr
     doc = json.loads(res.stdout)  # stdout is this one document and nothing else
     assert set(doc) == {"schema", "command", "ok", "cluster", "status", "cloud", "region", "zone", "num_nodes",
-                        "nodes", "inventory", "job", "phases"}, doc
+                        "nodes", "inventory", "job", "phases", "autostop"}, doc
     assert (doc["command"], doc["ok"], doc["cluster"], len(doc["nodes"])) == ("apply", False, three.cluster.name, 3)
     assert (doc["job"]["status"], doc["job"]["failed_rank"], doc["job"]["returncodes"]["2"]) == \
         ("FAILED_SETUP", 2, 5), doc["job"]

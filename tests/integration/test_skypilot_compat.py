@@ -124,6 +124,7 @@ resources:
   ports: 8080
   labels: {team: ml}
   autostop: 10
+  job_recovery: {strategy: EAGER_NEXT_REGION}
 service:
   replicas: 2
 config:
@@ -132,8 +133,10 @@ run: x
 """, tmp_path)
     ok(proc)
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
-    for field in ("resources.ports", "resources.labels", "resources.autostop", "service", "config.kubernetes"):
+    for field in ("resources.ports", "resources.labels", "resources.job_recovery", "service", "config.kubernetes"):
         assert sum(f": {field}: ignored" in w for w in warnings) == 1, (field, warnings)
+    # autostop is acted on: no warning, and validate says what the cluster will do
+    assert not any("autostop" in w for w in warnings) and "autostop after 10 idle minute(s)" in proc.stdout
     local = validate("resources:\n  accelerators: A100:8\n  use_spot: true\n", tmp_path)
     ok(local)
     assert "resources.use_spot: ignored on infra local" in local.stderr

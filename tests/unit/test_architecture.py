@@ -21,7 +21,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cli" / "gpuctl"
 LAYERS = ("common", "spec", "providers", "state", "provision", "configplane", "jobplane", "healthcheck", "api",
           "cli")
 # Top-level modules and the layer they belong to.
-TOP_LEVEL = {"__init__": "common", "__main__": "cli", "cli": "cli", "cliargs": "cli", "usage": "cli"}
+TOP_LEVEL = {"__init__": "common", "__main__": "cli", "cli": "cli", "cliargs": "cli", "autostopcli": "cli",
+             "usage": "cli"}
 MAX_LINES = 800
 # Generated from modules that are themselves checked (jobplane/agent/): not read by hand.
 GENERATED = {"jobplane/gpuctl_node.py"}

@@ -11,6 +11,7 @@ import pytest
 from gpuctl.common.errors import UserError
 from gpuctl.providers import resources_problem
 from gpuctl.spec import Resources, Task, load_task as spec_load_task, parse_env_assignments
+from gpuctl.spec.autostop import Autostop
 from gpuctl.spec.infra import Infra
 from gpuctl.spec.request import request_from_task
 
@@ -105,8 +106,8 @@ def test_skypilot_extras_are_kept_or_ignored_not_refused(monkeypatch: pytest.Mon
     assert res.infra_spec() == Infra("aws")
     assert res.labels == {"team": "ml", "cost-center": "1234"}
     assert res.disk_tier == "high"
-    assert set(res.ignored) == {"accelerator_args", "autostop", "job_recovery"}
-    assert res.ignored["autostop"] == {"idle_minutes": 10, "down": True}
+    assert set(res.ignored) == {"accelerator_args", "job_recovery"}
+    assert res.autostop == Autostop(idle_minutes=10, down=True)
     assert set(task.ignored) == {"service"}
     assert task.config == {"docker": {"run_options": ["--cap-add=SYS_ADMIN"]}}
     assert task.file_mounts == {"~/.config/extras.yaml": SPECS / "skypilot_extras.yaml", "/data/specs": SPECS}

@@ -62,6 +62,10 @@ CMD_COORDINATE = "coordinate"  # the head's coordinator, started by submit
 CMD_CONTAINER_STAGE = "container-stage"  # a stage in the node's container, started by its supervisor
 CMD_INSTALL = "install"  # prepare's one step on a node: the bundle on stdin (agent/install.py)
 CMD_INSTALL_PEERS = "install-peers"  # the head installs the workers it is given (agent/peerinstall.py)
+CMD_AUTOSTOP = "autostop"  # set | cancel | renew | release | show | sessions (agent/autostop.py)
+CMD_AUTOSTOP_WATCH = "autostop-watch"  # the head's watcher, started by `autostop set`
+AUTOSTOP_ACTIONS = ("set", "cancel", "renew", "release", "show", "sessions")
+AUTOSTOP_WAIT_FOR = ("jobs_and_ssh", "jobs", "none")  # SkyPilot's autostop.wait_for
 # Seconds for one worker's install step on the head, ssh included; the controller's deadline for the
 # whole install-peers call follows from it.
 PEER_INSTALL_TIMEOUT = 600

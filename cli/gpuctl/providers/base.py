@@ -28,14 +28,28 @@ Facts (class attributes):
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
 
+from gpuctl.common.errors import UserError
 from gpuctl.common.paths import terraform_dir
 from gpuctl.spec.request import ClusterRequest
 
 if TYPE_CHECKING:
     from gpuctl.spec import Resources, Task
+
+
+@dataclass(frozen=True)
+class PowerOff:
+    """How the cluster's head takes the cluster down by itself (autostop/autodown): a command run on
+    each worker over the cluster's ssh, all at once, then the head's own commands, in order.
+    `removes`: the nodes are gone afterwards (terminated, removed), not stopped."""
+
+    workers: dict[int, list[str]] = field(default_factory=dict)  # rank -> argv
+    head: list[list[str]] = field(default_factory=list)
+    removes: bool = True
+    notes: list[str] = field(default_factory=list)  # what the user should know (a warning each)
 
 
 @runtime_checkable
@@ -134,6 +148,19 @@ class Provider(Protocol):
         where they were made); the controller pins them before first contact. {}: learned then."""
         ...
 
+    # -- a cluster's own lifecycle (jobplane/autostop.py, provision/lifecycle.py) ------------------
+
+    def power_off(self, cluster_dir: Path, ranks: list[int], ssh_user: str, request: Mapping[str, Any],
+                  *, down: bool) -> PowerOff:
+        """How the head stops (or, `down`, removes) every node once the cluster is idle; UserError
+        when this provider's nodes cannot do that themselves."""
+        ...
+
+    def removed_itself(self, cluster_dir: Path, *, finished: bool = True) -> float | None:
+        """When the cluster took itself down (autodown), as the nodes left word; None: it did not.
+        `finished` False: when it began, also where it never finished (what is left must go)."""
+        ...
+
 
 class BaseProvider:
     """Every hook's default: a provider that attaches no fabric, has no instance types, no
@@ -208,3 +235,11 @@ class BaseProvider:
 
     def boot_host_keys(self, cluster_dir: Path, node_count: int) -> dict[int, str]:
         return {}
+
+    def power_off(self, cluster_dir: Path, ranks: list[int], ssh_user: str, request: Mapping[str, Any],
+                  *, down: bool) -> PowerOff:
+        raise UserError(f"autostop needs nodes gpuctl made (infra aws or local); {self.name} nodes are yours "
+                        "to stop")
+
+    def removed_itself(self, cluster_dir: Path, *, finished: bool = True) -> float | None:
+        return None

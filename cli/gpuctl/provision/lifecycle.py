@@ -64,6 +64,9 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
     with _changing(req.name, "gpuctl apply", reporter, registry), \
             reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'",
                            phase="provision") as step:
+        if get_provider(req.cloud).removed_itself(cluster_dir(req.name), finished=False) is not None:
+            reporter.info(f"Cluster '{req.name}' took itself down (autodown): clearing its state to make it again")
+            provisioner.destroy(req.name)
         try:
             inv = provisioner.provision(
                 req, on_progress=reporter.info, on_start=record_start,

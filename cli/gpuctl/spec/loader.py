@@ -33,7 +33,6 @@ _IGNORED_WHY = {
     "labels": "gpuctl tags instances itself",
     "disk_tier": "gpuctl uses the default EBS volume type",
     "job_recovery": "gpuctl does not restart a failed or preempted job",
-    "autostop": "gpuctl never stops a cluster by itself; run gpuctl down",
     "config": "SkyPilot config overrides are not read (only config.aws.remote_identity is)",
     "experimental": "SkyPilot's experimental overrides are not read",
     "accelerator_args": "gpuctl does not configure TPUs",

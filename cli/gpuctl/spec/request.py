@@ -45,6 +45,7 @@ class ClusterRequest:
     image_id: str | None = None
     network_tier: str = "standard"  # "standard" | "best"
     inventory_path: Path | None = None  # infra ssh/PATH: hand-written inventory
+    autodown: bool = False  # the cluster takes itself down when idle: its nodes terminate on shutdown
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -110,5 +111,6 @@ def request_from_task(
         image_id=None if task.container_image or (res.image_id or "").startswith("skypilot:") else res.image_id,
         network_tier=res.network_tier or "standard",
         inventory_path=inventory_path,
+        autodown=bool(res.autostop and res.autostop.down),
         extra={remote_identity_key(where.cloud): json.dumps(identity)} if identity is not None else {},
     )

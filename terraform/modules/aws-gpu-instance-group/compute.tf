@@ -190,6 +190,10 @@ resource "aws_instance" "node" {
   # running nodes in place instead of replacing them.
   iam_instance_profile = var.iam_instance_profile
 
+  # On the instance too (EC2 ModifyInstanceAttribute, in place): a cluster that now autodowns
+  # terminates when its head shuts the nodes down. A one-time spot instance cannot be stopped.
+  instance_initiated_shutdown_behavior = var.market == "spot" ? "terminate" : var.shutdown_behavior
+
   tags = merge(local.tags, {
     Name          = "${var.name}-${count.index}"
     "gpuctl-rank" = tostring(count.index)

@@ -272,6 +272,18 @@ variable "market" {
   }
 }
 
+variable "shutdown_behavior" {
+  description = "What a shutdown from inside a node does: \"stop\" (EBS keeps billing) or \"terminate\" (the node and, with delete_on_termination, its volumes and interfaces go). gpuctl sets \"terminate\" for clusters that autodown, whose head shuts every node down once idle. Spot nodes (one-time requests) always terminate."
+  type        = string
+  default     = "stop"
+  nullable    = false
+
+  validation {
+    condition     = contains(["stop", "terminate"], var.shutdown_behavior)
+    error_message = "shutdown_behavior must be \"stop\" or \"terminate\"."
+  }
+}
+
 variable "capacity_reservation_id" {
   description = "Capacity reservation (cr-...) to launch into: an On-Demand Capacity Reservation or a Capacity Block. Its Availability Zone must be the subnet's."
   type        = string

@@ -32,6 +32,7 @@ MODULES = (
     "jobplane/agent/jobdir.py",
     "jobplane/agent/install.py",
     "jobplane/agent/peerinstall.py",
+    "jobplane/agent/autostop.py",
     "jobplane/agent/containers.py",
     "jobplane/agent/stages.py",
     "jobplane/agent/follow.py",

@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from gpuctl.jobplane.agent.autostop import cmd_autostop, cmd_autostop_watch
 from gpuctl.jobplane.agent.buckets import cmd_unmount_bucket
 from gpuctl.jobplane.agent.containers import cmd_container_stage
 from gpuctl.jobplane.agent.coordinator import cmd_attach, cmd_cancel, cmd_coordinate, cmd_job_status, cmd_submit
@@ -13,8 +14,8 @@ from gpuctl.jobplane.agent.peerinstall import cmd_install_peers
 from gpuctl.jobplane.agent.relay import cmd_relay
 from gpuctl.jobplane.agent.stages import cmd_kill, cmd_launch, cmd_status
 from gpuctl.jobplane.protocol import (
-    CMD_ATTACH, CMD_CANCEL, CMD_CHECK_DEST, CMD_CLAIM, CMD_CONTAINER_STAGE, CMD_COORDINATE, CMD_FOLLOW,
-    CMD_INSTALL, CMD_INSTALL_PEERS, CMD_JOB_STATUS, CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT,
+    AUTOSTOP_ACTIONS, CMD_ATTACH, CMD_AUTOSTOP, CMD_AUTOSTOP_WATCH, CMD_CANCEL, CMD_CHECK_DEST, CMD_CLAIM,
+    CMD_CONTAINER_STAGE, CMD_COORDINATE, CMD_FOLLOW, CMD_INSTALL, CMD_INSTALL_PEERS, CMD_JOB_STATUS, CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT,
     CMD_UNMOUNT_BUCKET, OFFSET_HEADER,
 )
 
@@ -97,6 +98,13 @@ def main(argv=None):
     p.set_defaults(func=cmd_install)
     p = sub.add_parser(CMD_INSTALL_PEERS, help="install the workers in the request on stdin (the head, at prepare)")
     p.set_defaults(func=cmd_install_peers)
+
+    p = sub.add_parser(CMD_AUTOSTOP, help="the head's autostop setting (set reads it from stdin)")
+    p.add_argument("action", choices=AUTOSTOP_ACTIONS)
+    p.add_argument("--lease", type=float, default=600.0, help="renew: seconds the controller's lease lasts")
+    p.set_defaults(func=cmd_autostop)
+    p = sub.add_parser(CMD_AUTOSTOP_WATCH, help="wait until the cluster is idle, then stop or remove it")
+    p.set_defaults(func=cmd_autostop_watch)
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -51,7 +51,7 @@ from gpuctl.providers.aws.preflight import (
     failover_line,
     next_zone,
 )
-from gpuctl.providers.base import BaseProvider
+from gpuctl.providers.base import BaseProvider, PowerOff
 from gpuctl.spec.request import ClusterRequest, remote_identity_key
 
 if TYPE_CHECKING:
@@ -160,6 +160,7 @@ def module_inputs(req: ClusterRequest, settings: AwsSettings, *, ssh_public_key:
         "efa": efa,
         "placement_group": {"mode": mode, "name": placement_group_name(req)} if mode == "create" else {"mode": "none"},
         "market": "spot" if req.use_spot else "on-demand",
+        **({"shutdown_behavior": "terminate"} if req.autodown else {}),
         "bastion": ({"enabled": True, "ami_ssm_parameter": BASTION_SSM_PARAMETER}
                     if access_mode(req, settings) == "bastion" else {"enabled": False}),
         "tags": {"gpuctl-managed": "true"},
@@ -381,6 +382,21 @@ class AwsProvider(BaseProvider):
 
     def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:
         return describe(req, self.settings, outputs)
+
+    def power_off(self, cluster_dir: Path, ranks: list[int], ssh_user: str, request: Mapping[str, Any],
+                  *, down: bool) -> PowerOff:
+        """Each node shuts itself down; the instance's shutdown behaviour (the module's
+        shutdown_behavior, "terminate" for a cluster applied to autodown) makes that a stop or a
+        termination. The head needs no AWS credentials for it."""
+        if not down and request.get("use_spot"):
+            raise UserError("spot nodes cannot be stopped (a one-time request ends when stopped); "
+                            "use autodown: --down, or autostop.down: true")
+        if down and not request.get("autodown"):
+            raise UserError("this cluster's nodes stop, not terminate, when shut down: apply its task with --down "
+                            "(or resources.autostop.down: true) to make them terminate, then set autodown")
+        off = (["sudo", "-n"] if ssh_user != "root" else []) + ["shutdown", "-h", "now"]
+        notes = [] if down else ["stopped nodes keep their EBS volumes, which bill until `gpuctl down`"]
+        return PowerOff(workers={r: off for r in ranks if r != 0}, head=[off], removes=down, notes=notes)
 
     def retry_zone(self, req: ClusterRequest, error: BaseException) -> tuple[ClusterRequest | None, str | None]:
         """provision()'s hook after a failed apply: the request for the next zone, if any.

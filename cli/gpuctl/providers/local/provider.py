@@ -35,12 +35,12 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir as cluster_dir_of
 from gpuctl.providers import render_root
-from gpuctl.providers.base import BaseProvider
+from gpuctl.providers.base import BaseProvider, PowerOff
 from gpuctl.spec.accelerators import unknown_accelerator_message, unknown_accelerators
 from gpuctl.spec.request import ClusterRequest
 
@@ -58,6 +58,7 @@ PORT_BLOCK = 256  # ports per loopback cluster: room to grow to 253 nodes
 PORT_RANGE = (20000, 32768)  # below Linux's default ephemeral port range
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ALLOCATION_FILE = "local.json"
+AUTODOWN_FILE = "autodown"  # in the nodes' state directory: when the head began removing the cluster
 # A netns cluster gets a /23 (the bridge and 509 nodes; clusters made before kept their /24: 253);
 # a loopback cluster a block of PORT_BLOCK ports.
 SUBNET_PREFIX = 23
@@ -510,6 +511,54 @@ class LocalProvider(BaseProvider):
             inputs["base_port"] = alloc.base_port
         return render_root(self.module_dir(), inputs)
 
+    def power_off(self, cluster_dir: Path, ranks: list[int], ssh_user: str, request: Mapping[str, Any],
+                  *, down: bool) -> PowerOff:
+        """Every node is on this machine, so the head removes them all itself, with the module's own
+        scripts (as `gpuctl down` would), in this machine's namespaces (netns: entered through the
+        cluster's anchor process, scripts/hostns.sh, as root through the login user's sudo): the
+        workers, then itself, then the bridge. It leaves word (AUTODOWN_FILE) of when it began and
+        when it was done, which tells the controller what happened."""
+        cdir = Path(cluster_dir).resolve()
+        state_dir = nodes_dir(cdir)
+        scripts = self.module_dir() / "scripts"
+        netns = _mode_of(_read_allocation(cdir / ALLOCATION_FILE)) == "netns"
+        enter: list[str] = []
+        if netns:
+            try:
+                bridge = _read_env(state_dir / "bridge.env")
+            except OSError:
+                bridge = {}
+            if not bridge.get("LN_ANCHOR") or not bridge.get("LN_ANCHOR_START"):
+                raise UserError(f"cluster at {cdir}: its nodes were made by an older gpuctl, without the anchor "
+                                "autostop needs; run gpuctl down and apply it again")
+            enter = (["sudo", "-n"] if ssh_user != "root" else []) + [
+                "bash", str(scripts / "hostns.sh"), bridge["LN_ANCHOR"], bridge["LN_ANCHOR_START"]]
+
+        def run_down(script: str, env_file: Path, then: str = "") -> list[str]:
+            return enter + ["bash", "-c", 'set -a; . "$1"; set +a; bash "$2" down' + then, "gpuctl-autodown",
+                            str(env_file), str(scripts / script), str(state_dir / AUTODOWN_FILE)]
+
+        # AUTODOWN_FILE: when it began, then when it was done (the last step, with the bridge, whose
+        # removal ends the anchor that lets the head into this machine's namespaces)
+        done = '; rc=$?; date +%s >>"$3"; exit $rc'
+        head = [enter + ["bash", "-c", 'umask 077; date +%s >"$1"', "gpuctl-autodown", str(state_dir / AUTODOWN_FILE)]]
+        order = [r for r in ranks if r != 0] + [0]
+        head += [run_down("node.sh", state_dir / f"node{rank}" / "node.env", done if rank == 0 and not netns else "")
+                 for rank in order]
+        if netns:
+            head.append(run_down("bridge.sh", state_dir / "bridge.env", done))
+        notes = [] if down else ["local nodes cannot be stopped and kept: autostop removes them, as autodown does"]
+        return PowerOff(head=head, removes=True, notes=notes)
+
+    def removed_itself(self, cluster_dir: Path, *, finished: bool = True) -> float | None:
+        """AUTODOWN_FILE's second line (when the last step ended), or its first (when the head began)
+        where `finished` is False."""
+        try:
+            lines = (nodes_dir(Path(cluster_dir).resolve()) / AUTODOWN_FILE).read_text().split()
+            return float(lines[1] if finished else lines[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def cleanup(self, cluster_dir: Path) -> None:
         """Remove nodes and a bridge Terraform never recorded (an apply that was
         interrupted mid-way): each wrote its teardown parameters first
@@ -523,6 +572,9 @@ class LocalProvider(BaseProvider):
         bridge_env = state_dir / "bridge.env"
         if bridge_env.exists():
             _run_script(scripts / "bridge.sh", "down", _read_env(bridge_env))
+        with contextlib.suppress(OSError):
+            (state_dir / AUTODOWN_FILE).unlink()
+            state_dir.rmdir()
         release(cluster_dir)
 
 

@@ -107,3 +107,21 @@ run "new_ami_replaces_nodes" {
     error_message = "the node shape follows the AMI, which replaces the nodes through replace_triggered_by"
   }
 }
+
+run "autodown_terminates_in_place" {
+  command = plan
+
+  variables {
+    shutdown_behavior = "terminate"
+  }
+
+  assert {
+    condition     = [for n in aws_instance.node : n.id] == ["i-0a1b2c3d4e5f60718", "i-0a1b2c3d4e5f60718"]
+    error_message = "turning autodown on must not replace the nodes"
+  }
+
+  assert {
+    condition     = alltrue([for n in aws_instance.node : n.instance_initiated_shutdown_behavior == "terminate"])
+    error_message = "an autodown cluster's nodes terminate when its head shuts them down"
+  }
+}

@@ -19,6 +19,11 @@ run "on_demand" {
     condition     = length(aws_launch_template.node.instance_market_options) == 0 && length(aws_launch_template.node.capacity_reservation_specification) == 0
     error_message = "plain on-demand needs neither market options nor a reservation"
   }
+
+  assert {
+    condition     = alltrue([for n in aws_instance.node : n.instance_initiated_shutdown_behavior == "stop"])
+    error_message = "by default a shutdown from inside a node stops it (autostop), as EC2's default"
+  }
 }
 
 run "on_demand_into_a_reservation" {
@@ -54,6 +59,11 @@ run "spot" {
   assert {
     condition     = aws_launch_template.node.instance_market_options[0].spot_options[0].spot_instance_type == "one-time" && aws_launch_template.node.instance_market_options[0].spot_options[0].instance_interruption_behavior == "terminate"
     error_message = "spot nodes are one-time requests terminated on interruption"
+  }
+
+  assert {
+    condition     = alltrue([for n in aws_instance.node : n.instance_initiated_shutdown_behavior == "terminate"])
+    error_message = "a one-time spot node cannot be stopped: a shutdown from inside terminates it"
   }
 }
 

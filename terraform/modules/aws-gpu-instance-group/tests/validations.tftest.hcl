@@ -42,9 +42,10 @@ run "malformed_ids" {
     capacity_reservation_id  = "cb-123"
     extra_security_group_ids = ["default"]
     iam_instance_profile     = "arn:aws:iam::111122223333:instance-profile/reader"
+    shutdown_behavior        = "hibernate"
   }
 
-  expect_failures = [var.subnet_id, var.ami_id, var.capacity_reservation_id, var.extra_security_group_ids, var.iam_instance_profile]
+  expect_failures = [var.subnet_id, var.ami_id, var.capacity_reservation_id, var.extra_security_group_ids, var.iam_instance_profile, var.shutdown_behavior]
 }
 
 run "malformed_network" {

@@ -27,9 +27,37 @@ up() {
     ip link del dev "$LN_BRIDGE" 2>/dev/null || true
     die "could not configure $LN_BRIDGE_ADDR on the bridge"
   fi
+  start_anchor
+}
+
+# The cluster's anchor: a process that only sleeps, in this machine's mount and network namespaces,
+# so that a node (whose own namespaces hide them) can enter those to remove the cluster itself
+# (scripts/hostns.sh, autodown). PID 1 would do where it may be entered; in containers and
+# sandboxes it often may not. Recorded with its start time; `down` ends it.
+start_anchor() {
+  local pid stat fields
+  setsid sleep infinity </dev/null >/dev/null 2>&1 &
+  pid=$!
+  { read -r stat <"/proc/$pid/stat"; } 2>/dev/null || die "the cluster's anchor process (sleep) did not start"
+  stat=${stat##*) }
+  read -r -a fields <<<"$stat"
+  printf 'LN_ANCHOR=%s\nLN_ANCHOR_START=%s\n' "$pid" "${fields[19]}" >>"$LN_STATE_DIR/bridge.env"
+}
+
+stop_anchor() {
+  local pid="" start="" stat fields
+  [[ -r $LN_STATE_DIR/bridge.env ]] || return 0
+  pid=$(sed -n 's/^LN_ANCHOR=//p' "$LN_STATE_DIR/bridge.env")
+  start=$(sed -n 's/^LN_ANCHOR_START=//p' "$LN_STATE_DIR/bridge.env")
+  [[ -n $pid ]] || return 0
+  { read -r stat <"/proc/$pid/stat"; } 2>/dev/null || return 0
+  stat=${stat##*) }
+  read -r -a fields <<<"$stat"
+  if [[ ${fields[19]:-} == "$start" ]]; then kill "$pid" 2>/dev/null || true; fi
 }
 
 down() {
+  if [[ -n ${LN_STATE_DIR:-} ]]; then stop_anchor; fi
   if exists; then ip link del dev "$LN_BRIDGE"; fi
   if exists; then die "still present after 'ip link del'; delete it by hand (ip link del $LN_BRIDGE)"; fi
   if [[ -n ${LN_STATE_DIR:-} ]]; then

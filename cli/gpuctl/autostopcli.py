@@ -1,0 +1,173 @@
+"""`gpuctl autostop` and apply's `-i/--down/--lease`: SkyPilot's autostop, decided on the cluster.
+
+The setting goes to the head (jobplane/autostop.py), whose watcher stops or removes the cluster
+once idle, with no controller running. `apply --down` also holds a lease while it works: a
+controller killed mid-way leaves a cluster that takes itself down once the lease runs out.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import typer
+
+from gpuctl import usage
+from gpuctl.common import output
+from gpuctl.common.console import Reporter
+from gpuctl.common.errors import ClusterNotFound, ProvisionError, UserError
+from gpuctl.common.output import OutputOption, wants_json
+from gpuctl.common.paths import cluster_dir
+from gpuctl.jobplane import autostop
+from gpuctl.jobplane.runner import JobRunner
+from gpuctl.provision import lifecycle
+from gpuctl.provision.inventory import Inventory, load_inventory
+from gpuctl.spec.autostop import DEFAULT_IDLE_MINUTES, Autostop, with_flags
+from gpuctl.spec.request import check_cluster_name
+from gpuctl.state.registry import Registry
+
+if TYPE_CHECKING:
+    from gpuctl.spec import Task
+
+AUTODOWNED = "AUTODOWNED"  # the registry's status of a cluster that took itself down
+
+IdleOption = typer.Option(None, "-i", "--idle-minutes-to-autostop", metavar="MIN", min=0,
+                          help="Stop the cluster after MIN idle minutes (no job, no ssh session); as `sky launch -i`.")
+DownOption = typer.Option(False, "--down", help="Remove the cluster instead of stopping it: when the job ends "
+                          "(without -i), or after -i idle minutes; done by the cluster, so a killed gpuctl "
+                          "cannot leak it.")
+LeaseOption = typer.Option(None, "--lease", metavar="MIN", min=0.01,
+                           help="With autostop: if gpuctl dies mid-apply, the cluster waits this long without a "
+                                "job before it stops or goes (default 10, or GPUCTL_LEASE_MINUTES).")
+
+
+def setting_for_apply(task: "Task", idle: int | None, down: bool) -> Autostop | None:
+    """The task's resources.autostop with apply's -i/--down over it."""
+    return with_flags(task.resources.autostop, idle, down)
+
+
+def arm_for_apply(inv: Inventory, setting: Autostop | None, *, registry: Registry, lease_minutes: float | None,
+                  reporter: Reporter) -> AbstractContextManager[object]:
+    """Send the setting to the head; the lease to hold while apply works (nothing without a setting)."""
+    if setting is None:
+        return nullcontext()
+    lease_s = autostop.lease_seconds(lease_minutes)
+    # the watcher is the head's agent: prepare first (the job's own run then finds nothing to do)
+    runner = JobRunner(inv, reporter=reporter, registry=registry)
+    runner.ensure_prepared(runner.fingerprint())
+    record = registry.cluster(inv.cluster)
+    armed = autostop.arm(inv, setting, request=record.request if record else {}, lease_s=lease_s)
+    reporter.info(f"Cluster '{inv.cluster}': {setting.describe()}, decided on the cluster")
+    for note in armed.notes:
+        typer.echo(f"warning: {note}", err=True)
+    return autostop.Lease(inv, lease_s)
+
+
+def downs_when_job_ends(setting: Autostop | None, no_attached_job: bool) -> bool:
+    """`apply --down` without idle minutes, with a job it waits for: this gpuctl removes the cluster
+    when the job ends, however it ends (the cluster's own watcher does it if this gpuctl is gone)."""
+    return bool(setting and setting.down and setting.idle_minutes == 0 and not no_attached_job)
+
+
+@contextmanager
+def down_after_job(name: str, setting: Autostop | None, no_attached_job: bool, *, reporter: Reporter,
+                   registry: Registry) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if downs_when_job_ends(setting, no_attached_job):
+            try:
+                lifecycle.tear_down(name, reporter=reporter, registry=registry)
+            except (UserError, ProvisionError) as exc:  # the job's own error, if any, stays the one raised
+                reporter.error(f"--down: cluster '{name}' was not torn down ({exc}); it takes itself down once "
+                               "its lease runs out, or run: gpuctl down " + name)
+
+
+def _inventory(name: str) -> tuple[Inventory, Registry]:
+    check_cluster_name(name)
+    registry = Registry()
+    registry.adopt(name)
+    path = cluster_dir(name) / "inventory.yml"
+    inv = load_inventory(path, cluster=name) if path.is_file() else None
+    if inv is None or registry.cluster(name) is None:
+        raise ClusterNotFound(name)
+    return inv, registry
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("autostop", cls=usage.HelpCommand, epilog=usage.examples_of("autostop"))
+    def autostop_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
+                  idle: Optional[int] = typer.Option(None, "-i", "--idle-minutes", metavar="MIN", min=0,
+                                                     help=f"Idle minutes before it stops (default {DEFAULT_IDLE_MINUTES})."),
+                  down: bool = typer.Option(False, "--down", help="Remove the cluster instead of stopping it."),
+                  cancel: bool = typer.Option(False, "--cancel", help="Turn autostop off."),
+                  yes: bool = typer.Option(False, "-y", "--yes", help="Accepted as `sky autostop -y`."),
+                  output_format: str = OutputOption) -> None:
+        """Stop (or with --down remove) a cluster after it has been idle; the cluster does it itself."""
+        as_json = wants_json(output_format)
+        reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
+        if cancel and (down or idle is not None):
+            raise UserError("--cancel turns autostop off; give it without -i or --down")
+        inv, registry = _inventory(name)
+        if cancel:
+            head = autostop.cancel(inv)
+            reporter.info(f"Cluster '{name}': autostop cancelled")
+            setting = None
+        else:
+            before = autostop.saved(name)
+            setting = Autostop(idle_minutes=DEFAULT_IDLE_MINUTES if idle is None else idle, down=down,
+                               **({"wait_for": before.wait_for, "hook": before.hook,
+                                   "hook_timeout": before.hook_timeout} if before else {}))
+            record = registry.cluster(name)
+            armed = autostop.arm(inv, setting, request=record.request if record else {})
+            head = armed.head
+            reporter.info(f"Cluster '{name}': {setting.describe()}, decided on the cluster")
+            for note in armed.notes:
+                typer.echo(f"warning: {note}", err=True)
+        if as_json:
+            output.emit("autostop", {"ok": True, "cluster": name,
+                                     "autostop": setting.as_dict() if setting else None, "head": head})
+
+
+def reconcile(name: str, status: str, registry: Registry) -> float | None:
+    """When the cluster took itself down (its provider's word), recorded as AUTODOWNED; None: it did not."""
+    from gpuctl.providers import get_provider
+
+    record = registry.cluster(name)
+    if record is None:
+        return None
+    try:
+        when = get_provider(record.cloud).removed_itself(cluster_dir(name))
+    except UserError:
+        return None
+    if when is not None and status != AUTODOWNED:
+        registry.set_cluster_status(name, AUTODOWNED)
+    return when
+
+
+def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], dict[str, Any]]:
+    """`status`'s autostop lines and JSON fields for one cluster: the setting, how long the cluster
+    has been idle (its head's watcher says), and when it took itself down."""
+    removed = reconcile(name, status, registry)
+    if removed is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(removed))
+        return ([f"  took itself down at {when} (autodown); `gpuctl apply` brings it up again, "
+                 f"`gpuctl down {name}` forgets it"],
+                {"status": AUTODOWNED, "autodowned_at": removed, "autostop": None, "idle_s": None})
+    setting = autostop.saved(name)
+    if setting is None:
+        return [], {"autostop": None, "idle_s": None}
+    idle_s: float | None = None
+    seen = ""
+    try:
+        path = cluster_dir(name) / "inventory.yml"
+        inv = load_inventory(path, cluster=name) if path.is_file() else None
+        head = autostop.show(inv) if inv is not None else {}
+        idle_s = head.get("idle_s") if head.get("set") else None
+        seen = (f", idle {idle_s / 60:.1f} min" if idle_s is not None else "") + (
+            f" (busy: {head['busy']})" if head.get("busy") else "")
+    except UserError:
+        seen = ", idle time unknown (head not reachable)"
+    return [f"  {setting.describe()}{seen}"], {"autostop": setting.as_dict(), "idle_s": idle_s}

@@ -1,0 +1,169 @@
+"""The controller's end of autostop: the setting goes to the head's agent, which then acts alone.
+
+`arm` sends the setting with the provider's power-off plan (jobplane/agent/autostop.py keeps it
+and runs the watcher); `cancel` removes it; `show` asks what the watcher sees. A copy of what was
+sent stays in the cluster's directory (SETTING_FILE), so `status` shows the setting without a
+round trip.
+
+The controller's lease is the dead-man switch of `apply --down`: while apply works (copying the
+workdir, starting the job) it holds a lease on the head and renews it (`Lease`); a job that runs
+keeps the cluster busy by itself. A controller killed at any point stops renewing, and once the
+lease has run out and no job runs, the cluster takes itself down. The lease never ends a running
+job, so a controller on a flaky network cannot kill healthy work (SkyPilot #10123, #10162).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from gpuctl.common.errors import UserError
+from gpuctl.common.paths import cluster_dir
+from gpuctl.jobplane import payload, protocol
+from gpuctl.providers import get_provider
+from gpuctl.provision import ssh
+from gpuctl.provision.inventory import Inventory
+from gpuctl.spec.autostop import Autostop
+
+SETTING_FILE = "autostop.json"
+LEASE_ENV = "GPUCTL_LEASE_MINUTES"
+DEFAULT_LEASE_MINUTES = 10.0
+MINUTE_ENV = "GPUCTL_TEST_MINUTE_SECONDS"  # for tests: how many seconds a "minute" lasts (default 60)
+
+
+class AutostopUnreachable(UserError):
+    """The head did not take the setting (unreachable, or an agent without autostop)."""
+
+
+def minute_seconds() -> float:
+    try:
+        value = float(os.environ.get(MINUTE_ENV) or 60)
+    except ValueError:
+        raise UserError(f"{MINUTE_ENV}: give seconds (a number)") from None
+    return max(0.1, value)
+
+
+def lease_seconds(minutes: float | None = None) -> float:
+    """The controller's lease: --lease MIN, else GPUCTL_LEASE_MINUTES, else 10 minutes."""
+    if minutes is None:
+        raw = os.environ.get(LEASE_ENV)
+        try:
+            minutes = float(raw) if raw else DEFAULT_LEASE_MINUTES
+        except ValueError:
+            raise UserError(f"{LEASE_ENV}: give minutes (a number > 0)") from None
+    if minutes <= 0:
+        raise UserError("the lease must last more than 0 minutes (--lease / GPUCTL_LEASE_MINUTES)")
+    return minutes * minute_seconds()
+
+
+def _control_dir(inv: Inventory) -> Path:
+    return ssh.control_dir_for(cluster_dir(inv.cluster) / "cm")
+
+
+def _call(inv: Inventory, action: str, *, document: Mapping[str, Any] | None = None,
+          extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    command = " ".join([protocol.AGENT, protocol.CMD_AUTOSTOP, action, *extra])
+    proc = ssh.run_ssh(inv.head, command, _control_dir(inv), timeout=60,
+                       input=json.dumps(document) if document is not None else None)
+    lines = proc.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        if proc.returncode == 2 or "invalid choice" in proc.stderr:
+            why = "its agent has no autostop; run `gpuctl apply` once to update the nodes"
+        raise AutostopUnreachable(f"cluster '{inv.cluster}': the head ({inv.head.name}) did not answer "
+                                  f"`autostop {action}`: {why}")
+    return answer
+
+
+@dataclass(frozen=True)
+class Armed:
+    setting: Autostop
+    notes: list[str]
+    head: dict[str, Any]  # what the head's agent answered
+
+
+def arm(inv: Inventory, setting: Autostop, *, request: Mapping[str, Any], lease_s: float = 0.0) -> Armed:
+    """Give the head the setting and how to take every node down; start its watcher."""
+    provider = get_provider(inv.cloud)
+    plan = provider.power_off(cluster_dir(inv.cluster), [n.rank for n in inv.nodes], inv.head.ssh_user, request,
+                              down=setting.down)
+    # every worker is asked for ssh sessions; those the plan names are also shut down from the head
+    workers = [{**payload.peer_entry(n), "off": plan.workers.get(n.rank)} for n in inv.nodes if n.rank != 0]
+    document = {**setting.as_dict(), "minute_s": minute_seconds(), "lease_s": lease_s, "workers": workers,
+                "head_off": plan.head}
+    answer = _call(inv, "set", document=document)
+    save(inv.cluster, setting)
+    return Armed(setting=setting, notes=list(plan.notes), head=answer)
+
+
+def cancel(inv: Inventory) -> dict[str, Any]:
+    answer = _call(inv, "cancel")
+    forget(inv.cluster)
+    return answer
+
+
+def show(inv: Inventory) -> dict[str, Any]:
+    """What the head's watcher sees now: {set, idle_minutes, down, idle_s, busy, phase, ...}."""
+    return _call(inv, "show")
+
+
+def save(name: str, setting: Autostop) -> None:
+    path = cluster_dir(name) / SETTING_FILE
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(setting.as_dict(), fh)
+    os.replace(tmp, path)
+
+
+def forget(name: str) -> None:
+    try:
+        (cluster_dir(name) / SETTING_FILE).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def saved(name: str) -> Autostop | None:
+    """The setting last sent to the cluster's head, as `status` shows it."""
+    try:
+        data = json.loads((cluster_dir(name) / SETTING_FILE).read_text())
+        return Autostop(**{k: data[k] for k in ("idle_minutes", "down", "wait_for", "hook", "hook_timeout")})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class Lease:
+    """Renews the controller's lease on the head every third of its length while the `with` block
+    runs; releases it at the end (the cluster's countdown then starts from the last job)."""
+
+    def __init__(self, inv: Inventory, lease_s: float) -> None:
+        self.inv, self.lease_s = inv, lease_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="lease", daemon=True)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                _call(self.inv, "renew", extra=("--lease", f"{self.lease_s:g}"))
+            except UserError:
+                pass  # a missed renewal is harmless: the lease lasts three periods
+
+    def __enter__(self) -> Lease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            _call(self.inv, "release")
+        except UserError:
+            pass  # the lease then runs out by itself

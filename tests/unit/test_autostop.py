@@ -1,0 +1,179 @@
+"""Autostop's pieces without nodes: SkyPilot's spellings of the setting, the providers' power-off
+plans, and the head's agent (its watcher run for real, detached, in a temporary HOME)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuctl.common.errors import UserError
+from gpuctl.jobplane.agent import autostop as agent
+from gpuctl.providers import get_provider
+from gpuctl.providers.aws.provider import module_inputs
+from gpuctl.spec.autostop import Autostop, AutostopError, parse_autostop, with_flags
+
+AGENT = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "gpuctl_node.py"
+
+
+@pytest.mark.parametrize("value, expected", [
+    (True, Autostop(idle_minutes=5)),
+    (False, None),
+    (None, None),
+    (10, Autostop(idle_minutes=10)),
+    ("10m", Autostop(idle_minutes=10)),
+    ("2h", Autostop(idle_minutes=120)),
+    ("1d", Autostop(idle_minutes=1440)),
+    ({"idle_minutes": 3, "down": True, "wait_for": "jobs", "hook": "echo bye", "hook_timeout": 30},
+     Autostop(idle_minutes=3, down=True, wait_for="jobs", hook="echo bye", hook_timeout=30)),
+    ({"down": True}, Autostop(idle_minutes=5, down=True)),
+])
+def test_skypilot_spellings(value: object, expected: Autostop | None) -> None:
+    assert parse_autostop(value) == expected
+
+
+@pytest.mark.parametrize("value, key, words", [
+    (-1, "", "0 or more"),
+    ("ten", "", "not a number of minutes"),
+    ({"idle_minutes": "5x"}, "idle_minutes", "10m, 2h"),
+    ({"wait_for": "forever"}, "wait_for", "jobs_and_ssh, jobs, none"),
+    ({"down": "yes"}, "down", "true or false"),
+    ({"hook": ""}, "hook", "shell commands"),
+    ({"hook_timeout": 0}, "hook_timeout", "1 or more"),
+    ({"idle": 5}, "idle", "known: idle_minutes"),
+])
+def test_bad_settings_say_what_to_write(value: object, key: str, words: str) -> None:
+    with pytest.raises(AutostopError) as err:
+        parse_autostop(value)
+    assert err.value.key == key and words in str(err.value)
+
+
+def test_apply_flags_over_the_task() -> None:
+    assert with_flags(None, None, False) is None
+    assert with_flags(None, None, True) == Autostop(idle_minutes=0, down=True)  # down when the job is done
+    assert with_flags(None, 30, False) == Autostop(idle_minutes=30)
+    assert with_flags(Autostop(idle_minutes=7, hook="x"), None, True) == Autostop(idle_minutes=7, down=True, hook="x")
+
+
+def test_aws_nodes_shut_themselves_down_and_autodown_needs_terminating_nodes(tmp_path: Path) -> None:
+    aws = get_provider("aws")
+    plan = aws.power_off(tmp_path, [0, 1, 2], "ubuntu", {"autodown": True}, down=True)
+    assert plan.workers == {1: ["sudo", "-n", "shutdown", "-h", "now"], 2: ["sudo", "-n", "shutdown", "-h", "now"]}
+    assert plan.head == [["sudo", "-n", "shutdown", "-h", "now"]] and plan.removes
+    stop = aws.power_off(tmp_path, [0], "root", {}, down=False)
+    assert stop.head == [["shutdown", "-h", "now"]] and not stop.removes and "EBS" in stop.notes[0]
+    with pytest.raises(UserError, match="apply its task with --down"):
+        aws.power_off(tmp_path, [0], "ubuntu", {"autodown": False}, down=True)
+    with pytest.raises(UserError, match="spot nodes cannot be stopped"):
+        aws.power_off(tmp_path, [0], "ubuntu", {"use_spot": True}, down=False)
+    with pytest.raises(UserError, match="yours to stop"):
+        get_provider("ssh").power_off(tmp_path, [0], "me", {}, down=True)
+
+
+def test_aws_module_terminates_on_shutdown_only_for_autodown() -> None:
+    from gpuctl.common.config import aws_settings
+    from gpuctl.spec.request import ClusterRequest
+
+    req = ClusterRequest(name="c", num_nodes=2, cloud="aws", region="us-east-1", zone="us-east-1a",
+                         instance_type="p5.48xlarge")
+    settings = aws_settings()
+    assert "shutdown_behavior" not in module_inputs(req, settings, ssh_public_key="k")  # the module's "stop"
+    down = ClusterRequest(**{**req.__dict__, "autodown": True})
+    assert module_inputs(down, settings, ssh_public_key="k")["shutdown_behavior"] == "terminate"
+
+
+def test_active_jobs_and_terminal_sessions(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    for name, files in {"1-a": {"job.json": "{}"}, "2-b": {"events.supervisor": str(os.getpid())},
+                        "3-c": {"events.supervisor": "999999999"}, "4-d": {}}.items():
+        (jobs / name).mkdir(parents=True)
+        for fname, text in files.items():
+            (jobs / name / fname).write_text(text)
+    # ended, running, coordinator gone, being submitted (fresh, no coordinator yet)
+    assert agent.active_jobs(str(jobs)) == ["2-b", "4-d"]
+    assert agent.active_jobs(str(jobs), now=time.time() + 3600) == ["2-b"]
+
+    proc = tmp_path / "proc"
+    own, other = "net:[4026531833]", "net:[4026532000]"
+    # pid: (ppid, tty_nr, title, net namespace)
+    table = {"self": (1, 0, "", own), "10": (1, 0, "sshd: gpuctl@pts/0", None), "20": (10, 34816, "-bash", own),
+             "21": (20, 34816, "vim", own), "11": (1, 0, "sshd: gpuctl@notty", None), "30": (11, 0, "bash", own),
+             "12": (1, 0, "sshd: root@pts/1", None), "40": (12, 34817, "-bash", other),
+             "13": (1, 0, "sshd: me@pts/2", None), "50": (13, 34818, "-bash", None)}
+    for pid, (ppid, tty, title, net) in table.items():
+        (proc / pid / "ns").mkdir(parents=True)
+        (proc / pid / "cmdline").write_bytes(title.encode() + b"\0")
+        (proc / pid / "stat").write_text(f"{pid} (x y) S {ppid} 1 1 {tty} 1 0 0")
+        if net:
+            os.symlink(net, proc / pid / "ns" / "net")
+    # pts/0 here; not a command without a terminal (notty), not another node's login (pts/1); pts/2,
+    # whose shell's namespace cannot be read, counts
+    assert agent.terminal_sessions(str(proc)) == 2
+
+
+def _agent(home: Path, *args: str, stdin: str = "") -> dict:
+    proc = subprocess.run([sys.executable, str(AGENT), "autostop", *args], input=stdin, capture_output=True,
+                          text=True, env={**os.environ, "HOME": str(home)}, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _wait(path: Path, timeout: float) -> float:
+    start = time.monotonic()
+    while not path.exists():
+        assert time.monotonic() - start < timeout, f"{path} never appeared"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def _setting(tmp_path: Path, **extra: object) -> str:
+    return json.dumps({"idle_minutes": 0, "down": True, "wait_for": "jobs", "minute_s": 0.5, "workers": [],
+                       "head_off": [["touch", str(tmp_path / "off-1")], ["touch", str(tmp_path / "off-2")]], **extra})
+
+
+def test_the_watcher_waits_for_the_lease_and_the_job_then_powers_off_in_order(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".gpuctl" / "jobs" / "7-x").mkdir(parents=True)
+    holder = subprocess.Popen(["sleep", "30"])  # the job's coordinator
+    try:
+        (home / ".gpuctl" / "jobs" / "7-x" / "events.supervisor").write_text(str(holder.pid))
+        shown = _agent(home, "set", stdin=_setting(tmp_path, lease_s=1.5, idle_minutes=1))
+        assert shown["set"] and shown["down"] and 0 < shown["lease_left_s"] <= 1.5
+        time.sleep(2.5)  # lease over, one minute (0.5 s) passed: the running job still holds the cluster
+        assert not (tmp_path / "off-1").exists()
+        assert _agent(home, "show")["busy"] == "job 7-x"
+    finally:
+        holder.kill()
+        holder.wait()
+    _wait(tmp_path / "off-2", 15)
+    assert (tmp_path / "off-1").stat().st_mtime_ns <= (tmp_path / "off-2").stat().st_mtime_ns
+    log = (home / ".gpuctl" / "autostop.log").read_text()
+    assert "idle for" in log and "head: touch: exit code 0" in log
+    assert oct((home / ".gpuctl" / "autostop.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_cancel_stops_the_countdown_and_renew_extends_the_lease(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".gpuctl").mkdir(parents=True)
+    _agent(home, "set", stdin=_setting(tmp_path, idle_minutes=2))
+    assert _agent(home, "cancel") == {"set": False}
+    time.sleep(2)
+    assert not (tmp_path / "off-1").exists()
+    _agent(home, "set", stdin=_setting(tmp_path, lease_s=0.5))
+    assert _agent(home, "renew", "--lease", "2")["lease_left_s"] > 1
+    time.sleep(1)
+    assert not (tmp_path / "off-1").exists()  # renewed past the first lease
+    _agent(home, "release")
+    _wait(tmp_path / "off-2", 15)
+
+
+def test_set_refuses_a_bad_setting(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(AGENT), "autostop", "set"], input='{"idle_minutes": -1}',
+                          capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=30)
+    assert proc.returncode == 2 and "idle_minutes must be a whole number" in proc.stderr
+    assert not (tmp_path / ".gpuctl" / "autostop.json").exists()
