@@ -310,13 +310,18 @@ class Footprint:
         assert all(d.is_dir() for d in self.node_dirs)
         assert self.pids
 
-    def assert_gone(self) -> None:
+    def nodes_left(self) -> list[str]:
+        """What of the nodes is still on this machine: processes, namespaces, links, node directories."""
         leftovers = [f"sshd {pid}" for pid, start in self.sshd if running(pid, start)]
         leftovers += [f"pid {pid}" for pid in self.pids if running(pid)]
         leftovers += [f"pid {pid} (tag {tag})" for tag in self.tags for pid in pids_with_env(f"GPUCTL_NODE_TAG={tag}")]
         leftovers += [f"netns {ns}" for ns in sorted(set(self.netns) & netns_names())]
         leftovers += [f"link {ln}" for ln in sorted({self.bridge, *self.veths} & link_names())]
         leftovers += [f"dir {d}" for d in self.node_dirs if d.exists()]
+        return leftovers
+
+    def assert_gone(self) -> None:
+        leftovers = self.nodes_left()
         if self.cluster_dir.exists():
             leftovers.append(f"dir {self.cluster_dir}")
         for cm in control_dir_candidates(self.cluster_dir):

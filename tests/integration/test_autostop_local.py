@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import REPO, Cluster, Footprint, Watched, gpuctl_env, link_names, needs_local_nodes, netns_names, \
-    pids_with_env, running, wait_for
+from e2e import REPO, Cluster, Watched, gpuctl_env, needs_local_nodes, running, wait_for
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -45,17 +44,6 @@ def status_doc(c: Cluster) -> dict:
     res = c.gpuctl("status", c.name, "-o", "json")
     assert res.returncode == 0, res.describe()
     return json.loads(res.stdout)["clusters"][0]
-
-
-def nodes_left(fp: Footprint) -> list[str]:
-    """What of the nodes is still on this machine (the cluster's directory may stay: its record)."""
-    left = [f"sshd {pid}" for pid, start in fp.sshd if running(pid, start)]
-    left += [f"pid {pid}" for pid in fp.pids if running(pid)]
-    left += [f"pid {pid} (tag {tag})" for tag in fp.tags for pid in pids_with_env(f"GPUCTL_NODE_TAG={tag}")]
-    left += [f"netns {ns}" for ns in sorted(set(fp.netns) & netns_names())]
-    left += [f"link {ln}" for ln in sorted({fp.bridge, *fp.veths} & link_names())]
-    left += [f"dir {d}" for d in fp.node_dirs if d.exists()]
-    return left
 
 
 def anchor_of(c: Cluster) -> int:
@@ -89,7 +77,7 @@ run: echo hi
     assert doc["autostop"]["down"] is True and doc["autostop"]["idle_minutes"] == 2
     # idle time + hook_timeout + 60 s at most
     wait_for("the cluster to remove itself", lambda: status_doc(cluster)["status"] == "AUTODOWNED", timeout=64)
-    assert nodes_left(fp) == [] and not running(anchor)
+    assert fp.nodes_left() == [] and not running(anchor)
     assert (marks / "hook").read_text().startswith("hooked on ")  # on the head, before it went
     doc = status_doc(cluster)
     assert doc["autodowned_at"] > 0 and "took itself down at" in cluster.gpuctl("status").stdout
@@ -130,17 +118,22 @@ run: "true"
         if wait_for_ssh == "jobs":
             wait_for("the cluster to remove itself", lambda: status_doc(cluster)["status"] == "AUTODOWNED",
                      timeout=60)
-            assert nodes_left(fp) == []
+            assert fp.nodes_left() == []
             return
         time.sleep(6)  # three idle minutes
         doc = status_doc(cluster)
-        assert doc["status"] == "UP" and nodes_left(fp) != [], doc
+        assert doc["status"] == "UP" and fp.nodes_left() != [], doc
         session.stdin.write(b"exit\n")
         session.stdin.close()
         session.wait(timeout=20)
-        wait_for("the cluster to remove itself once the session ended",
-                 lambda: status_doc(cluster)["status"] == "AUTODOWNED", timeout=60)
-        assert nodes_left(fp) == []
+        head_log = fp.node_dirs[0] / "home" / ".gpuctl" / "autostop.log"
+        try:
+            wait_for("the cluster to remove itself once the session ended",
+                     lambda: status_doc(cluster)["status"] == "AUTODOWNED", timeout=60)
+        except BaseException:
+            print(head_log.read_text() if head_log.exists() else "no log on the head")
+            raise
+        assert fp.nodes_left() == []
     finally:
         if session.poll() is None:
             os.killpg(session.pid, signal.SIGKILL)
@@ -182,6 +175,6 @@ def test_apply_down_removes_the_cluster_when_the_job_ends_even_if_gpuctl_is_kill
         wait_for("the cluster to remove itself", lambda: status_doc(cluster)["status"] == "AUTODOWNED",
                  timeout=6 + 3 + 60)
         assert time.monotonic() - killed >= 3  # the job ran to its end first
-        assert nodes_left(fp) == []
+        assert fp.nodes_left() == []
     finally:
         watched.close()

@@ -101,18 +101,26 @@ def test_active_jobs_and_terminal_sessions(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     own, other = "net:[4026531833]", "net:[4026532000]"
     # pid: (ppid, tty_nr, title, net namespace)
-    table = {"self": (1, 0, "", own), "10": (1, 0, "sshd: gpuctl@pts/0", None), "20": (10, 34816, "-bash", own),
-             "21": (20, 34816, "vim", own), "11": (1, 0, "sshd: gpuctl@notty", None), "30": (11, 0, "bash", own),
-             "12": (1, 0, "sshd: root@pts/1", None), "40": (12, 34817, "-bash", other),
-             "13": (1, 0, "sshd: me@pts/2", None), "50": (13, 34818, "-bash", None)}
-    for pid, (ppid, tty, title, net) in table.items():
+    here, elsewhere = "10.213.0.3", "10.213.0.4"
+    # pid: (ppid, tty_nr, title, readable net namespace, local address in fib_trie)
+    table = {"self": (1, 0, "", own, here), "10": (1, 0, "sshd: gpuctl@pts/0", None, here),
+             "20": (10, 34816, "-bash", own, here), "21": (20, 34816, "vim", own, here),
+             "11": (1, 0, "sshd: gpuctl@notty", None, here), "30": (11, 0, "bash", own, here),
+             "12": (1, 0, "sshd: gpuctl@pts/1", None, elsewhere), "40": (12, 34817, "-bash", other, elsewhere),
+             "13": (1, 0, "sshd: root@pts/2", None, here), "50": (13, 34818, "-bash", None, here),
+             "14": (1, 0, "sshd: root@pts/3", None, elsewhere), "60": (14, 34819, "-bash", None, elsewhere)}
+    for pid, (ppid, tty, title, net, address) in table.items():
         (proc / pid / "ns").mkdir(parents=True)
+        (proc / pid / "net").mkdir()
         (proc / pid / "cmdline").write_bytes(title.encode() + b"\0")
         (proc / pid / "stat").write_text(f"{pid} (x y) S {ppid} 1 1 {tty} 1 0 0")
+        (proc / pid / "net" / "fib_trie").write_text(
+            f"Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- {address}\n        /32 host LOCAL\n"
+            "     |-- 127.0.0.1\n        /32 host LOCAL\n")
         if net:
             os.symlink(net, proc / pid / "ns" / "net")
-    # pts/0 here; not a command without a terminal (notty), not another node's login (pts/1); pts/2,
-    # whose shell's namespace cannot be read, counts
+    # pts/0 here; not a command without a terminal (notty), not another node's login (pts/1, pts/3);
+    # root's pts/2, whose namespace this user cannot read, is here by its addresses
     assert agent.terminal_sessions(str(proc)) == 2
 
 
@@ -177,3 +185,65 @@ def test_set_refuses_a_bad_setting(tmp_path: Path) -> None:
                           capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=30)
     assert proc.returncode == 2 and "idle_minutes must be a whole number" in proc.stderr
     assert not (tmp_path / ".gpuctl" / "autostop.json").exists()
+
+
+def test_lease_and_minute_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuctl.jobplane import autostop as controller
+
+    monkeypatch.delenv(controller.MINUTE_ENV, raising=False)
+    monkeypatch.delenv(controller.LEASE_ENV, raising=False)
+    assert controller.lease_seconds() == 600.0 and controller.lease_seconds(2) == 120.0
+    monkeypatch.setenv(controller.LEASE_ENV, "3")
+    assert controller.lease_seconds() == 180.0
+    monkeypatch.setenv(controller.LEASE_ENV, "soon")
+    with pytest.raises(UserError, match="GPUCTL_LEASE_MINUTES: give minutes"):
+        controller.lease_seconds()
+    with pytest.raises(UserError, match="more than 0 minutes"):
+        controller.lease_seconds(0)
+    monkeypatch.setenv(controller.MINUTE_ENV, "x")
+    with pytest.raises(UserError, match="GPUCTL_TEST_MINUTE_SECONDS"):
+        controller.minute_seconds()
+
+
+def test_a_head_that_does_not_answer_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from gpuctl.jobplane import autostop as controller
+    from gpuctl.provision.inventory import Inventory, Node
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    node = Node(name="head", rank=0, node_id="n0", address="10.0.0.2", ssh_host="10.0.0.2", ssh_port=22,
+                ssh_user="ubuntu")
+    inv = Inventory(cluster="c1", cloud="aws", nodes=(node,))
+    answers = {"old agent": subprocess.CompletedProcess([], 2, "", "gpuctl-node: error: invalid choice: 'autostop'"),
+               "unreachable": subprocess.CompletedProcess([], 255, "", "ssh: connect to host 10.0.0.2: timed out")}
+    for case, proc in answers.items():
+        monkeypatch.setattr(controller.ssh, "run_ssh", lambda *a, _p=proc, **k: _p)
+        with pytest.raises(controller.AutostopUnreachable) as err:
+            controller.show(inv)
+        text = str(err.value)
+        assert "\n" not in text and "cluster 'c1': the head (head) did not answer `autostop show`" in text
+        assert ("run `gpuctl apply` once" in text) if case == "old agent" else ("timed out" in text)
+
+
+def test_local_nodes_remove_themselves_through_the_anchor_and_older_clusters_are_told(tmp_path: Path) -> None:
+    local = get_provider("local")
+    cdir = tmp_path / "c1"
+    nodes = cdir / "nodes"
+    nodes.mkdir(parents=True)
+    (cdir / "local.json").write_text(json.dumps({"mode": "netns", "ssh_user": "gpuctl", "node_path": "/usr/bin"}))
+    (nodes / "bridge.env").write_text("LN_BRIDGE=gb1\nLN_STATE_DIR=%s\n" % nodes)
+    with pytest.raises(UserError, match="made by an older gpuctl"):
+        local.power_off(cdir, [0, 1], "gpuctl", {}, down=True)
+    (nodes / "bridge.env").write_text("LN_BRIDGE=gb1\nLN_STATE_DIR=%s\nLN_ANCHOR=42\nLN_ANCHOR_START=777\n" % nodes)
+    plan = local.power_off(cdir, [0, 1, 2], "gpuctl", {}, down=False)
+    assert plan.workers == {} and plan.removes and "cannot be stopped" in plan.notes[0]
+    enter = ["sudo", "-n", "bash", str(local.module_dir() / "scripts" / "hostns.sh"), "42", "777"]
+    assert all(argv[:len(enter)] == enter for argv in plan.head)
+    # word of the start, workers, then the head, then the bridge with word of the end
+    targets = [argv[-3] if "down" in argv[len(enter) + 2] else argv[-1] for argv in plan.head]
+    assert targets == [str(nodes / "autodown"), str(nodes / "node1" / "node.env"), str(nodes / "node2" / "node.env"),
+                       str(nodes / "node0" / "node.env"), str(nodes / "bridge.env")]
+    assert local.removed_itself(cdir) is None
+    (nodes / "autodown").write_text("100\n")
+    assert local.removed_itself(cdir) is None and local.removed_itself(cdir, finished=False) == 100.0
+    (nodes / "autodown").write_text("100\n160\n")
+    assert local.removed_itself(cdir) == 160.0

@@ -1216,15 +1216,47 @@ def _stat(proc_root, pid):
         return None
 
 
+def _local_addresses(proc_root, pid):
+    """The IPv4 addresses local to PID's network namespace (PROC/PID/net/fib_trie, which anyone may
+    read, unlike PROC/PID/ns/net of another user's process); None when unreadable."""
+    found = set()
+    previous = None
+    try:
+        with open(os.path.join(proc_root, pid, "net", "fib_trie")) as fh:
+            for line in fh:
+                text = line.strip()
+                if text.startswith("|-- "):
+                    previous = text[4:]
+                elif text.startswith("/32 host LOCAL") and previous:
+                    found.add(previous)
+    except OSError:
+        return None
+    return frozenset(found)
+
+
+def _same_network(proc_root, pid, own_ns, own_addresses):
+    """Whether PID shares this node's network namespace: by the namespace itself where it may be
+    read, else by the namespace's local addresses (every local node has its own); True when neither
+    can be read (better kept up than cut off)."""
+    try:
+        if own_ns is not None:
+            return os.readlink(os.path.join(proc_root, pid, "ns", "net")) == own_ns
+    except OSError:
+        pass
+    theirs = _local_addresses(proc_root, pid)
+    return theirs is None or own_addresses is None or theirs == own_addresses
+
+
 def terminal_sessions(proc_root="/proc"):
     """Logins with a terminal on this node: a process with a terminal whose parent is an sshd session
     (`sshd: USER@pts/N`). Counted in this node's network namespace only, since local nodes share one
     machine's processes; the session process itself cannot be asked (sshd makes it non-dumpable),
-    so its shell is, and one whose namespace cannot be read counts (better kept up than cut off)."""
+    so its shell is (`_same_network`)."""
     try:
         own = os.readlink(os.path.join(proc_root, "self", "ns", "net"))
     except OSError:
         own = None
+    own_addresses = _local_addresses(proc_root, "self")
     titles = {}
     sessions = set()
     for entry in os.listdir(proc_root):
@@ -1242,11 +1274,8 @@ def terminal_sessions(proc_root="/proc"):
                 titles[parent] = ""
         if not (titles[parent].startswith("sshd: ") and "@pts/" in titles[parent]):
             continue
-        try:
-            if own is not None and os.readlink(os.path.join(proc_root, entry, "ns", "net")) != own:
-                continue
-        except OSError:
-            pass
+        if not _same_network(proc_root, entry, own, own_addresses):
+            continue
         sessions.add(parent)
     return len(sessions)
 
@@ -1343,6 +1372,22 @@ def busy_reason(config, now):
     return None
 
 
+def _run_to_files(argv, timeout):
+    """(exit code, stdout, stderr) of a command whose output goes to files, not pipes: a ControlMaster
+    ssh starts in the background and would hold a pipe, and the answer, until its persist time."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return code, out.read(), err.read()
+
+
 def worker_sessions(config):
     """Workers with a terminal login, asked all at once; an unreachable worker counts as none."""
     found = []
@@ -1350,9 +1395,8 @@ def worker_sessions(config):
     def ask(worker):
         argv = peer_ssh_argv(worker.get("ssh") or []) + ["--", worker["host"], "%s %s sessions" % (AGENT, CMD_AUTOSTOP)]
         try:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, timeout=30)
-            count = json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])["sessions"]
+            code, out, _ = _run_to_files(argv, 30)
+            count = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])["sessions"]
         except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError, TypeError):
             log("could not ask %s for its ssh sessions" % worker.get("name"))
             return
@@ -1392,10 +1436,9 @@ def power_off(config):
         remote = " ".join(shell_quote(a) for a in worker["off"])
         argv = peer_ssh_argv(worker.get("ssh") or []) + ["--", worker["host"], remote]
         try:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  timeout=POWER_OFF_TIMEOUT_S)
-            log("%s: power-off exit code %d %s" % (worker.get("name"), proc.returncode,
-                                                   proc.stderr.decode("utf-8", "replace").strip()[-300:]))
+            code, _, err = _run_to_files(argv, POWER_OFF_TIMEOUT_S)
+            log("%s: power-off exit code %d %s" % (worker.get("name"), code,
+                                                   err.decode("utf-8", "replace").strip()[-300:]))
         except (OSError, subprocess.SubprocessError) as exc:
             log("%s: power-off failed: %s" % (worker.get("name"), exc))
 
@@ -1463,6 +1506,7 @@ def cmd_autostop_watch(args):
         if not busy and now - idle_since >= int(config.get("idle_minutes") or 0) * minute:
             waiting = (config.get("wait_for", "jobs_and_ssh") == "jobs_and_ssh" and worker_sessions(config))
             if waiting:
+                log("idle on the head, but %s has an ssh session: waiting" % ", ".join(waiting))
                 idle_since = time.time()
                 _write_state(phase="watching", idle_since=idle_since, busy="ssh session on " + waiting[0],
                              pid=os.getpid())
