@@ -25,7 +25,7 @@ from gpuctl.jobplane.runner import JobRunner
 from gpuctl.provision import lifecycle
 from gpuctl.provision.inventory import Inventory, load_inventory
 from gpuctl.spec.autostop import DEFAULT_IDLE_MINUTES, Autostop, with_flags
-from gpuctl.spec.request import check_cluster_name
+from gpuctl.spec.request import ClusterRequest, check_cluster_name
 from gpuctl.state.registry import Registry
 
 if TYPE_CHECKING:
@@ -46,6 +46,19 @@ LeaseOption = typer.Option(None, "--lease", metavar="MIN", min=0.01,
 def setting_for_apply(task: "Task", idle: int | None, down: bool) -> Autostop | None:
     """The task's resources.autostop with apply's -i/--down over it."""
     return with_flags(task.resources.autostop, idle, down)
+
+
+def check_setting(setting: Autostop | None, req: ClusterRequest, file: object) -> None:
+    """Refuse, before anything is made, a setting the cluster could not act on (spot nodes that would
+    have to stop, nodes gpuctl did not make)."""
+    from gpuctl.providers import get_provider
+    from gpuctl.provision.provisioner import request_to_dict
+
+    if setting is None:
+        return
+    problem = get_provider(req.cloud).autostop_problem(request_to_dict(req), down=setting.down)
+    if problem:
+        raise UserError(f"{file}: resources.autostop (or -i/--down): {problem}")
 
 
 def arm_for_apply(inv: Inventory, setting: Autostop | None, *, registry: Registry, lease_minutes: float | None,

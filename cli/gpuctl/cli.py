@@ -112,6 +112,7 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
     task = _load(file, env, secret, require_values=False, infra=infra)
     req = _request(task, file, cluster=None, infra=infra, num_nodes=None)
     check_task(task, req)  # every refusal of apply that needs no node and no cloud call
+    autostopcli.check_setting(task.resources.autostop, req, file)
     warnings = _warn(task, req)
     reach = ssh_reach_problem(task, req)
     if reach is not None:
@@ -169,6 +170,7 @@ def apply(
     req = _request(task, file, cluster=cluster, infra=infra, num_nodes=num_nodes)
     setting = autostopcli.setting_for_apply(task, idle, down)
     req = replace(req, autodown=bool(setting and setting.down))
+    autostopcli.check_setting(setting, req, file)
     check_task(task, req)  # as validate does, before anything is written or provisioned
     _warn(task, req)
     if dry_run:

@@ -247,3 +247,23 @@ def test_local_nodes_remove_themselves_through_the_anchor_and_older_clusters_are
     assert local.removed_itself(cdir) is None and local.removed_itself(cdir, finished=False) == 100.0
     (nodes / "autodown").write_text("100\n160\n")
     assert local.removed_itself(cdir) == 160.0
+
+
+def test_a_setting_the_cluster_cannot_act_on_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    task = tmp_path / "spot.yaml"
+    task.write_text("resources:\n  infra: aws\n  accelerators: H100:8\n  use_spot: true\n  autostop: 10\nrun: x\n")
+    for command in (["validate", str(task)], ["apply", str(task), "-y"]):
+        proc = subprocess.run([sys.executable, "-m", "gpuctl", *command], capture_output=True, text=True,
+                              env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")}, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"error: {task}: resources.autostop (or -i/--down): spot nodes cannot be stopped (a one-time request "
+            "ends when stopped); use autodown: --down, or autostop.down: true")
+        assert "Traceback" not in proc.stderr and not (tmp_path / "state" / "clusters").exists()
+    down = tmp_path / "spot-down.yaml"
+    down.write_text(task.read_text().replace("autostop: 10", "autostop: {idle_minutes: 10, down: true}"))
+    ok = subprocess.run([sys.executable, "-m", "gpuctl", "validate", str(down)], capture_output=True, text=True,
+                        env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")}, timeout=60)
+    assert ok.returncode == 0 and "autodown after 10 idle minute(s)" in ok.stdout
+    assert get_provider("ssh").autostop_problem({}, down=True) is not None
+    assert get_provider("local").autostop_problem({}, down=False) is None

@@ -156,6 +156,10 @@ class Provider(Protocol):
         when this provider's nodes cannot do that themselves."""
         ...
 
+    def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
+        """Why this cluster cannot stop (or, `down`, remove) itself, asked before anything is made; None: it can."""
+        ...
+
     def removed_itself(self, cluster_dir: Path, *, finished: bool = True) -> float | None:
         """When the cluster took itself down (autodown), as the nodes left word; None: it did not.
         `finished` False: when it began, also where it never finished (what is left must go)."""
@@ -236,10 +240,12 @@ class BaseProvider:
     def boot_host_keys(self, cluster_dir: Path, node_count: int) -> dict[int, str]:
         return {}
 
+    def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
+        return f"autostop needs nodes gpuctl made (infra aws or local); {self.name} nodes are yours to stop"
+
     def power_off(self, cluster_dir: Path, ranks: list[int], ssh_user: str, request: Mapping[str, Any],
                   *, down: bool) -> PowerOff:
-        raise UserError(f"autostop needs nodes gpuctl made (infra aws or local); {self.name} nodes are yours "
-                        "to stop")
+        raise UserError(self.autostop_problem(request, down=down) or f"{self.name}: no power-off plan")
 
     def removed_itself(self, cluster_dir: Path, *, finished: bool = True) -> float | None:
         return None

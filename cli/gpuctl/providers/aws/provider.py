@@ -383,14 +383,20 @@ class AwsProvider(BaseProvider):
     def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:
         return describe(req, self.settings, outputs)
 
+    def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
+        if not down and request.get("use_spot"):
+            return ("spot nodes cannot be stopped (a one-time request ends when stopped); use autodown: --down, "
+                    "or autostop.down: true")
+        return None
+
     def power_off(self, cluster_dir: Path, ranks: list[int], ssh_user: str, request: Mapping[str, Any],
                   *, down: bool) -> PowerOff:
         """Each node shuts itself down; the instance's shutdown behaviour (the module's
         shutdown_behavior, "terminate" for a cluster applied to autodown) makes that a stop or a
         termination. The head needs no AWS credentials for it."""
-        if not down and request.get("use_spot"):
-            raise UserError("spot nodes cannot be stopped (a one-time request ends when stopped); "
-                            "use autodown: --down, or autostop.down: true")
+        problem = self.autostop_problem(request, down=down)
+        if problem:
+            raise UserError(problem)
         if down and not request.get("autodown"):
             raise UserError("this cluster's nodes stop, not terminate, when shut down: apply its task with --down "
                             "(or resources.autostop.down: true) to make them terminate, then set autodown")

@@ -511,6 +511,9 @@ class LocalProvider(BaseProvider):
             inputs["base_port"] = alloc.base_port
         return render_root(self.module_dir(), inputs)
 
+    def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
+        return None
+
     def power_off(self, cluster_dir: Path, ranks: list[int], ssh_user: str, request: Mapping[str, Any],
                   *, down: bool) -> PowerOff:
         """Every node is on this machine, so the head removes them all itself, with the module's own
