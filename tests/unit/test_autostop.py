@@ -267,3 +267,44 @@ def test_a_setting_the_cluster_cannot_act_on_is_refused_before_anything_is_made(
     assert ok.returncode == 0 and "autodown after 10 idle minute(s)" in ok.stdout
     assert get_provider("ssh").autostop_problem({}, down=True) is not None
     assert get_provider("local").autostop_problem({}, down=False) is None
+
+
+def test_a_killed_watcher_comes_back_with_the_next_show(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".gpuctl").mkdir(parents=True)
+    setting = json.loads(_setting(tmp_path, idle_minutes=600))
+    assert _agent(home, "set", stdin=json.dumps(setting))["set"]
+
+    def watchers() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if b"autostop-watch" in argv and f"HOME={home}".encode() in environ.split(b"\0"):
+                found.append(int(entry.name))
+        return found
+
+    deadline = time.monotonic() + 10
+    while not watchers():
+        assert time.monotonic() < deadline, "no watcher started"
+        time.sleep(0.05)
+    assert _agent(home, "show")["watcher"] is True
+    for pid in watchers():
+        os.kill(pid, 9)
+    while watchers():
+        time.sleep(0.05)
+    # a show (as `gpuctl status` makes) finds none running and starts one again
+    _agent(home, "show")
+    deadline = time.monotonic() + 10
+    while not watchers():
+        assert time.monotonic() < deadline, "the watcher was not started again"
+        time.sleep(0.05)
+    assert "started again" in (home / ".gpuctl" / "autostop.log").read_text()
+    _agent(home, "cancel")
+    deadline = time.monotonic() + 10
+    while watchers():  # a cancelled setting ends the watcher
+        assert time.monotonic() < deadline, "the watcher outlived its setting"
+        time.sleep(0.05)

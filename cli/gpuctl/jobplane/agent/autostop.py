@@ -204,8 +204,31 @@ def shown(config, state, now=None):
         "lease_left_s": max(0.0, round(float(config.get("lease_until") or 0) - now, 1)),
         "idle_s": None if idle_since is None else max(0.0, round(now - float(idle_since), 1)),
         "busy": state.get("busy"), "phase": state.get("phase"),
-        "watcher": pid_alive(read_int(AUTOSTOP_LOCK + ".pid")),
+        "watcher": watcher_running(),
     }
+
+
+def watcher_running():
+    """Whether a watcher holds the lock (one nobody holds: none runs)."""
+    try:
+        fd = os.open(AUTOSTOP_LOCK, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock if this took it
+    return False
+
+
+def ensure_watcher():
+    """Start the watcher again where a setting exists and none runs: it was killed, or the node
+    rebooted (an AWS stop and start). `status`, a lease renewal and every job submission ask."""
+    if os.path.exists(AUTOSTOP_CONFIG) and not watcher_running():
+        log("the watcher was not running: started again")
+        _start_watcher()
 
 
 def _start_watcher():
@@ -234,7 +257,6 @@ def cmd_autostop(args):
         _write_state(phase="watching", idle_since=now, busy=None)  # not what an earlier watcher saw
         log("set: idle %s min, down %s, wait_for %s, lease %g s" % (
             config["idle_minutes"], bool(config.get("down")), config.get("wait_for", "jobs_and_ssh"), lease_s))
-        _start_watcher()
     elif args.action == "cancel":
         try:
             os.unlink(AUTOSTOP_CONFIG)
@@ -246,6 +268,8 @@ def cmd_autostop(args):
     elif args.action in ("renew", "release") and config is not None:
         config["lease_until"] = now + args.lease if args.action == "renew" else 0
         write_private(AUTOSTOP_CONFIG, json.dumps(config))
+    if args.action != "cancel":
+        ensure_watcher()
     print(json.dumps(shown(config, read_json(AUTOSTOP_STATE), now), sort_keys=True))
     return 0
 
@@ -354,15 +378,19 @@ def _write_state(**state):
         pass
 
 
-def _take_lock():
+def _take_lock(tries=5):
+    """The watcher's lock, or None when another watcher holds it. A few tries: `watcher_running`
+    holds it for an instant when it looks."""
     fd = os.open(AUTOSTOP_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    write_private(AUTOSTOP_LOCK + ".pid", str(os.getpid()))
-    return fd
+    for attempt in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if attempt + 1 < tries:
+                time.sleep(0.1)
+    os.close(fd)
+    return None
 
 
 def cmd_autostop_watch(args):
