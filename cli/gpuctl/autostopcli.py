@@ -157,6 +157,7 @@ def reconcile(name: str, status: str, registry: Registry) -> float | None:
         return None
     if when is not None and status != AUTODOWNED:
         registry.set_cluster_status(name, AUTODOWNED)
+        registry.close_segment(name, "autodown", at=when)
     return when
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
-from gpuctl import autostopcli, cliargs, usage
+from gpuctl import autostopcli, cliargs, costcli, usage
 from gpuctl.common import output
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
@@ -30,7 +30,7 @@ from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.jobplane import gitworkdir, joblogs, jobs
 from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
-from gpuctl.providers import get_provider, request_for, resources_problem
+from gpuctl.providers import get_provider, price_quote, request_for, resources_problem
 from gpuctl.provision import lifecycle, ssh, sshconfig
 from gpuctl.provision.inventory import Inventory, Node, load_inventory
 from gpuctl.provision.lifecycle import write_ssh_config
@@ -132,15 +132,18 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
         parts.append(f"{len(task.bucket_mounts)} bucket mount(s)")
     if task.resources.autostop:
         parts.append(task.resources.autostop.describe())
+    price, priced_type = price_quote(req)
     if as_json:
         output.emit("validate", {
             "ok": True, "file": str(file), "cluster": req.name, "num_nodes": req.num_nodes, "cloud": req.cloud,
             "region": req.region, "zone": req.zone, "instance_type": instance_type,
             "accelerator": req.accelerator, "gpus_per_node": req.gpus_per_node,
             "container_image": task.container_image, "warnings": warnings,
-            "autostop": task.resources.autostop.as_dict() if task.resources.autostop else None})
+            "autostop": task.resources.autostop.as_dict() if task.resources.autostop else None,
+            "price": costcli.document(price, req.num_nodes, req.use_spot)})
         return
     typer.echo(f"{file}: OK ({', '.join(parts)})")
+    typer.echo(costcli.describe(price, priced_type, req.num_nodes, req.use_spot))
 
 
 @app.command("apply", cls=usage.HelpCommand, epilog=usage.examples_of("apply"))
@@ -185,6 +188,7 @@ def apply(
     if not provision_only and (task.run or task.setup):
         get_provider(req.cloud).check_reach()
     registry = Registry()
+    reporter.info(costcli.describe(*price_quote(req), req.num_nodes, req.use_spot))
     inv = lifecycle.bring_up(req, reporter=reporter, registry=registry, workdir=task.workdir,
                              container_image=task.container_image)
     if not as_json and not yes:
@@ -229,6 +233,7 @@ def _apply_job(task: Task, req: ClusterRequest, inv: Inventory, registry: Regist
 app.command("launch", cls=usage.HelpCommand, help="Alias of `apply` (SkyPilot's `sky launch`).",
             epilog=usage.examples_of("launch"))(apply)
 autostopcli.register(app)
+costcli.register(app)
 
 
 def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> int:
@@ -284,6 +289,7 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
             inv = provisioner.load_inventory_of(rec.name)
             doc = output.cluster_doc(rec, inv, (registry.jobs(rec.name) or [None])[-1])
             doc.update(autostopcli.status_of(rec.name, rec.status, registry)[1])
+            doc.update(costcli.cluster_cost(rec.name, registry, rec.created_at))
             detected = fabricrecord.load_fabric(cluster_dir(rec.name)) or {}
             by_rank = {n.get("rank"): n for n in detected.get("nodes", []) if isinstance(n, dict)}
             doc["fabric"] = detected.get("kind")
@@ -293,7 +299,7 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
                     "kind": found.get("kind"), "interface": found.get("interface"),
                     "active_ports": found.get("active_ports") or [], "summary": fabricrecord.node_line(found)}
             if refresh and inv is not None:
-                health = _node_health(inv)
+                health = cliargs.node_health(inv)
                 doc["terraform"] = provisioner.state_drift(rec.name)
                 for node in doc["nodes"]:
                     node["health"] = health.get(node["rank"])
@@ -308,12 +314,12 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
         where = "/".join(p for p in (rec.cloud, rec.region, rec.zone) if p)
         lines, fields = autostopcli.status_of(rec.name, rec.status, registry)
         typer.echo(f"{rec.name}: {fields.get('status', rec.status)}, {rec.num_nodes} node(s) on {where}")
-        for line in lines:
+        for line in [costcli.status_line(costcli.cluster_cost(rec.name, registry, rec.created_at)), *lines]:
             typer.echo(line)
         inv = None if fields.get("status") else provisioner.load_inventory_of(rec.name)
         health: dict[int, str] = {}
         if inv is not None and refresh:
-            health = _node_health(inv)
+            health = cliargs.node_health(inv)
             typer.echo(f"  terraform: {provisioner.state_drift(rec.name)}")
         if inv is not None:
             fabrics = fabricrecord.status_lines(cluster_dir(rec.name))
@@ -326,20 +332,6 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
         if jobs:
             last = jobs[-1]
             typer.echo(f"  last job: {last.job_id} {last.status}")
-
-
-def _node_health(inv: Inventory) -> dict[int, str]:
-    """reachable / UNREACHABLE (ssh's reason), asked of every node at once."""
-    control = ssh.control_dir_for(cluster_dir(inv.cluster) / "cm")
-    results = ssh.run_on_all(inv.nodes, "true", control_dir=control, timeout=20)
-    health = {}
-    for rank, proc in results.items():
-        if proc.returncode == 0:
-            health[rank] = "reachable"
-        else:
-            reason = (proc.stderr.strip().splitlines() or [f"ssh exit code {proc.returncode}"])[-1]
-            health[rank] = f"UNREACHABLE ({reason})"
-    return health
 
 
 @app.command("exec", cls=usage.DashCommand, epilog=usage.examples_of("exec"))

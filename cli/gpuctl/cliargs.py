@@ -17,7 +17,7 @@ from gpuctl.common.console import Reporter
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.jobplane import autostop
-from gpuctl.provision import sshconfig
+from gpuctl.provision import ssh, sshconfig
 from gpuctl.provision.inventory import Inventory
 from gpuctl.provision.lifecycle import Teardown
 from gpuctl.spec.request import check_cluster_name
@@ -133,3 +133,17 @@ def emit_apply(registry: Registry, name: str, inv: Inventory, *, job_id: int | N
                           "inventory": str(cluster_dir(name) / "inventory.yml"),
                           "job": output.job_doc(job) if job is not None else None, "phases": phases or [],
                           "autostop": setting.as_dict() if (setting := autostop.saved(name)) else None})
+
+
+def node_health(inv: Inventory) -> dict[int, str]:
+    """reachable / UNREACHABLE (ssh's reason), asked of every node at once."""
+    control = ssh.control_dir_for(cluster_dir(inv.cluster) / "cm")
+    results = ssh.run_on_all(inv.nodes, "true", control_dir=control, timeout=20)
+    health = {}
+    for rank, proc in results.items():
+        if proc.returncode == 0:
+            health[rank] = "reachable"
+        else:
+            reason = (proc.stderr.strip().splitlines() or [f"ssh exit code {proc.returncode}"])[-1]
+            health[rank] = f"UNREACHABLE ({reason})"
+    return health

@@ -200,6 +200,10 @@ EXAMPLES = {
         'gpuctl autostop demo -i 30 --down',
         'gpuctl autostop demo --cancel',
     ),
+    'cost-report': (
+        'gpuctl cost-report',
+        'gpuctl cost-report -o json',
+    ),
     'version': (
         'gpuctl version',
         'gpuctl --version',

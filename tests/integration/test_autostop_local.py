@@ -84,6 +84,12 @@ run: echo hi
     again = cluster.gpuctl("apply", str(task), "-c", cluster.name, "-y").check()
     assert "took itself down (autodown)" in again.stdout and "Job 2 succeeded" in again.stdout  # its history kept
     cluster.footprint().assert_present(2)
+    # the controller's history: the life that ended by itself, then the new one; local nodes bill nothing
+    report = json.loads(cluster.gpuctl("cost-report", "-o", "json").check().stdout)
+    lives = [r for r in report["clusters"] if r["name"] == cluster.name]
+    assert [r["status"] for r in lives] == ["AUTODOWNED", "UP"] and all(r["no_cloud_bill"] for r in lives)
+    assert lives[0]["ended_at"] == doc["autodowned_at"]
+    assert "no cloud bill" in cluster.gpuctl("status", cluster.name).check().stdout
 
 
 @pytest.mark.parametrize("wait_for_ssh", ["jobs_and_ssh", "jobs"])

@@ -131,7 +131,8 @@ def test_launch_is_apply(tmp_path: Path):
 # -- --output json: one document on stdout, also for errors (README: "Machine-readable output") --
 
 VALIDATE_KEYS = {"schema", "command", "ok", "file", "cluster", "num_nodes", "cloud", "region", "zone",
-                 "instance_type", "accelerator", "gpus_per_node", "container_image", "warnings", "autostop"}
+                 "instance_type", "accelerator", "gpus_per_node", "container_image", "warnings", "autostop",
+                 "price"}
 ERROR_KEYS = {"schema", "command", "ok", "error", "exit_code"}
 
 

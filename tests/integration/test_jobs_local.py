@@ -744,7 +744,7 @@ def test_logs_after_the_job_from_the_saved_copy(jl: JobsCluster, pair: Pair):
 # -- machine-readable output --------------------------------------------------------
 
 STATUS_KEYS = {"name", "status", "cloud", "region", "zone", "num_nodes", "nodes", "last_job", "fabric", "autostop",
-               "idle_s"}
+               "idle_s", "age_s", "cost_so_far", "per_hour", "price_source", "no_cloud_bill"}
 NODE_KEYS = {"name", "rank", "address", "ssh_user", "ssh_host", "ssh_port", "gpus", "node_id"}
 JOB_KEYS = {"id", "name", "status", "num_nodes", "submitted_at", "started_at", "ended_at", "submitted_epoch",
             "started_epoch", "ended_epoch", "returncodes", "failed_rank"}

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from gpuctl.common.errors import UserError
-from gpuctl.providers.base import BaseProvider, Provider
+from gpuctl.providers.base import BaseProvider, Price, Provider
 from gpuctl.spec.request import ClusterRequest, request_from_task
 
 if TYPE_CHECKING:
@@ -92,3 +92,12 @@ def request_for(task: "Task", *, name: str | None = None, infra: str | None = No
         return req
     accel, count = get_provider(req.cloud).pick_accelerator(req, accelerators)
     return replace(req, accelerator=accel, gpus_per_node=math.ceil(count) if count else 0)
+
+
+def price_quote(req: ClusterRequest) -> tuple["Price", str | None]:
+    """(the price of one node, its instance type) for a request, its type resolved as apply would."""
+    from dataclasses import asdict
+
+    provider = get_provider(req.cloud)
+    instance_type = provider.instance_type(req)
+    return provider.price({**asdict(req), "instance_type": instance_type}), instance_type

@@ -52,6 +52,20 @@ class PowerOff:
     notes: list[str] = field(default_factory=list)  # what the user should know (a warning each)
 
 
+@dataclass(frozen=True)
+class Price:
+    """What one node costs per hour (USD), as far as gpuctl knows: an estimate, not a bill.
+    `source` says where the numbers come from, or why there are none; `free`: no cloud bill."""
+
+    on_demand: float | None = None
+    spot: float | None = None
+    source: str = ""
+    free: bool = False
+
+    def per_node_hour(self, spot: bool) -> float | None:
+        return self.spot if spot else self.on_demand
+
+
 @runtime_checkable
 class Provider(Protocol):
     name: str
@@ -156,6 +170,10 @@ class Provider(Protocol):
         when this provider's nodes cannot do that themselves."""
         ...
 
+    def price(self, request: Mapping[str, Any]) -> Price:
+        """The price of one node of this (recorded) request, or a Price that says why there is none."""
+        ...
+
     def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
         """Why this cluster cannot stop (or, `down`, remove) itself, asked before anything is made; None: it can."""
         ...
@@ -239,6 +257,9 @@ class BaseProvider:
 
     def boot_host_keys(self, cluster_dir: Path, node_count: int) -> dict[int, str]:
         return {}
+
+    def price(self, request: Mapping[str, Any]) -> Price:
+        return Price(source=f"gpuctl knows no prices for {self.name} nodes")
 
     def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
         return f"autostop needs nodes gpuctl made (infra aws or local); {self.name} nodes are yours to stop"

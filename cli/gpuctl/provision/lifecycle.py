@@ -20,7 +20,7 @@ from typing import Iterator
 
 from gpuctl.common.console import Reporter
 from gpuctl.common.paths import cluster_dir, state_root
-from gpuctl.providers import get_provider
+from gpuctl.providers import get_provider, price_quote
 from gpuctl.provision import ssh, sshconfig
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.request import ClusterRequest
@@ -64,9 +64,12 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
     with _changing(req.name, "gpuctl apply", reporter, registry), \
             reporter.stage(f"Provisioning {req.num_nodes} {req.cloud} node(s) for cluster '{req.name}'",
                            phase="provision") as step:
-        if get_provider(req.cloud).removed_itself(cluster_dir(req.name), finished=False) is not None:
+        removed = get_provider(req.cloud).removed_itself(cluster_dir(req.name), finished=False)
+        if removed is not None:
             reporter.info(f"Cluster '{req.name}' took itself down (autodown): clearing its state to make it again")
             provisioner.destroy(req.name)
+            registry.close_segment(req.name, "autodown", at=removed)
+            registry.remove_cluster(req.name)  # its age starts again; its jobs and history stay
         try:
             inv = provisioner.provision(
                 req, on_progress=reporter.info, on_start=record_start,
@@ -81,6 +84,7 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
                                 num_nodes=len(inv.nodes), status="UP",
                                 request={**asdict(req), **shared, "workdir": str(workdir) if workdir else None,
                                          "container_image": container_image})
+        _record_segment(registry, req, num_nodes=len(inv.nodes), region=inv.region)
     write_ssh_config(inv)
     if inv.head.known_hosts:  # nodes Terraform replaced are new entries; their old keys go
         ssh.forget_host_keys(Path(inv.head.known_hosts), {n.host_key_alias for n in inv.nodes}, keep_only=True)
@@ -91,6 +95,15 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
     for node in inv.nodes:
         reporter.info(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}")
     return inv
+
+
+def _record_segment(registry: Registry, req: ClusterRequest, *, num_nodes: int, region: str | None) -> None:
+    """The cluster runs at this size and price from now (its history, for status and cost-report)."""
+    price, instance_type = price_quote(req)
+    registry.open_segment(req.name, cloud=req.cloud, region=region, instance_type=instance_type,
+                          num_nodes=num_nodes, use_spot=req.use_spot,
+                          node_price=0.0 if price.free else price.per_node_hour(req.use_spot),
+                          price_source=price.source)
 
 
 def _absent(name: str) -> str:
@@ -119,6 +132,7 @@ def tear_down(name: str, *, reporter: Reporter, registry: Registry) -> bool:
         registry.set_cluster_status(name, "STOPPING")
         remove_containers(name, reporter)
         provisioner.destroy(name)  # the cluster's directory: keys, known hosts, inventory, state
+        registry.close_segment(name, "down")
         registry.forget(name)
         forget_local_files(name, held)
     reporter.info(f"Cluster '{name}' is gone.")

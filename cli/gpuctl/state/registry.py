@@ -74,6 +74,20 @@ CREATE TABLE IF NOT EXISTS jobs (
     token        TEXT,
     PRIMARY KEY (cluster, job_id)
 );
+CREATE TABLE IF NOT EXISTS history (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    cluster       TEXT NOT NULL,
+    cloud         TEXT NOT NULL,
+    region        TEXT,
+    instance_type TEXT,
+    num_nodes     INTEGER NOT NULL,
+    use_spot      INTEGER NOT NULL,
+    node_price    REAL,
+    price_source  TEXT,
+    started_at    REAL NOT NULL,
+    ended_at      REAL,
+    ended_how     TEXT
+);
 """
 
 
@@ -88,6 +102,30 @@ class ClusterRecord:
     request: dict[str, Any]
     created_at: float
     updated_at: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of a cluster's life at one size and price (`cost-report`): from an apply that made
+    or resized it to the next such apply, its `down`, or its autodown. Kept after the cluster goes."""
+
+    cluster: str
+    cloud: str
+    region: str | None
+    instance_type: str | None
+    num_nodes: int
+    use_spot: bool
+    node_price: float | None  # USD per node-hour; None: unknown (never shown as $0); 0.0: no cloud bill
+    price_source: str | None
+    started_at: float
+    ended_at: float | None
+    ended_how: str | None  # down | autodown | resized; None while it runs
+
+    def cost(self, now: float) -> float | None:
+        """Estimated USD so far (or in all, once ended); None when the price is unknown."""
+        if self.node_price is None:
+            return None
+        return self.node_price * self.num_nodes * max(0.0, (self.ended_at or now) - self.started_at) / 3600.0
 
 
 @dataclass(frozen=True)
@@ -260,6 +298,35 @@ class Registry:
     def remove_jobs(self, cluster: str) -> None:
         with self._connect() as db:
             db.execute("DELETE FROM jobs WHERE cluster=?", (cluster,))
+
+    # history: what each cluster cost while it lived (cost-report), this state dir's own
+    def open_segment(self, name: str, *, cloud: str, region: str | None, instance_type: str | None,
+                     num_nodes: int, use_spot: bool, node_price: float | None, price_source: str | None) -> None:
+        """The cluster runs at this size and price from now: a new segment unless the open one matches."""
+        now = time.time()
+        with self._connect() as db:
+            row = db.execute("SELECT id, instance_type, num_nodes, use_spot, node_price FROM history "
+                             "WHERE cluster=? AND ended_at IS NULL ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+            if row is not None and tuple(row[1:]) == (instance_type, num_nodes, int(use_spot), node_price):
+                return
+            if row is not None:
+                db.execute("UPDATE history SET ended_at=?, ended_how='resized' WHERE id=?", (now, row[0]))
+            db.execute("INSERT INTO history (cluster, cloud, region, instance_type, num_nodes, use_spot, node_price, "
+                       "price_source, started_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                       (name, cloud, region, instance_type, num_nodes, int(use_spot), node_price, price_source, now))
+
+    def close_segment(self, name: str, how: str, at: float | None = None) -> None:
+        """The cluster went (`down`, or it took itself down at `at`)."""
+        with self._connect() as db:
+            db.execute("UPDATE history SET ended_at=?, ended_how=? WHERE cluster=? AND ended_at IS NULL",
+                       (time.time() if at is None else at, how, name))
+
+    def history(self) -> list[Segment]:
+        with self._connect() as db:
+            rows = db.execute("SELECT cluster, cloud, region, instance_type, num_nodes, use_spot, node_price, "
+                              "price_source, started_at, ended_at, ended_how FROM history ORDER BY started_at, id"
+                              ).fetchall()
+        return [Segment(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], r[10]) for r in rows]
 
     # shared state: the state dir as the working copy of the state bucket
     def adopt(self, name: str) -> bool:

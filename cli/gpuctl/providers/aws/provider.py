@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 from gpuctl.common.config import CIDRS_ENV, AwsSettings, aws_settings, config_path, instance_profile
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_terraform_dir, readable_state_file, terraform_dir
-from gpuctl.providers.aws import hostkeys
+from gpuctl.providers.aws import hostkeys, prices
 from gpuctl.providers.aws.catalog import (default_cpu_instance_type, default_instance_type, first_available,
                                           gpudirect_rdma, resolve_instance_type)
 from gpuctl.providers.aws.preflight import (
@@ -51,7 +51,7 @@ from gpuctl.providers.aws.preflight import (
     failover_line,
     next_zone,
 )
-from gpuctl.providers.base import BaseProvider, PowerOff
+from gpuctl.providers.base import BaseProvider, PowerOff, Price
 from gpuctl.spec.request import ClusterRequest, remote_identity_key
 
 if TYPE_CHECKING:
@@ -382,6 +382,9 @@ class AwsProvider(BaseProvider):
 
     def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:
         return describe(req, self.settings, outputs)
+
+    def price(self, request: Mapping[str, Any]) -> Price:
+        return prices.price_of(request.get("instance_type"), request.get("region"))
 
     def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
         if not down and request.get("use_spot"):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir as cluster_dir_of
 from gpuctl.providers import render_root
-from gpuctl.providers.base import BaseProvider, PowerOff
+from gpuctl.providers.base import BaseProvider, PowerOff, Price
 from gpuctl.spec.accelerators import unknown_accelerator_message, unknown_accelerators
 from gpuctl.spec.request import ClusterRequest
 
@@ -513,6 +513,9 @@ class LocalProvider(BaseProvider):
 
     def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
         return None
+
+    def price(self, request: Mapping[str, Any]) -> Price:
+        return Price(source="local nodes: no cloud bill", free=True)
 
     def power_off(self, cluster_dir: Path, ranks: list[int], ssh_user: str, request: Mapping[str, Any],
                   *, down: bool) -> PowerOff:
