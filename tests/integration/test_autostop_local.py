@@ -182,5 +182,8 @@ def test_apply_down_removes_the_cluster_when_the_job_ends_even_if_gpuctl_is_kill
                  timeout=6 + 3 + 60)
         assert time.monotonic() - killed >= 3  # the job ran to its end first
         assert fp.nodes_left() == []
+        # both lives are in the history: the one this gpuctl took down, the one that went by itself
+        report = json.loads(cluster.gpuctl("cost-report", "-o", "json").check().stdout)
+        assert [r["status"] for r in report["clusters"] if r["name"] == cluster.name] == ["DOWN", "AUTODOWNED"]
     finally:
         watched.close()

@@ -109,3 +109,20 @@ def test_validate_prints_the_price(tmp_path: Path) -> None:
     doc = json.loads(subprocess.run([sys.executable, "-m", "gpuctl", "validate", str(task), "-o", "json"],
                                     capture_output=True, text=True, env=env, timeout=60).stdout)
     assert doc["price"]["cluster_per_hour"] == 110.08 and doc["price"]["source"].endswith("2026-11-26")
+
+
+def test_status_shows_age_and_cost_so_far(tmp_path: Path) -> None:
+    registry = Registry(path=tmp_path / "state.db", remote=None)
+    registry.open_segment("train", cloud="aws", region="us-east-1", instance_type="p5.48xlarge", num_nodes=2,
+                          use_spot=False, node_price=55.04, price_source="list")
+    started = registry.history()[0].started_at
+    fields = costcli.cluster_cost("train", registry, started, now=started + 72 * 60)
+    assert (fields["age_s"], fields["per_hour"]) == (4320.0, 110.08)
+    assert costcli.status_line(fields) == "  age 1h 12m, $132.10 so far at $110.08/h (estimated)"
+    registry.open_segment("lab", cloud="aws", region="us-east-1", instance_type="x9.huge", num_nodes=1,
+                          use_spot=False, node_price=None, price_source="x9.huge is not in gpuctl's price list")
+    lab = costcli.cluster_cost("lab", registry, registry.history()[-1].started_at)
+    assert costcli.status_line(lab).endswith("cost unknown (x9.huge is not in gpuctl's price list)")
+    registry.close_segment("train", "autodown", at=started + 600)  # it took itself down after 10 minutes
+    gone = costcli.cluster_cost("train", registry, started, now=started + 7200)
+    assert gone["age_s"] == 600.0 and gone["per_hour"] is None
