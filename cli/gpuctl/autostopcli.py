@@ -26,12 +26,11 @@ from gpuctl.provision import lifecycle
 from gpuctl.provision.inventory import Inventory, load_inventory
 from gpuctl.spec.autostop import DEFAULT_IDLE_MINUTES, Autostop, with_flags
 from gpuctl.spec.request import ClusterRequest, check_cluster_name
-from gpuctl.state.registry import Registry
+from gpuctl.state.registry import AUTODOWNED, STOPPED, Registry
 
 if TYPE_CHECKING:
     from gpuctl.spec import Task
 
-AUTODOWNED = "AUTODOWNED"  # the registry's status of a cluster that took itself down
 
 IdleOption = typer.Option(None, "-i", "--idle-minutes-to-autostop", metavar="MIN", min=0,
                           help="Stop the cluster after MIN idle minutes (no job, no ssh session); as `sky launch -i`.")
@@ -144,29 +143,52 @@ def register(app: typer.Typer) -> None:
                                      "autostop": setting.as_dict() if setting else None, "head": head})
 
 
-def reconcile(name: str, status: str, registry: Registry) -> float | None:
-    """When the cluster took itself down (its provider's word), recorded as AUTODOWNED; None: it did not."""
+def reconcile(name: str, status: str, registry: Registry) -> tuple[str | None, float | None]:
+    """What the cluster did by itself, recorded: (AUTODOWNED | STOPPED, when) or (None, None).
+
+    Local nodes leave word where they were made; cloud nodes are asked of the cloud (one call), and
+    only for a cluster that holds an autostop setting: no other can have stopped itself."""
     from gpuctl.providers import get_provider
 
     record = registry.cluster(name)
     if record is None:
-        return None
+        return None, None
+    provider = get_provider(record.cloud)
+    what: str | None = None
     try:
-        when = get_provider(record.cloud).removed_itself(cluster_dir(name))
+        when = provider.removed_itself(cluster_dir(name))
     except UserError:
-        return None
-    if when is not None and status != AUTODOWNED:
-        registry.set_cluster_status(name, AUTODOWNED)
-        registry.close_segment(name, "autodown", at=when)
-    return when
+        when = None
+    if when is not None:
+        what = AUTODOWNED
+    elif autostop.saved(name) is not None and (inv := _saved_inventory(name)) is not None:
+        states = provider.node_states([n.node_id for n in inv.nodes], inv.region)
+        kinds = {state for state, _ in states.values()}
+        times = [t for _, t in states.values() if t is not None]
+        if states and kinds == {"terminated"}:
+            what, when = AUTODOWNED, max(times, default=time.time())
+        elif states and kinds == {"stopped"}:
+            what, when = STOPPED, max(times, default=time.time())
+    if what is not None and status != what:
+        registry.set_cluster_status(name, what)
+        registry.close_segment(name, "autodown" if what == AUTODOWNED else "stopped", at=when)
+    return what, when
+
+
+def _saved_inventory(name: str) -> Inventory | None:
+    path = cluster_dir(name) / "inventory.yml"
+    return load_inventory(path, cluster=name) if path.is_file() else None
 
 
 def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], dict[str, Any]]:
     """`status`'s autostop lines and JSON fields for one cluster: the setting, how long the cluster
     has been idle (its head's watcher says), and when it took itself down."""
-    removed = reconcile(name, status, registry)
-    if removed is not None:
+    what, removed = reconcile(name, status, registry)
+    if what is not None and removed is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(removed))
+        if what == STOPPED:
+            return ([f"  stopped itself at {when} (autostop); its disks still bill: `gpuctl down {name}` "
+                     "removes it"], {"status": STOPPED, "stopped_at": removed, "autostop": None, "idle_s": None})
         return ([f"  took itself down at {when} (autodown); `gpuctl apply` brings it up again, "
                  f"`gpuctl down {name}` forgets it"],
                 {"status": AUTODOWNED, "autodowned_at": removed, "autostop": None, "idle_s": None})
@@ -176,8 +198,7 @@ def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], di
     idle_s: float | None = None
     seen = ""
     try:
-        path = cluster_dir(name) / "inventory.yml"
-        inv = load_inventory(path, cluster=name) if path.is_file() else None
+        inv = _saved_inventory(name)
         head = autostop.show(inv) if inv is not None else {}
         idle_s = head.get("idle_s") if head.get("set") else None
         seen = (f", idle {idle_s / 60:.1f} min" if idle_s is not None else "") + (

@@ -288,10 +288,9 @@ def test_a_killed_watcher_comes_back_with_the_next_show(tmp_path: Path) -> None:
         return found
 
     deadline = time.monotonic() + 10
-    while not watchers():
+    while not (watchers() and _agent(home, "show")["watcher"]):  # started, and holding its lock
         assert time.monotonic() < deadline, "no watcher started"
         time.sleep(0.05)
-    assert _agent(home, "show")["watcher"] is True
     for pid in watchers():
         os.kill(pid, 9)
     while watchers():

@@ -174,6 +174,11 @@ class Provider(Protocol):
         """The price of one node of this (recorded) request, or a Price that says why there is none."""
         ...
 
+    def node_states(self, node_ids: list[str], region: str | None) -> dict[str, tuple[str, float | None]]:
+        """{node id: (running | stopped | terminated | ..., when it got there or None)} as the cloud says,
+        for a cluster that may have stopped or removed itself; {} when it cannot be asked."""
+        ...
+
     def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
         """Why this cluster cannot stop (or, `down`, remove) itself, asked before anything is made; None: it can."""
         ...
@@ -260,6 +265,9 @@ class BaseProvider:
 
     def price(self, request: Mapping[str, Any]) -> Price:
         return Price(source=f"gpuctl knows no prices for {self.name} nodes")
+
+    def node_states(self, node_ids: list[str], region: str | None) -> dict[str, tuple[str, float | None]]:
+        return {}
 
     def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
         return f"autostop needs nodes gpuctl made (infra aws or local); {self.name} nodes are yours to stop"

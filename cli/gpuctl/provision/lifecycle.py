@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Iterator
 
 from gpuctl.common.console import Reporter
+from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.providers import get_provider, price_quote
 from gpuctl.provision import ssh, sshconfig
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.request import ClusterRequest
 from gpuctl.state.lock import HeldLock, cluster_lock
-from gpuctl.state.registry import Registry
+from gpuctl.state.registry import STOPPED, Registry
 
 
 @contextmanager
@@ -53,6 +54,10 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
 
     shared = {"state": registry.remote.where(req.name)} if registry.remote is not None else {}
     provisioner.check_request(req)  # before the lock: a bad request waits for nothing
+    known = registry.cluster(req.name)
+    if known is not None and known.status == STOPPED:
+        raise UserError(f"cluster '{req.name}' stopped itself (autostop) and gpuctl does not start stopped nodes "
+                        f"yet; remove it with `gpuctl down {req.name}`, then apply again")
     started = False
 
     def record_start(prepared: ClusterRequest) -> None:

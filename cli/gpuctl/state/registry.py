@@ -44,6 +44,8 @@ SCHEMA_VERSION = 2  # 2: jobs.token
 
 JOB_STATES = ("PENDING", "SETTING_UP", "RUNNING", "SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
 TERMINAL_JOB_STATES = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
+AUTODOWNED = "AUTODOWNED"  # a cluster's status once it took itself down (autodown)
+STOPPED = "STOPPED"  # ... once its nodes stopped themselves (autostop; cloud nodes only)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -107,7 +109,8 @@ class ClusterRecord:
 @dataclass(frozen=True)
 class Segment:
     """A stretch of a cluster's life at one size and price (`cost-report`): from an apply that made
-    or resized it to the next such apply, its `down`, or its autodown. Kept after the cluster goes."""
+    or resized it to the next such apply, its `down`, its autodown or its autostop (the compute no
+    longer bills; a stopped cluster's disks do). Kept after the cluster goes."""
 
     cluster: str
     cloud: str
@@ -119,7 +122,7 @@ class Segment:
     price_source: str | None
     started_at: float
     ended_at: float | None
-    ended_how: str | None  # down | autodown | resized; None while it runs
+    ended_how: str | None  # down | autodown | stopped | resized; None while it runs
 
     def cost(self, now: float) -> float | None:
         """Estimated USD so far (or in all, once ended); None when the price is unknown."""

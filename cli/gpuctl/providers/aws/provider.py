@@ -386,6 +386,11 @@ class AwsProvider(BaseProvider):
     def price(self, request: Mapping[str, Any]) -> Price:
         return prices.price_of(request.get("instance_type"), request.get("region"))
 
+    def node_states(self, node_ids: list[str], region: str | None) -> dict[str, tuple[str, float | None]]:
+        """EC2's state of each instance (one DescribeInstances call); an instance EC2 no longer lists is
+        terminated. {} when EC2 cannot be asked (no credentials, no network): nothing is concluded."""
+        return hostkeys.instance_states(node_ids, region)
+
     def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
         if not down and request.get("use_spot"):
             return ("spot nodes cannot be stopped (a one-time request ends when stopped); use autodown: --down, "
