@@ -28,6 +28,7 @@ from gpuctl.providers import get_provider
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.autostop import Autostop
+from gpuctl.state.registry import Registry
 
 SETTING_FILE = "autostop.json"
 LEASE_ENV = "GPUCTL_LEASE_MINUTES"
@@ -101,12 +102,14 @@ def arm(inv: Inventory, setting: Autostop, *, request: Mapping[str, Any], lease_
                 "head_off": plan.head}
     answer = _call(inv, "set", document=document)
     save(inv.cluster, setting)
+    Registry().publish(inv.cluster)  # shared state: other runners see the setting (and ask EC2 in status)
     return Armed(setting=setting, notes=list(plan.notes), head=answer)
 
 
 def cancel(inv: Inventory) -> dict[str, Any]:
     answer = _call(inv, "cancel")
     forget(inv.cluster)
+    Registry().publish(inv.cluster)
     return answer
 
 
