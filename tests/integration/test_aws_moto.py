@@ -140,6 +140,13 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
         assert up.returncode == 0, up.stdout + up.stderr
         check_cluster(moto, proxy, up.stdout, name, _isolated_state)
         check_module_inventory(_isolated_state / "clusters" / name, env, tmp_path)
+        # the nodes stop themselves (autostop's shutdown): the next apply starts the same nodes again
+        ids = sorted(i["InstanceId"] for i in running(moto, name))
+        ec2(moto).stop_instances(InstanceIds=ids)
+        assert running(moto, name) == []
+        again = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert sorted(i["InstanceId"] for i in running(moto, name)) == ids
         # a CI runner that never saw the cluster takes it down: the Terraform state and the
         # rendered root (with the endpoint it was made with) come from the state bucket
         down = gpuctl("down", name, env={**env, "GPUCTL_STATE_DIR": str(tmp_path / "fresh-runner")}, cwd=tmp_path)

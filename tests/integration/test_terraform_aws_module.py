@@ -32,7 +32,7 @@ EXAMPLES = sorted(p.name for p in (MODULE / "examples").iterdir() if p.is_dir())
 # run blocks per test file; change together with the file.
 EXPECTED_RUNS = {
     "efa_layout": 10,
-    "lifecycle": 5,
+    "lifecycle": 6,
     "market": 4,
     "network": 9,
     "nodes": 6,

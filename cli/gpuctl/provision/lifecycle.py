@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Iterator
 
 from gpuctl.common.console import Reporter
-from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.providers import get_provider, price_quote
 from gpuctl.provision import ssh, sshconfig
@@ -56,8 +55,7 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
     provisioner.check_request(req)  # before the lock: a bad request waits for nothing
     known = registry.cluster(req.name)
     if known is not None and known.status == STOPPED:
-        raise UserError(f"cluster '{req.name}' stopped itself (autostop) and gpuctl does not start stopped nodes "
-                        f"yet; remove it with `gpuctl down {req.name}`, then apply again")
+        reporter.info(f"Cluster '{req.name}' stopped itself (autostop): starting its nodes again")
     started = False
 
     def record_start(prepared: ClusterRequest) -> None:

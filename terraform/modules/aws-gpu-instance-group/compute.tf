@@ -208,6 +208,15 @@ resource "aws_instance" "node" {
   }
 }
 
+# Running, always: a node that stopped itself (gpuctl's autostop shuts it down) is started again by
+# the next apply, as SkyPilot's `sky start` would; a terminated one is made again by aws_instance.
+resource "aws_ec2_instance_state" "node" {
+  count = var.node_count
+
+  instance_id = aws_instance.node[count.index].id
+  state       = "running"
+}
+
 resource "aws_eip" "node" {
   count = var.elastic_ip ? var.node_count : 0
 

@@ -125,3 +125,12 @@ run "autodown_terminates_in_place" {
     error_message = "an autodown cluster's nodes terminate when its head shuts them down"
   }
 }
+
+run "every_node_is_kept_running" {
+  command = plan
+
+  assert {
+    condition     = length(aws_ec2_instance_state.node) == 2 && alltrue([for s in aws_ec2_instance_state.node : s.state == "running"])
+    error_message = "each node is kept running: an apply starts a node that stopped itself (autostop)"
+  }
+}
