@@ -280,15 +280,21 @@ every process it started (what escaped both).
 """
 
 
-def _proc_state(pid):
-    """(state letter, pgrp) from /proc, or None when the process is gone."""
+def stat_fields(pid, proc_root="/proc"):
+    """The fields of PROC/PID/stat after the command name (which may hold spaces): state, ppid,
+    pgrp, session, tty_nr, ...; None when the process is gone."""
     try:
-        with open("/proc/%d/stat" % pid) as fh:
+        with open("%s/%s/stat" % (proc_root, pid)) as fh:
             data = fh.read()
     except OSError:
         return None
-    fields = data[data.rfind(")") + 2:].split()
-    return fields[0], int(fields[2])
+    return data[data.rfind(")") + 2:].split()
+
+
+def _proc_state(pid):
+    """(state letter, pgrp) from /proc, or None when the process is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[2]))
 
 
 def pid_alive(pid):
@@ -467,6 +473,23 @@ def fast_kex_option(query=None):
 def peer_ssh_argv(options):
     """ssh, the fast exchange, then the peer's own options (the payload's: key, known hosts, ...)."""
     return ["ssh"] + fast_kex_option() + list(options)
+
+
+def run_peer_ssh(argv, timeout, stdin=subprocess.DEVNULL):
+    """(exit code, stdout, stderr) of an ssh to a peer, its output in files, not pipes: a
+    ControlMaster ssh goes on in the background and would hold a pipe, and so the answer, until its
+    ControlPersist time. Past `timeout` it is killed and subprocess.TimeoutExpired raised."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdin=stdin, stdout=out, stderr=err, close_fds=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return code, out.read(), err.read()
 
 
 # -------------------- jobplane/agent/jobdir.py ---------------------------------------------------
@@ -1028,31 +1051,23 @@ def install_one(target, remote, bundle_fd, timeout=PEER_INSTALL_TIMEOUT):
     """One worker's install step over ssh: its result line as a dict. Output goes to files, not
     pipes: the ControlMaster ssh leaves behind for the job must not hold the result back."""
     argv = peer_ssh_argv(target["ssh"]) + ["--", target["host"], remote]
-    with open("/proc/self/fd/%d" % bundle_fd, "rb") as stdin, tempfile.TemporaryFile() as out_file, \
-            tempfile.TemporaryFile() as err_file:
+    with open("/proc/self/fd/%d" % bundle_fd, "rb") as stdin:
         try:
-            proc = subprocess.Popen(argv, stdin=stdin, stdout=out_file, stderr=err_file, close_fds=True)
+            code, out, err = run_peer_ssh(argv, timeout, stdin=stdin)
         except OSError as exc:
             return {"node": target["name"], "ok": False, "unreachable": True, "error": "cannot start ssh: %s" % exc}
-        try:
-            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
             return {"node": target["name"], "ok": False, "unreachable": False,
                     "error": "the install step took over %d s" % timeout}
-        out_file.seek(0)
-        err_file.seek(0)
-        out, err = out_file.read(), err_file.read()
-    if proc.returncode == 0:
+    if code == 0:
         try:
             result = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
         except (ValueError, IndexError):
             return {"node": target["name"], "ok": False, "unreachable": False,
                     "error": "gpuctl-node install printed no result"}
         return {"node": target["name"], "ok": True, "result": result}
-    return {"node": target["name"], "ok": False, "unreachable": proc.returncode == _SSH_FAILED,
-            "error": _tail(err) or _tail(out) or "exit code %d" % proc.returncode}
+    return {"node": target["name"], "ok": False, "unreachable": code == _SSH_FAILED,
+            "error": _tail(err) or _tail(out) or "exit code %d" % code}
 
 
 def install_peers(request, emit):
@@ -1207,12 +1222,11 @@ def last_job_end(jobs_dir=None):
 
 
 def _stat(proc_root, pid):
-    """(ppid, tty_nr) of a process from PROC/PID/stat, readable for every process; None if gone."""
+    """(ppid, tty_nr) of a process, readable for every process; None if gone."""
+    fields = stat_fields(pid, proc_root)
     try:
-        with open(os.path.join(proc_root, pid, "stat")) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return int(fields[1]), int(fields[4])
-    except (OSError, IndexError, ValueError):
+        return None if fields is None else (int(fields[1]), int(fields[4]))
+    except (IndexError, ValueError):
         return None
 
 
@@ -1396,22 +1410,6 @@ def busy_reason(config, now):
     return None
 
 
-def _run_to_files(argv, timeout):
-    """(exit code, stdout, stderr) of a command whose output goes to files, not pipes: a ControlMaster
-    ssh starts in the background and would hold a pipe, and the answer, until its persist time."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
-        out.seek(0)
-        err.seek(0)
-        return code, out.read(), err.read()
-
-
 def worker_sessions(config):
     """Workers with a terminal login, asked all at once; an unreachable worker counts as none."""
     found = []
@@ -1419,7 +1417,7 @@ def worker_sessions(config):
     def ask(worker):
         argv = peer_ssh_argv(worker.get("ssh") or []) + ["--", worker["host"], "%s %s sessions" % (AGENT, CMD_AUTOSTOP)]
         try:
-            code, out, _ = _run_to_files(argv, 30)
+            _, out, _ = run_peer_ssh(argv, 30)
             count = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])["sessions"]
         except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError, TypeError):
             log("could not ask %s for its ssh sessions" % worker.get("name"))
@@ -1460,7 +1458,7 @@ def power_off(config):
         remote = " ".join(shell_quote(a) for a in worker["off"])
         argv = peer_ssh_argv(worker.get("ssh") or []) + ["--", worker["host"], remote]
         try:
-            code, _, err = _run_to_files(argv, POWER_OFF_TIMEOUT_S)
+            code, _, err = run_peer_ssh(argv, POWER_OFF_TIMEOUT_S)
             log("%s: power-off exit code %d %s" % (worker.get("name"), code,
                                                    err.decode("utf-8", "replace").strip()[-300:]))
         except (OSError, subprocess.SubprocessError) as exc:

@@ -23,13 +23,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, JOBS_DIR, agent_file, read_int, shell_quote, write_private
-from gpuctl.jobplane.agent.peerssh import peer_ssh_argv
-from gpuctl.jobplane.agent.procs import pid_alive
+from gpuctl.jobplane.agent.peerssh import peer_ssh_argv, run_peer_ssh
+from gpuctl.jobplane.agent.procs import pid_alive, stat_fields
 from gpuctl.jobplane.protocol import AGENT, AUTOSTOP_WAIT_FOR, CMD_AUTOSTOP, CMD_AUTOSTOP_WATCH
 
 AUTOSTOP_CONFIG = os.path.join(GPUCTL_DIR, "autostop.json")
@@ -97,12 +96,11 @@ def last_job_end(jobs_dir=None):
 
 
 def _stat(proc_root, pid):
-    """(ppid, tty_nr) of a process from PROC/PID/stat, readable for every process; None if gone."""
+    """(ppid, tty_nr) of a process, readable for every process; None if gone."""
+    fields = stat_fields(pid, proc_root)
     try:
-        with open(os.path.join(proc_root, pid, "stat")) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return int(fields[1]), int(fields[4])
-    except (OSError, IndexError, ValueError):
+        return None if fields is None else (int(fields[1]), int(fields[4]))
+    except (IndexError, ValueError):
         return None
 
 
@@ -286,22 +284,6 @@ def busy_reason(config, now):
     return None
 
 
-def _run_to_files(argv, timeout):
-    """(exit code, stdout, stderr) of a command whose output goes to files, not pipes: a ControlMaster
-    ssh starts in the background and would hold a pipe, and the answer, until its persist time."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
-        out.seek(0)
-        err.seek(0)
-        return code, out.read(), err.read()
-
-
 def worker_sessions(config):
     """Workers with a terminal login, asked all at once; an unreachable worker counts as none."""
     found = []
@@ -309,7 +291,7 @@ def worker_sessions(config):
     def ask(worker):
         argv = peer_ssh_argv(worker.get("ssh") or []) + ["--", worker["host"], "%s %s sessions" % (AGENT, CMD_AUTOSTOP)]
         try:
-            code, out, _ = _run_to_files(argv, 30)
+            _, out, _ = run_peer_ssh(argv, 30)
             count = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])["sessions"]
         except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError, TypeError):
             log("could not ask %s for its ssh sessions" % worker.get("name"))
@@ -350,7 +332,7 @@ def power_off(config):
         remote = " ".join(shell_quote(a) for a in worker["off"])
         argv = peer_ssh_argv(worker.get("ssh") or []) + ["--", worker["host"], remote]
         try:
-            code, _, err = _run_to_files(argv, POWER_OFF_TIMEOUT_S)
+            code, _, err = run_peer_ssh(argv, POWER_OFF_TIMEOUT_S)
             log("%s: power-off exit code %d %s" % (worker.get("name"), code,
                                                    err.decode("utf-8", "replace").strip()[-300:]))
         except (OSError, subprocess.SubprocessError) as exc:

@@ -17,13 +17,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import zlib
 
 from gpuctl.jobplane.agent.install import KEY_NAME, SSH_DIR, InstallError, agent_code, write_view
 from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, shell_quote
-from gpuctl.jobplane.agent.peerssh import peer_ssh_argv
+from gpuctl.jobplane.agent.peerssh import peer_ssh_argv, run_peer_ssh
 from gpuctl.jobplane.protocol import PEER_INSTALL_TIMEOUT
 
 _SSH_FAILED = 255  # ssh's own exit code: the worker was not reached (or refused us)
@@ -48,31 +47,23 @@ def install_one(target, remote, bundle_fd, timeout=PEER_INSTALL_TIMEOUT):
     """One worker's install step over ssh: its result line as a dict. Output goes to files, not
     pipes: the ControlMaster ssh leaves behind for the job must not hold the result back."""
     argv = peer_ssh_argv(target["ssh"]) + ["--", target["host"], remote]
-    with open("/proc/self/fd/%d" % bundle_fd, "rb") as stdin, tempfile.TemporaryFile() as out_file, \
-            tempfile.TemporaryFile() as err_file:
+    with open("/proc/self/fd/%d" % bundle_fd, "rb") as stdin:
         try:
-            proc = subprocess.Popen(argv, stdin=stdin, stdout=out_file, stderr=err_file, close_fds=True)
+            code, out, err = run_peer_ssh(argv, timeout, stdin=stdin)
         except OSError as exc:
             return {"node": target["name"], "ok": False, "unreachable": True, "error": "cannot start ssh: %s" % exc}
-        try:
-            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
             return {"node": target["name"], "ok": False, "unreachable": False,
                     "error": "the install step took over %d s" % timeout}
-        out_file.seek(0)
-        err_file.seek(0)
-        out, err = out_file.read(), err_file.read()
-    if proc.returncode == 0:
+    if code == 0:
         try:
             result = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
         except (ValueError, IndexError):
             return {"node": target["name"], "ok": False, "unreachable": False,
                     "error": "gpuctl-node install printed no result"}
         return {"node": target["name"], "ok": True, "result": result}
-    return {"node": target["name"], "ok": False, "unreachable": proc.returncode == _SSH_FAILED,
-            "error": _tail(err) or _tail(out) or "exit code %d" % proc.returncode}
+    return {"node": target["name"], "ok": False, "unreachable": code == _SSH_FAILED,
+            "error": _tail(err) or _tail(out) or "exit code %d" % code}
 
 
 def install_peers(request, emit):

@@ -9,6 +9,7 @@ wherever sntrup761x25519-sha512@openssh.com does (8.5 on); older clients get no 
 """
 
 import subprocess
+import tempfile
 
 _FAST_KEX = []  # [the option] or [], once this process asked its ssh (`ssh -Q kex`)
 
@@ -37,3 +38,20 @@ def fast_kex_option(query=None):
 def peer_ssh_argv(options):
     """ssh, the fast exchange, then the peer's own options (the payload's: key, known hosts, ...)."""
     return ["ssh"] + fast_kex_option() + list(options)
+
+
+def run_peer_ssh(argv, timeout, stdin=subprocess.DEVNULL):
+    """(exit code, stdout, stderr) of an ssh to a peer, its output in files, not pipes: a
+    ControlMaster ssh goes on in the background and would hold a pipe, and so the answer, until its
+    ControlPersist time. Past `timeout` it is killed and subprocess.TimeoutExpired raised."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdin=stdin, stdout=out, stderr=err, close_fds=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return code, out.read(), err.read()

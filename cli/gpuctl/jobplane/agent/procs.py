@@ -10,15 +10,21 @@ every process it started (what escaped both).
 import os
 
 
-def _proc_state(pid):
-    """(state letter, pgrp) from /proc, or None when the process is gone."""
+def stat_fields(pid, proc_root="/proc"):
+    """The fields of PROC/PID/stat after the command name (which may hold spaces): state, ppid,
+    pgrp, session, tty_nr, ...; None when the process is gone."""
     try:
-        with open("/proc/%d/stat" % pid) as fh:
+        with open("%s/%s/stat" % (proc_root, pid)) as fh:
             data = fh.read()
     except OSError:
         return None
-    fields = data[data.rfind(")") + 2:].split()
-    return fields[0], int(fields[2])
+    return data[data.rfind(")") + 2:].split()
+
+
+def _proc_state(pid):
+    """(state letter, pgrp) from /proc, or None when the process is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[2]))
 
 
 def pid_alive(pid):

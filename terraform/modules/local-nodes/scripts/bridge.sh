@@ -35,25 +35,29 @@ up() {
 # (scripts/hostns.sh, autodown). PID 1 would do where it may be entered; in containers and
 # sandboxes it often may not. Recorded with its start time; `down` ends it.
 start_anchor() {
-  local pid stat fields
+  local pid start
   setsid sleep infinity </dev/null >/dev/null 2>&1 &
   pid=$!
-  { read -r stat <"/proc/$pid/stat"; } 2>/dev/null || die "the cluster's anchor process (sleep) did not start"
+  start=$(start_time "$pid") || die "the cluster's anchor process (sleep) did not start"
+  printf 'LN_ANCHOR=%s\nLN_ANCHOR_START=%s\n' "$pid" "$start" >>"$LN_STATE_DIR/bridge.env"
+}
+
+# Field 22 of /proc/PID/stat (start time); the command name may hold spaces, so split after it.
+start_time() {
+  local stat fields
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
   stat=${stat##*) }
   read -r -a fields <<<"$stat"
-  printf 'LN_ANCHOR=%s\nLN_ANCHOR_START=%s\n' "$pid" "${fields[19]}" >>"$LN_STATE_DIR/bridge.env"
+  echo "${fields[19]}"
 }
 
 stop_anchor() {
-  local pid="" start="" stat fields
+  local pid="" start=""
   [[ -r $LN_STATE_DIR/bridge.env ]] || return 0
   pid=$(sed -n 's/^LN_ANCHOR=//p' "$LN_STATE_DIR/bridge.env")
   start=$(sed -n 's/^LN_ANCHOR_START=//p' "$LN_STATE_DIR/bridge.env")
-  [[ -n $pid ]] || return 0
-  { read -r stat <"/proc/$pid/stat"; } 2>/dev/null || return 0
-  stat=${stat##*) }
-  read -r -a fields <<<"$stat"
-  if [[ ${fields[19]:-} == "$start" ]]; then kill "$pid" 2>/dev/null || true; fi
+  [[ -n $pid && -n $start ]] || return 0
+  if [[ $(start_time "$pid") == "$start" ]]; then kill "$pid" 2>/dev/null || true; fi
 }
 
 down() {
