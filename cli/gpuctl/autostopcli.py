@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import typer
 
 from gpuctl import usage
+from gpuctl.cliargs import cluster_inventory
 from gpuctl.common import output
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ClusterNotFound, ProvisionError, UserError
@@ -23,9 +24,9 @@ from gpuctl.common.paths import cluster_dir
 from gpuctl.jobplane import autostop
 from gpuctl.jobplane.runner import JobRunner
 from gpuctl.provision import lifecycle
-from gpuctl.provision.inventory import Inventory, load_inventory
+from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.autostop import DEFAULT_IDLE_MINUTES, Autostop, with_flags
-from gpuctl.spec.request import ClusterRequest, check_cluster_name
+from gpuctl.spec.request import ClusterRequest
 from gpuctl.state.registry import AUTODOWNED, STOPPED, Registry
 
 if TYPE_CHECKING:
@@ -97,17 +98,6 @@ def down_after_job(name: str, setting: Autostop | None, no_attached_job: bool, *
                                "its lease runs out, or run: gpuctl down " + name)
 
 
-def _inventory(name: str) -> tuple[Inventory, Registry]:
-    check_cluster_name(name)
-    registry = Registry()
-    registry.adopt(name)
-    path = cluster_dir(name) / "inventory.yml"
-    inv = load_inventory(path, cluster=name) if path.is_file() else None
-    if inv is None or registry.cluster(name) is None:
-        raise ClusterNotFound(name)
-    return inv, registry
-
-
 def register(app: typer.Typer) -> None:
     @app.command("autostop", cls=usage.HelpCommand, epilog=usage.examples_of("autostop"))
     def autostop_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
@@ -122,7 +112,9 @@ def register(app: typer.Typer) -> None:
         reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
         if cancel and (down or idle is not None):
             raise UserError("--cancel turns autostop off; give it without -i or --down")
-        inv, registry = _inventory(name)
+        inv, registry = cluster_inventory(name), Registry()
+        if registry.cluster(name) is None:
+            raise ClusterNotFound(name)
         if cancel:
             head = autostop.cancel(inv)
             reporter.info(f"Cluster '{name}': autostop cancelled")
@@ -149,6 +141,7 @@ def reconcile(name: str, status: str, registry: Registry) -> tuple[str | None, f
     Local nodes leave word where they were made; cloud nodes are asked of the cloud (one call), and
     only for a cluster that holds an autostop setting: no other can have stopped itself."""
     from gpuctl.providers import get_provider
+    from gpuctl.provision.provisioner import load_inventory_of
 
     record = registry.cluster(name)
     if record is None:
@@ -161,7 +154,7 @@ def reconcile(name: str, status: str, registry: Registry) -> tuple[str | None, f
         when = None
     if when is not None:
         what = AUTODOWNED
-    elif autostop.saved(name) is not None and (inv := _saved_inventory(name)) is not None:
+    elif autostop.saved(name) is not None and (inv := load_inventory_of(name)) is not None:
         states = provider.node_states([n.node_id for n in inv.nodes], inv.region)
         kinds = {state for state, _ in states.values()}
         times = [t for _, t in states.values() if t is not None]
@@ -173,11 +166,6 @@ def reconcile(name: str, status: str, registry: Registry) -> tuple[str | None, f
         registry.set_cluster_status(name, what)
         registry.close_segment(name, "autodown" if what == AUTODOWNED else "stopped", at=when)
     return what, when
-
-
-def _saved_inventory(name: str) -> Inventory | None:
-    path = cluster_dir(name) / "inventory.yml"
-    return load_inventory(path, cluster=name) if path.is_file() else None
 
 
 def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], dict[str, Any]]:
@@ -192,13 +180,15 @@ def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], di
         return ([f"  took itself down at {when} (autodown); `gpuctl apply` brings it up again, "
                  f"`gpuctl down {name}` forgets it"],
                 {"status": AUTODOWNED, "autodowned_at": removed, "autostop": None, "idle_s": None})
+    from gpuctl.provision.provisioner import load_inventory_of
+
     setting = autostop.saved(name)
     if setting is None:
         return [], {"autostop": None, "idle_s": None}
     idle_s: float | None = None
     seen = ""
     try:
-        inv = _saved_inventory(name)
+        inv = load_inventory_of(name)
         head = autostop.show(inv) if inv is not None else {}
         idle_s = head.get("idle_s") if head.get("set") else None
         seen = (f", idle {idle_s / 60:.1f} min" if idle_s is not None else "") + (

@@ -32,7 +32,7 @@ from gpuctl.jobplane import gitworkdir, joblogs, jobs
 from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
 from gpuctl.providers import get_provider, price_quote, request_for, resources_problem
 from gpuctl.provision import lifecycle, ssh, sshconfig
-from gpuctl.provision.inventory import Inventory, Node, load_inventory
+from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.provision.lifecycle import write_ssh_config
 from gpuctl.spec.request import ClusterRequest, check_cluster_name
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
@@ -249,19 +249,9 @@ def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts:
     return outcome.job_id
 
 
-def _cluster_inventory(name: str) -> Inventory:
-    check_cluster_name(name)
-    Registry().adopt(name)  # shared state: the bucket's copy of the cluster, if any
-    path = cluster_dir(name) / "inventory.yml"
-    inv = load_inventory(path, cluster=name) if path.is_file() else None
-    if inv is None:
-        raise ClusterNotFound(name)
-    return inv
-
-
 def _job_runner(name: str, reporter: Reporter | None = None) -> JobRunner:
     """The job runner of an existing cluster (its inventory, the registry)."""
-    return JobRunner(_cluster_inventory(name), reporter=reporter or Reporter(), registry=Registry())
+    return JobRunner(cliargs.cluster_inventory(name), reporter=reporter or Reporter(), registry=Registry())
 
 
 @app.command("status", cls=usage.HelpCommand, epilog=usage.examples_of("status"))
@@ -348,7 +338,7 @@ def exec_(
     """Sync the workdir and run on a running cluster: no provisioning, no setup, no file_mounts."""
     as_json = wants_json(output_format)
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
-    inv = _cluster_inventory(name)
+    inv = cliargs.cluster_inventory(name)
     registry = Registry()
     # What the last apply left: its workdir (for `-- COMMAND`) and container image (every exec, as `sky exec`).
     record = registry.cluster(name)
@@ -531,7 +521,7 @@ def _describe_leftovers(inv: Inventory, report: LeftoverReport) -> str:
 def ssh_config(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Cluster (default: every cluster).")) -> None:
     """Write OpenSSH config for a cluster's nodes, `Host NAME` for the head and `Host NAME-workerN` for the others."""
     names = [check_cluster_name(name)] if name else [c.name for c in Registry().clusters()]
-    paths = [write_ssh_config(_cluster_inventory(n)) for n in names]
+    paths = [write_ssh_config(cliargs.cluster_inventory(n)) for n in names]
     for p in paths:
         typer.echo(str(p))
     typer.echo(f"Use: ssh -F {paths[0] if len(paths) == 1 else state_root() / 'ssh' / 'config'} HOST, "
@@ -547,7 +537,7 @@ def inventory_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
 
     if fmt.strip().lower() not in inventoryexport.FORMATS:
         raise UserError(f"--format {fmt}: use one of {', '.join(inventoryexport.FORMATS)}")
-    inv = _cluster_inventory(name)
+    inv = cliargs.cluster_inventory(name)
     sys.stdout.write(inventoryexport.export(inv, fmt, ssh_config_path=state_root() / "ssh" / f"{name}.conf"))
 
 
@@ -557,7 +547,7 @@ def ssh_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
          rank: Optional[int] = typer.Option(None, "--rank", metavar="N", help="Node rank (0 = head); the same as NODE."),
          ) -> None:
     """SSH into a node (default: the head); the words after `--` run there as a command."""
-    inv = _cluster_inventory(name)
+    inv = cliargs.cluster_inventory(name)
     if node is not None and rank is not None:
         raise UserError("give the node either as NODE or as --rank, not both")
     if rank is not None and not 0 <= rank < len(inv.nodes):
@@ -588,7 +578,7 @@ def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluste
     """Forget a node's SSH host key (after you rebuilt the machine); the next job learns the new one."""
     from gpuctl.configplane import prepare
 
-    inv = _cluster_inventory(name)
+    inv = cliargs.cluster_inventory(name)
     target = _node_of(inv, name, node)
     if not target.known_hosts:
         raise UserError(f"cluster '{name}' keeps no host keys")
@@ -655,7 +645,7 @@ def check(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
     as_json = wants_json(output_format)
     options = healthcheck.parse_options(sizes=sizes, expect_fabric=expect_fabric, min_busbw=min_busbw,
                                         method=method, envs=parse_env_assignments(env or []))
-    inv = _cluster_inventory(name)
+    inv = cliargs.cluster_inventory(name)
     report = healthcheck.run_check(inv, registry=Registry(), options=options,
                                    reporter=Reporter(stream=sys.stderr) if as_json else Reporter())
     if as_json:

@@ -14,11 +14,11 @@ import typer
 from gpuctl import usage
 from gpuctl.common import output
 from gpuctl.common.console import Reporter
-from gpuctl.common.errors import UserError
+from gpuctl.common.errors import ClusterNotFound, UserError
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.jobplane import autostop
 from gpuctl.provision import ssh, sshconfig
-from gpuctl.provision.inventory import Inventory
+from gpuctl.provision.inventory import Inventory, load_inventory
 from gpuctl.provision.lifecycle import Teardown
 from gpuctl.spec.request import check_cluster_name
 from gpuctl.state.registry import Registry
@@ -147,3 +147,13 @@ def node_health(inv: Inventory) -> dict[int, str]:
             reason = (proc.stderr.strip().splitlines() or [f"ssh exit code {proc.returncode}"])[-1]
             health[rank] = f"UNREACHABLE ({reason})"
     return health
+
+
+def cluster_inventory(name: str) -> Inventory:
+    check_cluster_name(name)
+    Registry().adopt(name)  # shared state: the bucket's copy of the cluster, if any
+    path = cluster_dir(name) / "inventory.yml"
+    inv = load_inventory(path, cluster=name) if path.is_file() else None
+    if inv is None:
+        raise ClusterNotFound(name)
+    return inv

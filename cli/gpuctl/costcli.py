@@ -55,7 +55,7 @@ def _duration(seconds: float) -> str:
 def cluster_cost(name: str, registry: Registry, since: float, now: float | None = None) -> dict[str, Any]:
     """Age and estimated cost of a cluster's current life (its segments since `since`)."""
     now = time.time() if now is None else now
-    segments = [s for s in registry.history() if s.cluster == name and s.started_at >= since - 1]
+    segments = [s for s in registry.history(name) if s.started_at >= since - 1]
     costs = [s.cost(now) for s in segments]
     free = bool(segments) and all(s.node_price == 0.0 for s in segments)  # no cloud bill (local nodes)
     known = None if free or not segments or any(c is None for c in costs) else round(sum(c for c in costs if c), 4)
@@ -102,10 +102,10 @@ def register(app: typer.Typer) -> None:
         now = time.time()
         names = {r.name for r in registry.clusters()}
         rows = [_row(s, names, now) for s in registry.history()]
-        known = [r["cost"] for r in rows if r["cost"] is not None]
+        billed = [r["cost"] for r in rows if r["cost"] is not None and not r["no_cloud_bill"]]
         unknown = [r for r in rows if r["cost"] is None]
         if wants_json(output_format):
-            output.emit("cost-report", {"ok": True, "clusters": rows, "total": round(sum(known), 2),
+            output.emit("cost-report", {"ok": True, "clusters": rows, "total": round(sum(billed), 2),
                                         "unknown": len(unknown)})
             return
         if not rows:
@@ -122,7 +122,6 @@ def register(app: typer.Typer) -> None:
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         for row in table:
             typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        billed = [r["cost"] for r in rows if r["cost"] is not None and not r["no_cloud_bill"]]
         total = f"${sum(billed):,.2f}" if billed else "no cloud bill" if not unknown else "unknown"
         typer.echo(f"Total (estimated, where the price is known): {total}"
                    + (f"; {len(unknown)} without a known price" if unknown else ""))

@@ -27,7 +27,7 @@ from gpuctl.jobplane import payload, protocol
 from gpuctl.providers import get_provider
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory
-from gpuctl.spec.autostop import Autostop
+from gpuctl.spec.autostop import Autostop, parse_autostop
 from gpuctl.state.registry import Registry
 
 SETTING_FILE = "autostop.json"
@@ -137,9 +137,8 @@ def forget(name: str) -> None:
 def saved(name: str) -> Autostop | None:
     """The setting last sent to the cluster's head, as `status` shows it."""
     try:
-        data = json.loads((cluster_dir(name) / SETTING_FILE).read_text())
-        return Autostop(**{k: data[k] for k in ("idle_minutes", "down", "wait_for", "hook", "hook_timeout")})
-    except (OSError, ValueError, KeyError, TypeError):
+        return parse_autostop(json.loads((cluster_dir(name) / SETTING_FILE).read_text()))
+    except (OSError, ValueError):  # AutostopError is a ValueError
         return None
 
 

@@ -324,11 +324,13 @@ class Registry:
             db.execute("UPDATE history SET ended_at=?, ended_how=? WHERE cluster=? AND ended_at IS NULL",
                        (time.time() if at is None else at, how, name))
 
-    def history(self) -> list[Segment]:
+    def history(self, cluster: str | None = None) -> list[Segment]:
+        """Every cluster's segments, or one cluster's, oldest first."""
+        where, args = ("WHERE cluster=? ", (cluster,)) if cluster is not None else ("", ())
         with self._connect() as db:
             rows = db.execute("SELECT cluster, cloud, region, instance_type, num_nodes, use_spot, node_price, "
-                              "price_source, started_at, ended_at, ended_how FROM history ORDER BY started_at, id"
-                              ).fetchall()
+                              f"price_source, started_at, ended_at, ended_how FROM history {where}"
+                              "ORDER BY started_at, id", args).fetchall()
         return [Segment(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], r[10]) for r in rows]
 
     # shared state: the state dir as the working copy of the state bucket
