@@ -1,7 +1,8 @@
 """Autostop and autodown on local netns nodes, decided by the cluster itself.
 
 A "minute" lasts one second here (GPUCTL_TEST_MINUTE_SECONDS, for tests only); the user-facing
-unit stays minutes. Each test checks what a user relies on: the cluster goes by itself (nodes,
+unit stays minutes. Where a test must act before the countdown ends (log in, cancel), its minute
+lasts SLOW_MINUTE_S, so a loaded CI runner still acts in time. Each test checks what a user relies on: the cluster goes by itself (nodes,
 namespaces, links, processes), the controller's view says so, an ssh session or a cancel holds it,
 and `apply --down` cannot leak a cluster when gpuctl is SIGKILLed mid-job.
 """
@@ -24,6 +25,8 @@ import pytest
 from e2e import REPO, Cluster, Watched, gpuctl_env, needs_local_nodes, running, wait_for
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
+
+SLOW_MINUTE_S = 5  # two such minutes: the window to log in or cancel before the cluster goes
 
 
 @pytest.fixture
@@ -94,7 +97,9 @@ run: echo hi
 
 @pytest.mark.parametrize("wait_for_ssh", ["jobs_and_ssh", "jobs"])
 def test_an_ssh_session_holds_the_cluster_only_under_jobs_and_ssh(cluster: Cluster, tmp_path: Path,
-                                                                  wait_for_ssh: str) -> None:
+                                                                  wait_for_ssh: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCTL_TEST_MINUTE_SECONDS", str(SLOW_MINUTE_S))
     task = task_file(tmp_path, f"""
 num_nodes: 2
 resources:
@@ -120,13 +125,13 @@ run: "true"
                     pass
             return any(b"@pts/" in t for t in titles)
 
-        wait_for("the terminal session on worker1", logged_in, timeout=20)
+        wait_for("the terminal session on worker1", logged_in, timeout=2 * SLOW_MINUTE_S)
         if wait_for_ssh == "jobs":
             wait_for("the cluster to remove itself", lambda: status_doc(cluster)["status"] == "AUTODOWNED",
-                     timeout=60)
+                     timeout=2 * SLOW_MINUTE_S + 60)
             assert fp.nodes_left() == []
             return
-        time.sleep(6)  # three idle minutes
+        time.sleep(2 * SLOW_MINUTE_S + 2)  # the two idle minutes have run out since the login
         doc = status_doc(cluster)
         assert doc["status"] == "UP" and fp.nodes_left() != [], doc
         session.stdin.write(b"exit\n")
@@ -146,14 +151,18 @@ run: "true"
             session.wait()
 
 
-def test_cancel_stops_the_countdown_and_autostop_sets_it_again(cluster: Cluster, tmp_path: Path) -> None:
+def test_cancel_stops_the_countdown_and_autostop_sets_it_again(cluster: Cluster, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     task = task_file(tmp_path, "num_nodes: 1\nresources:\n  infra: local\nrun: 'true'\n")
+    monkeypatch.setenv("GPUCTL_TEST_MINUTE_SECONDS", str(SLOW_MINUTE_S))
     cluster.gpuctl("apply", str(task), "-c", cluster.name, "-y", "-i", "2", "--down").check()
+    idle_from = time.monotonic()
     cancelled = cluster.gpuctl("autostop", cluster.name, "--cancel").check()
     assert "autostop cancelled" in cancelled.stdout
-    time.sleep(5)
+    time.sleep(max(0.0, idle_from + 2 * SLOW_MINUTE_S + 2 - time.monotonic()))  # past the countdown
     doc = status_doc(cluster)
     assert doc["status"] == "UP" and doc["autostop"] is None
+    monkeypatch.setenv("GPUCTL_TEST_MINUTE_SECONDS", "1")
     res = cluster.gpuctl("autostop", cluster.name, "-i", "1", "--down", "-o", "json").check()
     answer = json.loads(res.stdout)
     assert answer["autostop"]["idle_minutes"] == 1 and answer["head"]["set"] is True

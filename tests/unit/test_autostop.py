@@ -180,6 +180,39 @@ def test_cancel_stops_the_countdown_and_renew_extends_the_lease(tmp_path: Path) 
     _wait(tmp_path / "off-2", 15)
 
 
+def test_a_cancel_during_the_power_off_says_it_came_too_late(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".gpuctl").mkdir(parents=True)
+    slow = [["sleep", "4"], ["touch", str(tmp_path / "off-2")]]  # a power-off that takes a while
+    _agent(home, "set", stdin=_setting(tmp_path, head_off=slow))
+    deadline = time.monotonic() + 15
+    while _agent(home, "show").get("phase") != "down":
+        assert time.monotonic() < deadline, "the watcher never began its power-off"
+        time.sleep(0.1)
+    assert _agent(home, "cancel") == {"set": False, "too_late": True, "phase": "down"}
+    _wait(tmp_path / "off-2", 15)  # the power-off went on, as the answer said
+
+
+def test_the_controller_turns_a_late_cancel_into_one_line_and_keeps_the_setting(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from gpuctl.jobplane import autostop as controller
+    from gpuctl.provision.inventory import Inventory, Node
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    node = Node(name="head", rank=0, node_id="n0", address="10.0.0.2", ssh_host="10.0.0.2", ssh_port=22,
+                ssh_user="ubuntu")
+    inv = Inventory(cluster="c1", cloud="aws", nodes=(node,))
+    (tmp_path / "clusters" / "c1").mkdir(parents=True)
+    controller.save("c1", Autostop(idle_minutes=5, down=True))
+    late = subprocess.CompletedProcess([], 0, '{"set": false, "too_late": true, "phase": "down"}\n', "")
+    monkeypatch.setattr(controller.ssh, "run_ssh", lambda *a, **k: late)
+    with pytest.raises(controller.AutostopTooLate) as err:
+        controller.cancel(inv)
+    assert err.value.exit_code == 1 and "\n" not in str(err.value)
+    assert "too late to cancel; autostop already began to remove it" in str(err.value)
+    assert controller.saved("c1") == Autostop(idle_minutes=5, down=True)  # status still asks the cloud
+
+
 def test_set_refuses_a_bad_setting(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(AGENT), "autostop", "set"], input='{"idle_minutes": -1}',
                           capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=30)

@@ -40,6 +40,12 @@ class AutostopUnreachable(UserError):
     """The head did not take the setting (unreachable, or an agent without autostop)."""
 
 
+class AutostopTooLate(UserError):
+    """A cancel that came after the head's watcher began powering the cluster off."""
+
+    exit_code = 1
+
+
 def minute_seconds() -> float:
     try:
         value = float(os.environ.get(MINUTE_ENV) or 60)
@@ -108,6 +114,12 @@ def arm(inv: Inventory, setting: Autostop, *, request: Mapping[str, Any], lease_
 
 def cancel(inv: Inventory) -> dict[str, Any]:
     answer = _call(inv, "cancel")
+    if answer.get("too_late"):
+        # the setting stays saved: status goes on asking the cloud whether the cluster went
+        what = "remove" if answer.get("phase") == "down" else "stop"
+        raise AutostopTooLate(f"cluster '{inv.cluster}': too late to cancel; autostop already began to {what} "
+                              f"it. `gpuctl status {inv.cluster}` shows when it is done; "
+                              "`gpuctl apply` brings it back")
     forget(inv.cluster)
     Registry().publish(inv.cluster)
     return answer

@@ -1388,6 +1388,10 @@ def cmd_autostop(args):
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 raise
+        late = too_late()
+        if late:
+            print(json.dumps({"set": False, "too_late": True, "phase": late}))
+            return 0
         config = None
     elif args.action in ("renew", "release") and config is not None:
         config["lease_until"] = now + args.lease if args.action == "renew" else 0
@@ -1396,6 +1400,22 @@ def cmd_autostop(args):
         ensure_watcher()
     print(json.dumps(shown(config, read_json(AUTOSTOP_STATE), now), sort_keys=True))
     return 0
+
+
+def too_late(settle_s=2.0):
+    """The power-off a cancel came too late for ("down" or "stop"), or None.
+
+    The watcher records its phase before it reads the setting a last time, and a cancel removes
+    the setting before it reads the phase: one of the two sees the other. A watcher that saw the
+    cancel leaves the phase within moments; one that did not is powering the cluster off."""
+    deadline = time.time() + settle_s
+    while True:
+        phase = (read_json(AUTOSTOP_STATE) or {}).get("phase")
+        if phase not in ("down", "stop") or not watcher_running():
+            return None
+        if time.time() >= deadline:
+            return phase
+        time.sleep(0.1)
 
 
 def busy_reason(config, now):
@@ -1545,6 +1565,9 @@ def cmd_autostop_watch(args):
                     log("cancelled during the hook: nothing stopped")
                     continue
                 _write_state(phase=action, idle_since=idle_since, busy=None, pid=os.getpid())
+                if read_json(AUTOSTOP_CONFIG) is None:  # the commit point: see too_late
+                    log("cancelled before the power-off: nothing stopped")
+                    continue
                 power_off(config)
                 return 0
         time.sleep(max(0.2, min(10.0, minute / 6.0)))
