@@ -55,7 +55,8 @@ def anchor_of(c: Cluster) -> int:
 
 
 def test_idle_cluster_runs_its_hook_and_removes_itself_and_apply_makes_it_again(
-        cluster: Cluster, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        cluster: Cluster, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCTL_TEST_MINUTE_SECONDS", str(SLOW_MINUTE_S))  # status reads it while it is up
     # where the hook, run by the nodes' login user, may write (pytest's own directories are root's)
     marks = Path(tempfile.mkdtemp(prefix="gpuctl-hook-", dir="/tmp"))
     marks.chmod(0o777)
@@ -79,7 +80,8 @@ run: echo hi
     doc = status_doc(cluster)
     assert doc["autostop"]["down"] is True and doc["autostop"]["idle_minutes"] == 2
     # idle time + hook_timeout + 60 s at most
-    wait_for("the cluster to remove itself", lambda: status_doc(cluster)["status"] == "AUTODOWNED", timeout=64)
+    wait_for("the cluster to remove itself", lambda: status_doc(cluster)["status"] == "AUTODOWNED",
+             timeout=2 * SLOW_MINUTE_S + 2 + 60)
     assert fp.nodes_left() == [] and not running(anchor)
     assert (marks / "hook").read_text().startswith("hooked on ")  # on the head, before it went
     doc = status_doc(cluster)
