@@ -110,8 +110,14 @@ def build_payload(
     buckets: Sequence[Mapping[str, Any]] = (),
     storage: Mapping[str, Any] | None = None,
     view: Mapping[str, Any] | None = None,
+    epoch: Mapping[str, Any] | None = None,
+    spot_notice: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """The job for the head's `submit`. A managed job's attempt adds `epoch` ({"task": id,
+    "value": attempt}: a node refuses an older attempt's stages, agent/epochs.py) and, on spot
+    nodes, `spot_notice` ({"url": IMDS base, "interval_s": s}: agent/spotnotice.py); both are
+    in the payload only when given, so a plain job's is as before."""
+    payload: dict[str, Any] = {
         "v": PROTOCOL,
         "job": str(job_id),
         "nonce": _secrets.token_hex(6),
@@ -132,6 +138,11 @@ def build_payload(
         "buckets": [dict(b) for b in buckets],
         "storage": dict(storage) if buckets and storage else None,
     }
+    if epoch is not None:
+        payload["epoch"] = {"task": str(epoch["task"]), "value": int(epoch["value"])}
+    if spot_notice is not None:
+        payload["spot_notice"] = dict(spot_notice)
+    return payload
 
 
 def workdir_rsync_args(rules: WorkdirFilter) -> list[str]:

@@ -64,6 +64,10 @@ CMD_INSTALL = "install"  # prepare's one step on a node: the bundle on stdin (ag
 CMD_INSTALL_PEERS = "install-peers"  # the head installs the workers it is given (agent/peerinstall.py)
 CMD_AUTOSTOP = "autostop"  # set | cancel | renew | release | show | sessions (agent/autostop.py)
 CMD_AUTOSTOP_WATCH = "autostop-watch"  # the head's watcher, started by `autostop set`
+# A managed job's newer attempt takes its task's ranks on a node: `fence TASK EPOCH [--grace S]` raises
+# the node's epoch of TASK and stops the older attempts' stages there (agent/epochs.py); one JSON line
+# {"fenced", "epoch", "stopped", "running", "doomed"}.
+CMD_FENCE = "fence"
 AUTOSTOP_ACTIONS = ("set", "cancel", "renew", "release", "show", "sessions")
 AUTOSTOP_WAIT_FOR = ("jobs_and_ssh", "jobs", "none")  # SkyPilot's autostop.wait_for
 # Seconds for one worker's install step on the head, ssh included; the controller's deadline for the
@@ -137,6 +141,15 @@ def agent_command(action, job_id, stage, *args):
     """The shell command running `gpuctl-node ACTION JOBDIR STAGE ARGS...` (one stage) on a node."""
     return " ".join([AGENT, shlex.quote(action), node_job_dir(job_id), shlex.quote(stage)]
                     + [shlex.quote(a) for a in args])
+
+
+def fence_command(task, epoch, grace=None):
+    """The shell command running `gpuctl-node fence TASK EPOCH` on a node (the task after `--`, so
+    that no id is read as an option)."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError("epoch %r must be a whole number >= 0" % (epoch,))
+    options = [] if grace is None else ["--grace", "%g" % float(grace)]
+    return " ".join([AGENT, CMD_FENCE] + options + ["--", shlex.quote(str(task)), str(epoch)])
 
 
 def job_command(action, job, *args):

@@ -12,6 +12,8 @@ cli/gpuctl/jobplane/gpuctl_node.py, which the prepare play copies to
   jobdir.py          a job's directory and a stage's files on this node; prepared state
   containers.py      image_id docker:IMAGE: the node's long-lived container
   stages.py          a stage's supervisor: start, wait, stop (launch, kill, status)
+  spotnotice.py      AWS spot interruption notices: the run stage's IMDS watcher, ~/.gpuctl/doomed
+  epochs.py          a managed job's attempts: epoch admission before a stage starts (fence)
   follow.py          a stage's log as a byte stream (follow, attach) or as O/o events
   destinations.py    claims of shared destinations; where no copy or mount may land (check-dest)
   buckets.py         cloud-bucket file_mounts with rclone: check, copy, mount, unmount
@@ -47,6 +49,9 @@ the controller's `<id>-<token>`; JOBDIR/submission names the submission that mad
   STAGE.killed     the last signal `kill` sent, if it was used
   STAGE.cpid       in a container: the stage's process group there
   container.json   image_id docker:IMAGE: the node's container (see containers.py)
+  epoch.json       a managed job's epoch {"task", "value"}, once a stage of it was admitted
+The node's own: ~/.gpuctl/epochs/<task> (the newest epoch of each task seen here,
+under ~/.gpuctl/epochs.lock) and ~/.gpuctl/doomed (a spot notice came: the node goes).
 The coordinator's own files on the head: payload.json (the job, no secrets),
 events.log / events.supervisor / events.exit (followed like a stage),
 job.json (the outcome), coordinator.log (its own errors).
@@ -56,5 +61,6 @@ The events up the tree and the commands down it: protocol.py.
 Other commands: launch/follow/kill/status of one stage on this node (used by
 `gpuctl logs` and as a fallback), claim (shared-filesystem detection), cancel,
 attach and job-status of a coordinated job, container-stage (a stage in the
-node's container, started by the stage's supervisor).
+node's container, started by the stage's supervisor), fence (a managed job's
+newer attempt stops the older ones' ranks here).
 """

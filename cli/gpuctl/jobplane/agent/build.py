@@ -35,6 +35,8 @@ MODULES = (
     "jobplane/agent/autostop.py",
     "jobplane/agent/containers.py",
     "jobplane/agent/stages.py",
+    "jobplane/agent/spotnotice.py",
+    "jobplane/agent/epochs.py",
     "jobplane/agent/follow.py",
     "jobplane/agent/destinations.py",
     "jobplane/agent/buckets.py",

@@ -8,6 +8,7 @@ from gpuctl.jobplane.agent.buckets import cmd_unmount_bucket
 from gpuctl.jobplane.agent.containers import cmd_container_stage
 from gpuctl.jobplane.agent.coordinator import cmd_attach, cmd_cancel, cmd_coordinate, cmd_job_status, cmd_submit
 from gpuctl.jobplane.agent.destinations import cmd_check_dest, cmd_claim
+from gpuctl.jobplane.agent.epochs import FENCE_GRACE, cmd_fence
 from gpuctl.jobplane.agent.follow import cmd_follow
 from gpuctl.jobplane.agent.install import cmd_install
 from gpuctl.jobplane.agent.peerinstall import cmd_install_peers
@@ -15,8 +16,8 @@ from gpuctl.jobplane.agent.relay import cmd_relay
 from gpuctl.jobplane.agent.stages import cmd_kill, cmd_launch, cmd_status
 from gpuctl.jobplane.protocol import (
     AUTOSTOP_ACTIONS, CMD_ATTACH, CMD_AUTOSTOP, CMD_AUTOSTOP_WATCH, CMD_CANCEL, CMD_CHECK_DEST, CMD_CLAIM,
-    CMD_CONTAINER_STAGE, CMD_COORDINATE, CMD_FOLLOW, CMD_INSTALL, CMD_INSTALL_PEERS, CMD_JOB_STATUS, CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT,
-    CMD_UNMOUNT_BUCKET, OFFSET_HEADER,
+    CMD_CONTAINER_STAGE, CMD_COORDINATE, CMD_FENCE, CMD_FOLLOW, CMD_INSTALL, CMD_INSTALL_PEERS, CMD_JOB_STATUS,
+    CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT, CMD_UNMOUNT_BUCKET, OFFSET_HEADER,
 )
 
 
@@ -105,6 +106,12 @@ def main(argv=None):
     p.set_defaults(func=cmd_autostop)
     p = sub.add_parser(CMD_AUTOSTOP_WATCH, help="wait until the cluster is idle, then stop or remove it")
     p.set_defaults(func=cmd_autostop_watch)
+
+    p = sub.add_parser(CMD_FENCE, help="raise TASK's epoch here to EPOCH and stop its older attempts' stages")
+    p.add_argument("task")
+    p.add_argument("epoch", type=int)
+    p.add_argument("--grace", type=float, default=FENCE_GRACE, help="seconds from TERM to KILL (default 3)")
+    p.set_defaults(func=cmd_fence)
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -21,6 +21,7 @@ import time
 from gpuctl.jobplane.agent.buckets import NodeBuckets, bucket_tools_problem
 from gpuctl.jobplane.agent.containers import CONTAINER_FILE, container_config
 from gpuctl.jobplane.agent.destinations import claim_destinations, destinations_problem, release_claims
+from gpuctl.jobplane.agent.epochs import job_admission
 from gpuctl.jobplane.agent.follow import LineReader, LocalStage, OUTPUT_HEADS, Out, ev
 from gpuctl.jobplane.agent.install import InstallError, write_view
 from gpuctl.jobplane.agent.jobdir import (
@@ -28,6 +29,7 @@ from gpuctl.jobplane.agent.jobdir import (
     write_private,
 )
 from gpuctl.jobplane.agent.peerssh import peer_ssh_argv
+from gpuctl.jobplane.agent.spotnotice import SpotWatch, spot_notice_config
 from gpuctl.jobplane.agent.stages import kill_stage, stage_env_text, start_stage
 from gpuctl.jobplane.protocol import (
     AGENT, CLAIM_PREFIX, CMD_RELAY, EV_CLAIMS, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_STARTED, EV_SYNCED,
@@ -130,6 +132,7 @@ class Relay(object):
         self.closing = False  # `end` was sent: children closing now are not lost
         self.node_buckets = None  # this node's part of the bucket fetch (NodeBuckets)
         self.view_problem = None  # learn_view's outcome: None not yet, "" written
+        self.spot = None  # the run stage's spot notice watcher (SpotWatch), if the job asks for one
         # Held open (never written) for as long as this process lives: each stage's supervisor
         # stops its stage when it reads EOF here (see _supervise). Not inherited across exec.
         self.lifeline, self._lifeline_w = os.pipe()
@@ -314,16 +317,39 @@ class Relay(object):
         if spec.get("hostfile") is not None:
             self.write_hostfile(spec)
         st = Stage(self.jobdir, stage)
-        if self.secrets:  # written for the stage; its supervisor removes it when the stage ends
-            write_private(st.secrets, self.secrets)
-        code, err = start_stage(st, self.payload.get("workdir") or "~/gpuctl_workdir", lifeline=self.lifeline,
-                                grace=float(self.payload.get("grace") or 3.0))
+        # A managed job's attempt starts only while its epoch is admitted here (epochs.py): the lock
+        # is held until the stage's process group exists, so a `fence` either finds it or refuses it.
+        with job_admission(self.payload, self.jobdir) as refused:
+            if refused:
+                code, err = 4, refused
+            else:
+                if self.secrets:  # written for the stage; its supervisor removes it when the stage ends
+                    write_private(st.secrets, self.secrets)
+                code, err = start_stage(st, self.payload.get("workdir") or "~/gpuctl_workdir",
+                                        lifeline=self.lifeline, grace=float(self.payload.get("grace") or 3.0))
         if code != 0:
             self.emit(ev(EV_OUTPUT, self.rank, stage, "gpuctl-node: %s" % err))
             self.emit(ev(EV_EXIT, self.rank, stage, 127))
             return
         self.stages[stage] = LocalStage(st)
         self.emit(ev(EV_STARTED, self.rank, stage))
+        if stage == STAGE_RUN:
+            self.watch_spot()
+
+    def watch_spot(self):
+        """A job with spot_notice: poll for an interruption notice while its run stage runs here
+        (spotnotice.py). Started after the stage's fork, so no fork copies the watcher's thread."""
+        config, problem = spot_notice_config(self.payload)
+        if problem:
+            self.emit(ev(EV_OUTPUT, self.rank, STAGE_AGENT, "gpuctl-node: no spot notice watch: %s" % problem))
+        elif config is not None and self.spot is None:
+            self.spot = SpotWatch(config[0], config[1], lambda: [Stage(self.jobdir, STAGE_RUN)]).start()
+
+    def report_spot(self):
+        """The spot notice's one line in the job's events, once the watcher saw one."""
+        text = self.spot.take_report() if self.spot is not None else None
+        if text:
+            self.emit(ev(EV_OUTPUT, self.rank, STAGE_AGENT, "gpuctl-node: %s" % text))
 
     def kill_local(self, grace, stages):
         for stage in stages:
@@ -398,6 +424,7 @@ class Relay(object):
                 self.pushes.remove(push)
                 msg = (errs[-1] if errs else "") if proc.returncode else "ok"
                 self.emit(ev(EV_SYNCED, to_rank, proc.returncode, msg.strip()[:300] or "rsync exit code %d" % proc.returncode))
+        self.report_spot()  # before the exits: the notice comes ahead of the X of a rank it stopped
         for stage in list(self.stages.values()):
             if not stage.done:
                 stage.poll(self.emit, self.rank)
@@ -445,6 +472,9 @@ class Relay(object):
         Every stage started here is stopped, also one that was seen to end: what
         its script left running in the background, or what a dead supervisor
         left behind, is still in its process group."""
+        if self.spot is not None:
+            self.spot.stop()
+            self.report_spot()  # a notice seen in the last round still reaches the events
         self.kill_local(grace, list(self.stages))
         remove(os.path.join(self.jobdir, "secrets.sh"))
         for child in self.children:

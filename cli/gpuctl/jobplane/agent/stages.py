@@ -284,22 +284,12 @@ def stop_group(st, pgid, grace):
     they are signalled too. Not in a container: there the runtime's own monitors
     live under the supervisor."""
     box = stage_container(st)  # in a container the signals go to the stage's group there
-    supervisor = None if box else stage_supervisor(st)
-
-    def others():
-        if box:
-            return []
-        return sorted(p for p in set(stage_processes(pgid, supervisor)) | set(tagged_processes(stage_tag(st)))
-                      if p != pgid and p != supervisor)
 
     def alive():
-        return group_alive(pgid) or bool(others())
+        return group_alive(pgid) or bool(_stage_others(st, pgid, box))
 
     def send(sig, inside):
-        tree = others()  # before its parents die: what they leave goes to init
-        if not (inside and box and signal_in_container(box, st, sig)):
-            killpg(pgid, sig)
-        kill_all(tree, sig)
+        signal_stage(st, pgid, sig, inside, box)
 
     sig = signal.SIGTERM
     if st.exit_code() is None:
@@ -319,6 +309,27 @@ def stop_group(st, pgid, grace):
     if box:  # whatever of the stage's group is left in the container (`exec` ended with its first process)
         signal_in_container(box, st, signal.SIGKILL)
     return sig
+
+
+def _stage_others(st, pgid, box):
+    """The stage's processes outside its group (not in a container: there the runtime's own
+    monitors live under the supervisor): below its supervisor, or carrying its tag."""
+    if box:
+        return []
+    supervisor = stage_supervisor(st)
+    return sorted(p for p in set(stage_processes(pgid, supervisor)) | set(tagged_processes(stage_tag(st)))
+                  if p != pgid and p != supervisor)
+
+
+def signal_stage(st, pgid, sig, inside=True, box=None):
+    """Send `sig` to every process of the stage once: its process group (in its container where it
+    runs in one and `inside`), and what left the group (stop_group's one step; the spot notice's
+    SIGTERM, which must reach torchrun's workers in their own sessions as a stop would)."""
+    box = box or stage_container(st)
+    tree = _stage_others(st, pgid, box)  # before its parents die: what they leave goes to init
+    if not (inside and box and signal_in_container(box, st, sig)):
+        killpg(pgid, sig)
+    kill_all(tree, sig)
 
 
 def cmd_status(args):
