@@ -123,6 +123,29 @@ def run_gpuctl(*args: str, state_dir: Path, cwd: Path | None = None, timeout: fl
     return Result(argv, proc.returncode, out, err, started, time.time())
 
 
+# Operations that have no command yet (issue 26 adds `gpuctl replace`), for gpuctl_python.
+LOST_NODES_PY = """import json, sys
+from gpuctl.common.paths import cluster_dir
+from gpuctl.providers import get_provider
+from gpuctl.provision import provisioner
+request, inv = provisioner.load_cluster(sys.argv[1])
+print(json.dumps(get_provider(inv.cloud).lost_nodes(cluster_dir(sys.argv[1]), inv, request)))
+"""
+REPLACE_NODES_PY = """import sys
+from gpuctl.common.console import Reporter
+from gpuctl.provision import lifecycle
+from gpuctl.state.registry import Registry
+lifecycle.replace_nodes(sys.argv[1], [int(r) for r in sys.argv[2:]], reporter=Reporter(plain=True),
+                        registry=Registry())
+"""
+
+
+def gpuctl_python(code: str, *args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -c CODE ARGS` that imports gpuctl, in its own process with `env` as the CLI would run."""
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 class Watched:
     """gpuctl started in its own process group (signalled as a whole, as a terminal's Ctrl-C
     does), its stdout and stderr read line by line; `seen` is set once a stdout line

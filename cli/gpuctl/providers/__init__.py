@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from gpuctl.common.errors import UserError
-from gpuctl.providers.base import BaseProvider, Price, Provider
+from gpuctl.providers.base import MODULE_NAME, BaseProvider, Price, Provider
 from gpuctl.spec.request import ClusterRequest, request_from_task
 
 if TYPE_CHECKING:
@@ -37,8 +37,6 @@ _PROVIDER_MODULES = {
     "aws": "gpuctl.providers.aws.provider",
     "ssh": "gpuctl.providers.ssh.provider",
 }
-# The root module's name for the provider's module: outputs read module.cluster.*
-MODULE_NAME = "cluster"
 CONTRACT_OUTPUTS = ("nodes", "ssh_user", "bastion")
 
 

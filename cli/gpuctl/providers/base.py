@@ -24,13 +24,17 @@ Facts (class attributes):
   internal key on every node as it boots (root_config's `internal_public_key`),
   so once the head is prepared it installs the workers whose host keys are
   known before contact (`boot_host_keys`) itself: one call from the controller.
+- `node_resource`: the module's resource with one instance per node (its
+  `count` index is the node's rank), e.g. `aws_instance.node`; what
+  `node_addresses` names for `terraform apply -replace`. Empty: gpuctl cannot
+  make a single node again (it did not make them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import terraform_dir
@@ -38,6 +42,33 @@ from gpuctl.spec.request import ClusterRequest
 
 if TYPE_CHECKING:
     from gpuctl.spec import Resources, Task
+
+# The root module's name for the provider's module: outputs read module.cluster.*, and a node's
+# resource address starts module.cluster.
+MODULE_NAME = "cluster"
+
+
+class NodeRef(Protocol):
+    """What the nodes hooks read of an inventory's node (provision.inventory.Node, a layer above)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def ssh_port(self) -> int: ...
+
+
+class ClusterRef(Protocol):
+    """What the nodes hooks read of a cluster's inventory (provision.inventory.Inventory)."""
+
+    @property
+    def nodes(self) -> Sequence[NodeRef]: ...
+
+    @property
+    def region(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -75,6 +106,7 @@ class Provider(Protocol):
     containers_outlive_cluster: bool
     checks_console_host_keys: bool
     authorizes_internal_key_at_boot: bool
+    node_resource: str
 
     # -- provisioning (provision/provisioner.py) -------------------------------------------------
 
@@ -106,6 +138,11 @@ class Provider(Protocol):
 
     def cleanup(self, cluster_dir: Path) -> None:
         """After `terraform destroy` succeeded: remove what Terraform could not know of."""
+        ...
+
+    def node_addresses(self, ranks: Sequence[int]) -> list[str]:
+        """The root's resource addresses that make each rank's node, for `terraform apply -replace`
+        (what depends on them is redone by Terraform's own graph); UserError where nodes cannot be."""
         ...
 
     # -- the task and the request (cli.py, api/cluster.py, provision/taskchecks.py) ---------------
@@ -188,6 +225,11 @@ class Provider(Protocol):
         `finished` False: when it began, also where it never finished (what is left must go)."""
         ...
 
+    def lost_nodes(self, cluster_dir: Path, inv: ClusterRef, request: Mapping[str, Any] | None) -> dict[int, str]:
+        """{rank: why} for every node the platform itself says is gone (no ssh). {} when it cannot
+        be asked (an API error, a timeout) or knows nothing: the caller then relies on its probes."""
+        ...
+
 
 class BaseProvider:
     """Every hook's default: a provider that attaches no fabric, has no instance types, no
@@ -200,6 +242,7 @@ class BaseProvider:
     containers_outlive_cluster = False
     checks_console_host_keys = False
     authorizes_internal_key_at_boot = False
+    node_resource = ""
 
     def module_dir(self) -> Path:
         path = terraform_dir() / "modules" / self.module_name
@@ -228,6 +271,16 @@ class BaseProvider:
 
     def cleanup(self, cluster_dir: Path) -> None:
         return None
+
+    def node_addresses(self, ranks: Sequence[int]) -> list[str]:
+        """`module.cluster.<node_resource>[rank]` per rank: the node is one counted resource."""
+        if not self.node_resource:
+            raise UserError(f"infra {self.name}: gpuctl did not make these nodes, so it cannot make one again; "
+                            "replace the machine yourself and update the inventory")
+        bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or r < 0]
+        if bad:
+            raise ValueError(f"node ranks are integers from 0: {bad[0]!r}")
+        return [f"module.{MODULE_NAME}.{self.node_resource}[{r}]" for r in ranks]
 
     def resources_problem(self, resources: "Resources") -> tuple[str, str] | None:
         return None
@@ -278,3 +331,6 @@ class BaseProvider:
 
     def removed_itself(self, cluster_dir: Path, *, finished: bool = True) -> float | None:
         return None
+
+    def lost_nodes(self, cluster_dir: Path, inv: ClusterRef, request: Mapping[str, Any] | None) -> dict[int, str]:
+        return {}  # nothing to ask but the nodes themselves

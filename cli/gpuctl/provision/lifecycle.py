@@ -1,9 +1,11 @@
-"""A cluster's life in the registry: bring it up, tear it down.
+"""A cluster's life in the registry: bring it up, replace some of its nodes, tear it down.
 
 One path for `gpuctl apply` / `gpuctl down` and the Python API
 (gpuctl.Cluster): the cluster's lock, its registry record (INIT -> UP,
 STOPPING -> gone), provisioner.provision / provisioner.destroy, the ssh config
-and the host keys of replaced nodes.
+and the host keys of replaced nodes. `replace_nodes` serves managed jobs that
+lost nodes and `gpuctl replace`: the same lock, record and host keys around
+provisioner.replace_nodes.
 
 With shared state (gpuctl.state.remotestate) both also hold the cluster's lock in
 the state bucket, start from the bucket's copy of the cluster (`Registry.adopt`)
@@ -16,14 +18,15 @@ from __future__ import annotations
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from gpuctl.common.console import Reporter
+from gpuctl.common.errors import ClusterNotFound
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.providers import get_provider, price_quote
 from gpuctl.provision import ssh, sshconfig
 from gpuctl.provision.inventory import Inventory
-from gpuctl.spec.request import ClusterRequest
+from gpuctl.spec.request import ClusterRequest, check_cluster_name
 from gpuctl.state.lock import HeldLock, cluster_lock
 from gpuctl.state.registry import STOPPED, Registry
 
@@ -89,14 +92,59 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
                                          "container_image": container_image})
         _record_segment(registry, req, num_nodes=len(inv.nodes), region=inv.region)
     write_ssh_config(inv)
-    if inv.head.known_hosts:  # nodes Terraform replaced are new entries; their old keys go
-        ssh.forget_host_keys(Path(inv.head.known_hosts), {n.host_key_alias for n in inv.nodes}, keep_only=True)
-        # keys read where the nodes were made: first contact is checked, not trusted
-        boot = get_provider(inv.cloud).boot_host_keys(cluster_dir(inv.cluster), len(inv.nodes))
-        ssh.pin_host_keys(Path(inv.head.known_hosts), {n.host_key_alias: boot[n.rank] for n in inv.nodes
-                                                       if n.rank in boot})
+    _trust_host_keys(inv)
     for node in inv.nodes:
         reporter.info(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}")
+    return inv
+
+
+def _trust_host_keys(inv: Inventory) -> None:
+    """Only the current nodes' host keys: those of nodes Terraform replaced go (a new node has a new
+    id, so a new entry), and keys read where the nodes were made are pinned, so first contact is
+    checked, not trusted."""
+    if not inv.head.known_hosts:
+        return
+    ssh.forget_host_keys(Path(inv.head.known_hosts), {n.host_key_alias for n in inv.nodes}, keep_only=True)
+    boot = get_provider(inv.cloud).boot_host_keys(cluster_dir(inv.cluster), len(inv.nodes))
+    ssh.pin_host_keys(Path(inv.head.known_hosts), {n.host_key_alias: boot[n.rank] for n in inv.nodes
+                                                   if n.rank in boot})
+
+
+def replace_nodes(name: str, ranks: Sequence[int], *, reporter: Reporter, registry: Registry) -> Inventory:
+    """Make the nodes of these ranks again, and only them (provisioner.replace_nodes); the new inventory.
+
+    Under the cluster's lock, as bring_up. Afterwards the cluster is UP in the registry, its ssh
+    config rewritten, the old nodes' host keys forgotten and the new ones pinned where the provider
+    read them at boot, and the old nodes' ControlMasters closed. The replaced nodes have new ids, so
+    prepare (configplane, a layer above: it keys its records by id) finds no record of them and
+    prepares exactly them before the next job; a caller there may also drop the old records
+    (prepare.forget(cluster_dir, old nodes)). UserError for a cluster that does not exist or a rank
+    it does not have.
+    """
+    from gpuctl.provision import provisioner
+
+    check_cluster_name(name)
+    with _changing(name, "gpuctl replace", reporter, registry):
+        before = provisioner.load_inventory_of(name) if provisioner.cluster_exists(name) else None
+        if before is None:
+            raise ClusterNotFound(name, why=" (or never came up)", hint="; apply it first")
+        if not ranks:
+            return before  # nothing lost: nothing to change, the record included
+        old = [n for n in before.nodes if n.rank in set(ranks)]
+        title = f"Replacing {', '.join(n.name for n in old) or 'no node'} of cluster '{name}'"
+        with reporter.stage(title, phase="provision") as step:
+            try:
+                inv = provisioner.replace_nodes(
+                    name, ranks, on_progress=reporter.info,
+                    on_count=lambda done, total: step.update(f"{done} of {total} resource(s) made", done, total))
+            finally:
+                registry.publish(name)  # what changed, even half-way: the next runner carries on from it
+        registry.set_cluster_status(name, "UP")
+    write_ssh_config(inv)
+    _trust_host_keys(inv)
+    ssh.close_masters(old, ssh.control_dir_for(cluster_dir(name) / "cm"))
+    for node in (n for n in inv.nodes if n.rank in set(ranks)):
+        reporter.info(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} made again ({node.node_id})")
     return inv
 
 

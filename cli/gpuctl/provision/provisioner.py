@@ -15,6 +15,11 @@ checked and copied into the cluster directory.
 `clusters/<name>/cluster.json` records the (prepared) request; it is written
 before `terraform apply`, so a cluster whose apply failed half-way is still
 known and `destroy(name)` can remove what was made.
+
+`replace_nodes(name, ranks)` makes some nodes again (a lost node of a managed
+job, `gpuctl replace`): the same provision() with `terraform apply -replace`
+for the provider's node_addresses, the root as last written, every node
+keeping its rank and name.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from gpuctl.common.errors import ClusterNotFound, ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
@@ -147,7 +152,8 @@ def _cluster_and_provider(req: ClusterRequest) -> tuple[Path, Provider]:
 
 def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
               on_start: Callable[[ClusterRequest], None] = _no_start,
-              on_count: Callable[[int, int], None] | None = None) -> Inventory:
+              on_count: Callable[[int, int], None] | None = None,
+              replace_ranks: Sequence[int] = ()) -> Inventory:
     """Create or update the cluster so it matches `req`; return its inventory.
 
     Re-applying the same request changes nothing; a changed num_nodes adds or
@@ -155,6 +161,12 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     with the prepared request once every check and the provider's preflight
     passed, just before the first change to the cluster: a refusal before it
     left nothing to record.
+
+    `replace_ranks` (an existing cluster's; replace_nodes checks them): make
+    those nodes again and change nothing else. The root is applied as it was
+    last written, not rendered anew: settings changed since (an ingress CIDR,
+    a moved endpoint) are `gpuctl apply`'s to bring, not a side effect of
+    replacing one node; and a failed replacement never moves to another zone.
     """
     cdir, provider = _cluster_and_provider(req)
     if not provider.provisions:
@@ -165,28 +177,36 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     if remote is not None and root.root_file.is_file():
         root.init()  # the providers' prepare reads the state (AWS: the zone nodes are in)
         root.snapshot_state()
-    req = provider.prepare(req)
-    created = not cdir.exists()
-    try:
-        cdir.mkdir(parents=True, exist_ok=True)
+    addresses: list[str] = []
+    if replace_ranks:
+        addresses = _replacement_addresses(provider, root, req, cdir, replace_ranks)
         key_path, public_key = ensure_cluster_key(cdir)
-        root.write(root_config(provider, req, cdir, public_key, remote))
-    except BaseException:
-        if created:  # nothing was provisioned: leave no half-made cluster behind
-            shutil.rmtree(cdir, ignore_errors=True)
-        raise
-    on_start(req)
-    _write_request(cdir, req)
+    else:
+        req = provider.prepare(req)
+        created = not cdir.exists()
+        try:
+            cdir.mkdir(parents=True, exist_ok=True)
+            key_path, public_key = ensure_cluster_key(cdir)
+            root.write(root_config(provider, req, cdir, public_key, remote))
+        except BaseException:
+            if created:  # nothing was provisioned: leave no half-made cluster behind
+                shutil.rmtree(cdir, ignore_errors=True)
+            raise
+        on_start(req)
+        _write_request(cdir, req)
     on_progress(f"terraform init ({root.workdir})")
     root.init()
-    for line in provider.describe(req):
+    for line in [] if addresses else provider.describe(req):
         on_progress(line)
     while True:
-        on_progress(f"terraform apply: {req.num_nodes} {provider.name} node(s)")
+        on_progress(f"terraform apply: replacing {', '.join(addresses)}" if addresses else
+                    f"terraform apply: {req.num_nodes} {provider.name} node(s)")
         try:
-            changed = root.apply(on_count)  # on_count(done, total): resources made so far
+            changed = root.apply(on_count, replace=addresses)  # on_count(done, total): resources made so far
             break
         except ProvisionError as exc:
+            if addresses:
+                raise  # the other nodes stay where they are: no other zone, and never a destroy
             # The provider's hook (AWS): on a capacity shortage, the same
             # request in the next zone, and a line saying so.
             nxt, line = provider.retry_zone(req, exc)
@@ -218,6 +238,62 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     write_inventory(inv, inv_path)
     on_progress(f"inventory: {inv_path}")
     return inv
+
+
+def replace_nodes(name: str, ranks: Sequence[int], *, on_progress: Progress = _quiet,
+                  on_count: Callable[[int, int], None] | None = None) -> Inventory:
+    """Make the nodes of these ranks again (their old machines destroyed first), nothing else;
+    the new inventory, where each keeps its rank and name and gets a new node id.
+
+    For a node that is lost (lost_nodes) or broken; the caller takes the cluster's lock
+    (lifecycle.replace_nodes). UserError for a cluster that does not exist, an unknown rank or
+    nodes gpuctl did not make.
+    """
+    check_cluster_name(name)
+    cdir = cluster_dir(name)
+    request = _read_request(cdir)
+    before = load_inventory_of(name) if request is not None else None
+    if request is None or before is None:
+        raise ClusterNotFound(name, why=" (or never came up)", hint="; apply it first")
+    wanted = sorted(set(ranks))
+    unknown = [r for r in wanted if r not in {n.rank for n in before.nodes}]
+    if unknown:
+        names = ", ".join(f"{n.name} ({n.rank})" for n in before.nodes[:6]) + (", ..." if len(before.nodes) > 6 else "")
+        raise UserError(f"cluster '{name}' has no node of rank {unknown[0]!r}; its nodes are {names}: "
+                        "name one of them")
+    if not wanted:
+        return before
+    get_provider(str(request.get("cloud"))).node_addresses(wanted)  # UserError: nodes gpuctl did not make
+    inv = provision(request_from_dict(request), on_progress=on_progress, on_count=on_count, replace_ranks=wanted)
+    old_ids = {n.rank: n.node_id for n in before.nodes}
+    kept = [n.name for n in inv.nodes if n.rank in wanted and n.node_id == old_ids.get(n.rank)]
+    if kept:
+        raise ProvisionError(f"terraform apply did not make {', '.join(kept)} of cluster '{name}' again "
+                             f"(its logs: {cdir / 'terraform' / 'logs' / 'apply.log'})")
+    return inv
+
+
+def _replacement_addresses(provider: Provider, root: TerraformRoot, req: ClusterRequest, cdir: Path,
+                           ranks: Sequence[int]) -> list[str]:
+    """The provider's node addresses of these ranks in the cluster's root as it is. A rank is the
+    node's index in the module's count (inventory_from_outputs keeps them so); the state's `nodes`
+    output, in count order, is asked first in case an inventory was ever written otherwise."""
+    if not root.root_file.is_file():
+        raise ClusterNotFound(req.name, why=" (it has no Terraform root: it never came up)")
+    _refresh_module_source(root, provider, request_to_dict(req), cdir)
+    inv = load_inventory_of(req.name)
+    ids = {n.rank: n.node_id for n in inv.nodes} if inv is not None else {}
+    order = _state_node_ids(root)
+    return provider.node_addresses([order.index(ids[r]) if ids.get(r) in order else r for r in ranks])
+
+
+def _state_node_ids(root: TerraformRoot) -> list[str]:
+    """The node ids of the `nodes` output in the root's last state (module order); [] if unreadable."""
+    try:
+        nodes = json.loads(root.state_file().read_text())["outputs"]["nodes"]["value"]
+        return [str(n["id"]) for n in nodes]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def root_config(provider: Provider, req: ClusterRequest, cdir: Path, public_key: str,

@@ -79,6 +79,15 @@ def control_dir_for(preferred: Path) -> Path:
     return chosen
 
 
+def close_masters(nodes: Sequence[Node], control_dir: Path) -> None:
+    """Tell the ControlMaster of each node, if any, to exit: a node made again at the same address
+    (a replaced local node) would otherwise be reached through its predecessor's dead connection
+    until that master's keepalives give up."""
+    for node in nodes:
+        subprocess.run(["ssh", *ssh_options(node, control_dir), "-O", "exit", "--", node.ssh_host],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
+
+
 HOST_KEY_FAILURES = ("Host key verification failed", "HOST IDENTIFICATION HAS CHANGED",
                      "No ED25519 host key is known", "Host key for")
 

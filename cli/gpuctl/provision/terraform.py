@@ -22,7 +22,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from python_terraform import IsFlagged, Terraform
 
@@ -123,28 +123,30 @@ class TerraformRoot:
         """`terraform init` (modules and providers; honours the CLI config's mirrors)."""
         self._run("init", input=False, no_color=IsFlagged)
 
-    def plan(self) -> PlanSummary:
-        """`terraform plan`: what apply would change. Creates nothing."""
+    def plan(self, replace: Sequence[str] = ()) -> PlanSummary:
+        """`terraform plan`: what apply would change (with `replace`, as apply(replace=) would). Creates nothing."""
         rc, out, _ = self._run(
             "plan", ok=(0, 2), input=False, no_color=IsFlagged, json=IsFlagged,
-            detailed_exitcode=IsFlagged, lock_timeout=self.lock_timeout,
+            detailed_exitcode=IsFlagged, lock_timeout=self.lock_timeout, replace=list(replace),
         )
         summary = parse_plan_json(out)
         if summary is None:
             raise ProvisionError(f"terraform plan in {self.workdir} printed no change summary (exit code {rc})")
         return summary
 
-    def apply(self, on_count: Callable[[int, int], None] | None = None) -> bool:
+    def apply(self, on_count: Callable[[int, int], None] | None = None, replace: Sequence[str] = ()) -> bool:
         """`terraform apply`; True when something was created, changed or destroyed. `on_count(done,
         total)` as each resource's change completes (Terraform's JSON stream: planned_change, then
-        apply_complete), for a live "12 of 64" while nodes are made."""
+        apply_complete), for a live "12 of 64" while nodes are made. `replace`: resource addresses
+        (`module.cluster.aws_instance.node[1]`) rebuilt even though nothing about them changed
+        (`-replace=ADDR` each): a lost node made again, what depends on it with it."""
         if on_count is None:
             _, out, _ = self._run(
                 "apply", input=False, no_color=IsFlagged, json=IsFlagged,
-                auto_approve=IsFlagged, lock_timeout=self.lock_timeout,
+                auto_approve=IsFlagged, lock_timeout=self.lock_timeout, replace=list(replace),
             )
         else:
-            out = self._stream_apply(on_count)
+            out = self._stream_apply(on_count, replace)
         counts = _change_summary(out, operation="apply")
         return bool(counts and any(counts.get(k) for k in ("add", "change", "remove")))
 
@@ -200,11 +202,11 @@ class TerraformRoot:
         return ProvisionError(f"terraform {command} failed in {self.workdir}:\n  {detail}",
                               insufficient_capacity=capacity)
 
-    def _stream_apply(self, on_count: Callable[[int, int], None]) -> str:
+    def _stream_apply(self, on_count: Callable[[int, int], None], replace: Sequence[str] = ()) -> str:
         """`terraform apply -json`, read as it runs; its stdout. Failures as _run reports them."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = [self._binary(), "apply", "-input=false", "-no-color", "-json", "-auto-approve",
-                f"-lock-timeout={self.lock_timeout}"]
+                f"-lock-timeout={self.lock_timeout}", *(f"-replace={a}" for a in replace)]
         lines: list[str] = []
         planned = done = 0
         with tempfile.TemporaryFile(mode="w+") as err_file:

@@ -12,10 +12,8 @@ then there is nothing to compare, which is said, not treated as a failure.
 from __future__ import annotations
 
 import base64
-import calendar
 import hashlib
 import re
-import time
 from pathlib import Path
 from typing import Iterable
 
@@ -78,29 +76,3 @@ def console_output(node_id: str, region: str | None) -> str:
         return b64.b64decode(raw).decode("utf-8", "replace")
     except ValueError:
         return raw
-
-
-def instance_states(node_ids: list[str], region: str | None) -> dict[str, tuple[str, float | None]]:
-    """{instance id: (EC2 state name, when the state began if EC2 says)}; {} when EC2 cannot be asked.
-    Lives here with the console read: both ask EC2 about a cluster's own instances, by id."""
-    from gpuctl.common.config import aws_settings
-    from gpuctl.providers.aws.preflight import client, session
-
-    if not node_ids:
-        return {}
-    settings = aws_settings()
-    try:
-        ec2 = client(session(settings), "ec2", region or "us-east-1", settings)
-        pages = ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": "instance-id", "Values": list(node_ids)}])
-        found = [i for page in pages for r in page.get("Reservations", []) for i in r.get("Instances", [])]
-    except Exception:  # noqa: BLE001 - no answer concludes nothing
-        return {}
-    states: dict[str, tuple[str, float | None]] = {n: ("terminated", None) for n in node_ids}  # purged by EC2
-    for inst in found:
-        when = None
-        stamp = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) GMT\)", inst.get("StateTransitionReason") or "")
-        if stamp:
-            when = float(calendar.timegm(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")))
-        states[inst["InstanceId"]] = (inst.get("State", {}).get("Name", "unknown"), when)
-    return states

@@ -174,11 +174,14 @@ def session(settings: AwsSettings) -> Any:
         ) from None
 
 
-def client(sess: Any, service: str, region: str, settings: AwsSettings) -> Any:
-    """A boto3 client; `endpoint_url` only when the override is set."""
+def client(sess: Any, service: str, region: str, settings: AwsSettings, *, read_timeout: int = 60,
+           attempts: int = 3) -> Any:
+    """A boto3 client; `endpoint_url` only when the override is set. A caller that must not wait
+    long for an answer (a watcher deciding whether nodes are lost) asks for shorter timeouts."""
     from botocore.config import Config
 
-    cfg = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60)
+    cfg = Config(retries={"max_attempts": attempts, "mode": "standard"}, connect_timeout=5,
+                 read_timeout=read_timeout)
     kwargs: dict[str, Any] = {"region_name": region, "config": cfg}
     if settings.endpoint_url:
         kwargs["endpoint_url"] = settings.endpoint_url

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 from gpuctl.common.config import CIDRS_ENV, AwsSettings, aws_settings, config_path, instance_profile
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_terraform_dir, readable_state_file, terraform_dir
-from gpuctl.providers.aws import hostkeys, prices
+from gpuctl.providers.aws import hostkeys, instances, prices
 from gpuctl.providers.aws.catalog import (default_cpu_instance_type, default_instance_type, first_available,
                                           gpudirect_rdma, resolve_instance_type)
 from gpuctl.providers.aws.preflight import (
@@ -51,14 +51,14 @@ from gpuctl.providers.aws.preflight import (
     failover_line,
     next_zone,
 )
-from gpuctl.providers.base import BaseProvider, PowerOff, Price
+from gpuctl.providers.base import MODULE_NAME as ROOT_MODULE_NAME, BaseProvider, ClusterRef, PowerOff, Price
 from gpuctl.spec.request import ClusterRequest, remote_identity_key
 
 if TYPE_CHECKING:
     from gpuctl.spec import Resources
 
 MODULE_NAME = "aws-gpu-instance-group"
-MODULE_KEY = "cluster"  # module "cluster" { ... } in the rendered root
+MODULE_KEY = ROOT_MODULE_NAME  # module "cluster" { ... } in the rendered root
 PROVIDER_VERSION = ">= 5.74, < 7"  # 5.74: first release that accepts efa-only interfaces
 MODULE_NAME_MAX = 32  # the module prefixes resource names with the cluster name
 ENDPOINT_SERVICES = ("ec2", "sts", "iam", "ssm")
@@ -329,6 +329,9 @@ class AwsProvider(BaseProvider):
     name = "aws"
     module_name = MODULE_NAME
     checks_console_host_keys = True  # instances print their host keys to the EC2 console
+    # Replacing the instance redoes what hangs on its id (aws_ec2_instance_state, aws_eip) by
+    # Terraform's own graph; the launch template, subnet and groups stay.
+    node_resource = "aws_instance.node"
 
     def __init__(self, settings: AwsSettings | None = None) -> None:
         self._settings = settings
@@ -389,7 +392,15 @@ class AwsProvider(BaseProvider):
     def node_states(self, node_ids: list[str], region: str | None) -> dict[str, tuple[str, float | None]]:
         """EC2's state of each instance (one DescribeInstances call); an instance EC2 no longer lists is
         terminated. {} when EC2 cannot be asked (no credentials, no network): nothing is concluded."""
-        return hostkeys.instance_states(node_ids, region)
+        return instances.instance_states(node_ids, region)
+
+    def lost_nodes(self, cluster_dir: Path, inv: ClusterRef, request: Mapping[str, Any] | None) -> dict[int, str]:
+        """Nodes whose instance is not running (stopped, stopping, shutting-down, terminated, or no
+        longer listed), with "preempted (spot)" where the spot market took it back; one
+        DescribeInstances with short timeouts, {} when EC2 cannot be asked (the caller probes)."""
+        ranks = {n.node_id: n.rank for n in inv.nodes}
+        region = inv.region or (request or {}).get("region")
+        return {ranks[i]: why for i, why in instances.lost_instances(list(ranks), region).items()}
 
     def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
         if not down and request.get("use_spot"):

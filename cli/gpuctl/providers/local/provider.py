@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir as cluster_dir_of
 from gpuctl.providers import render_root
-from gpuctl.providers.base import BaseProvider, PowerOff, Price
+from gpuctl.providers.base import BaseProvider, ClusterRef, PowerOff, Price
+from gpuctl.providers.local import nodestate
 from gpuctl.spec.accelerators import unknown_accelerator_message, unknown_accelerators
 from gpuctl.spec.request import ClusterRequest
 
@@ -412,6 +413,7 @@ class LocalProvider(BaseProvider):
     local = True  # sshd processes on this machine: its filesystem, Python and container store
     containers_outlive_cluster = True
     authorizes_internal_key_at_boot = True  # netns: node.sh writes it to the node's ~/.ssh/authorized_keys
+    node_resource = "terraform_data.node"  # its destroy runs node.sh down, its create node.sh up
 
     def node_python(self) -> str | None:
         """This machine's python3, as a node's login shell finds it (sshd's default PATH): the nodes
@@ -430,6 +432,17 @@ class LocalProvider(BaseProvider):
             if len(line.split()) >= 2:
                 keys[rank] = line
         return keys
+
+    def lost_nodes(self, cluster_dir: Path, inv: ClusterRef, request: Mapping[str, Any] | None) -> dict[int, str]:
+        """Nodes whose sshd (and, netns, namespace) is gone from this machine, read from /proc
+        (nodestate.py); <node>/ is node<rank>, as boot_host_keys reads it."""
+        state_dir = nodes_dir(Path(cluster_dir).resolve())
+        lost = {}
+        for node in inv.nodes:
+            why = nodestate.why_lost(state_dir / f"node{node.rank}", node.ssh_port)
+            if why is not None:
+                lost[node.rank] = why
+        return lost
 
     def resources_problem(self, resources: "Resources") -> tuple[str, str] | None:
         """An accelerator name not in the catalogue: local nodes only name their GPUs, so a typo
