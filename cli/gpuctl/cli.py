@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
-from gpuctl import autostopcli, cliargs, costcli, usage
+from gpuctl import autostopcli, cliargs, costcli, jobscli, usage
 from gpuctl.common import output
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
@@ -234,6 +234,7 @@ app.command("launch", cls=usage.HelpCommand, help="Alias of `apply` (SkyPilot's 
             epilog=usage.examples_of("launch"))(apply)
 autostopcli.register(app)
 costcli.register(app)
+jobscli.register(app)
 
 
 def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> int:

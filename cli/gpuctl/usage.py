@@ -204,6 +204,22 @@ EXAMPLES = {
         'gpuctl cost-report',
         'gpuctl cost-report -o json',
     ),
+    'jobs launch': (
+        'gpuctl jobs launch train.yaml',
+        'gpuctl jobs launch train.yaml -n llm -d --secret WANDB_API_KEY',
+    ),
+    'jobs queue': (
+        'gpuctl jobs queue',
+        'gpuctl jobs queue -o json',
+    ),
+    'jobs logs': (
+        'gpuctl jobs logs 3',
+        'gpuctl jobs logs 3 --attempt 2 --no-follow',
+        'gpuctl jobs logs 3 --supervisor',
+    ),
+    'jobs cancel': (
+        'gpuctl jobs cancel 3',
+    ),
     'version': (
         'gpuctl version',
         'gpuctl --version',

@@ -135,6 +135,11 @@ def _start_time(pid: int) -> str | None:
     return None if fields[0] == "Z" else fields[19]
 
 
+def process_start(pid: int) -> str | None:
+    """A process's start time as `_start_time` reads it: with the PID, names one process for good."""
+    return _start_time(pid)
+
+
 def mark_watching(cluster: str, job_id: int) -> Path:
     """Record that this process watches the job (removed by `unmark_watching`).
     The start time goes with the PID: a watcher killed without cleaning up

@@ -67,6 +67,11 @@ class JobSpec:
     # The workdir is not one the user named for this job (exec -- CMD: the last apply's; a Python API
     # call: the cluster's): its copy is said only when files changed.
     workdir_implied: bool = False
+    # A managed job's attempt: the task id all its attempts share, and the attempt's epoch (the
+    # nodes refuse ranks of an older one), and how the nodes watch for spot interruption notices.
+    task_id: str | None = None
+    epoch: int | None = None
+    spot_notice: Mapping[str, object] | None = None
 
     @classmethod
     def of_task(cls, task: Task, req: ClusterRequest) -> JobSpec:
@@ -304,8 +309,10 @@ class JobRunner:
         the Python API takes its result lines out (api/cluster.py)."""
         return event.text
 
-    def run(self, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> JobOutcome:
-        """The whole job; its outcome (status RUNNING when detached). Raises JobFailed when it failed."""
+    def run(self, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool,
+            stop: Callable[[], bool] | None = None) -> JobOutcome:
+        """The whole job; its outcome (status RUNNING when detached, or when `stop()` said to let go of
+        it: the job then runs on and is the caller's). Raises JobFailed when it failed."""
         inv = self.inv
         job_nodes = inv.first(spec.num_nodes or len(inv.nodes))
         container = self.container_plan(spec)  # a bad GPUCTL_CONTAINER_RUNTIME stops here, before any job exists
@@ -318,7 +325,7 @@ class JobRunner:
         session: client.Session | None = None
         timing = ExitStack()  # the job's phase, once the nodes are prepared
         try:
-            task = jobenv.task_id(inv.cluster, job.job_id, _started_stamp())
+            task = spec.task_id or jobenv.task_id(inv.cluster, job.job_id, _started_stamp())
             self.registry.update_job(inv.cluster, job.job_id, task_id=task)
             needed = prepare.features(self.cdir, buckets.tools_needed(spec.bucket_mounts))
             more = [f for f in needed if f not in self.features]
@@ -344,7 +351,7 @@ class JobRunner:
                 session = client.Session(inv.head, job.node_job, self.control_dir, view.on_event)
                 try:
                     outcome = session.submit(body, secrets_text, stop=(lambda: view.running) if detach else
-                                             (lambda: False))
+                                             (stop or (lambda: False)))
                 except (client.AgentMissing, client.HeadUnreachable) as exc:
                     if ssh.host_key_changed(str(exc)):
                         self.record_outcome(job.job_id, "FAILED", {}, ["the head's host key changed"])
@@ -413,8 +420,10 @@ class JobRunner:
                  items: Sequence[upload.Item], run_setup: bool, container: dict | None = None,
                  rules: WorkdirFilter = WorkdirFilter()) -> dict:
         inv = self.inv
-        setup_env = jobenv.setup_env(inv, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs)
-        run_env = jobenv.run_env(inv, job_nodes, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs)
+        setup_env = jobenv.setup_env(inv, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs,
+                                     attempt=spec.epoch)
+        run_env = jobenv.run_env(inv, job_nodes, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs,
+                                 attempt=spec.epoch)
         dests = [{"path": i.dest, "dir": i.is_dir,
                   "rsync_args": payload.workdir_rsync_args(rules) if i.dest == payload.WORKDIR_DEST else []}
                  for i in items]
@@ -426,7 +435,9 @@ class JobRunner:
             sync=dests, grace=KILL_GRACE_S, container=container, view=self.view(),
             buckets=buckets.payload_entries(spec.bucket_mounts),
             storage=buckets.storage_settings(spec.envs,
-                                            default_region=get_provider(inv.cloud).bucket_region(inv.region)))
+                                            default_region=get_provider(inv.cloud).bucket_region(inv.region)),
+            epoch={"task": task, "value": spec.epoch} if spec.epoch is not None else None,
+            spot_notice=dict(spec.spot_notice) if spec.spot_notice else None)
 
     # -- what the workdir copy leaves alone ------------------------------------
     def placed(self) -> list[str]:
@@ -587,11 +598,16 @@ class JobRunner:
     def attach(self, job_id: int, job_nodes: Sequence[Node], *, echo: bool,
                ranks: Sequence[int] | None = None) -> Outcome:
         """Follow a submitted job from its first event to its end (logs saved as they come)."""
-        view = _JobView(self, job_id, job_nodes, None, echo=echo, ranks=ranks, quiet=True)
-        session = client.Session(self.inv.head, self.node_job(job_id), self.control_dir, view.on_event)
-        outcome = session.attach(0)
+        outcome = self.follow(job_id, job_nodes, echo=echo, ranks=ranks, stop=lambda: False)
         assert outcome is not None
         return outcome
+
+    def follow(self, job_id: int, job_nodes: Sequence[Node], *, echo: bool, stop: Callable[[], bool],
+               ranks: Sequence[int] | None = None) -> Outcome | None:
+        """`attach`, letting go of the job (None) once `stop()` says so (a managed job's supervisor)."""
+        view = _JobView(self, job_id, job_nodes, None, echo=echo, ranks=ranks, quiet=True)
+        session = client.Session(self.inv.head, self.node_job(job_id), self.control_dir, view.on_event)
+        return session.attach(0, stop=stop)
 
     def spawn_watcher(self, job_id: int) -> Path:
         """Record a detached job's outcome from a background process (the head decides fail-fast)."""

@@ -32,6 +32,7 @@ Facts (class attributes):
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 # The root module's name for the provider's module: outputs read module.cluster.*, and a node's
 # resource address starts module.cluster.
 MODULE_NAME = "cluster"
+# For tests: the metadata service nodes poll for spot notices (each node asks it in its own namespace).
+SPOT_NOTICE_URL_ENV = "GPUCTL_TEST_SPOT_NOTICE_URL"
 
 
 class NodeRef(Protocol):
@@ -230,6 +233,10 @@ class Provider(Protocol):
         be asked (an API error, a timeout) or knows nothing: the caller then relies on its probes."""
         ...
 
+    def spot_notice(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Where a managed job's nodes poll for interruption notices ({url, interval_s}), or None."""
+        ...
+
 
 class BaseProvider:
     """Every hook's default: a provider that attaches no fabric, has no instance types, no
@@ -334,3 +341,8 @@ class BaseProvider:
 
     def lost_nodes(self, cluster_dir: Path, inv: ClusterRef, request: Mapping[str, Any] | None) -> dict[int, str]:
         return {}  # nothing to ask but the nodes themselves
+
+    def spot_notice(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
+        """None: no interruption notices, except a test's own metadata service (any provider)."""
+        url = os.environ.get(SPOT_NOTICE_URL_ENV)
+        return {"url": url, "interval_s": 1.0} if url else None

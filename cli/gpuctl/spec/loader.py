@@ -32,7 +32,6 @@ _IGNORED_WHY = {
     "ports": "gpuctl opens no ports (only SSH from your address); add security-group rules yourself",
     "labels": "gpuctl tags instances itself",
     "disk_tier": "gpuctl uses the default EBS volume type",
-    "job_recovery": "gpuctl does not restart a failed or preempted job",
     "config": "SkyPilot config overrides are not read (only config.aws.remote_identity is)",
     "experimental": "SkyPilot's experimental overrides are not read",
     "accelerator_args": "gpuctl does not configure TPUs",

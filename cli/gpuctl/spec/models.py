@@ -19,6 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, Strict, Validat
 
 from gpuctl.common.errors import UserError
 from gpuctl.spec.autostop import Autostop, AutostopError, parse_autostop
+from gpuctl.spec.recovery import JobRecovery, RecoveryError, parse_job_recovery
 from gpuctl.spec.buckets import BucketMount
 from gpuctl.spec.fields import (_CPUS_RE, _MANAGED_SECRETS, _MEMORY_RE, _RESOURCE_ALIASES, _WHERE_FIELDS, _accelerators,
                                 _aliased, _bad, _bucket_mount, _disk_size, _expand, _image_for_region, _infra_problem,
@@ -69,7 +70,7 @@ class Resources(_Model):
     """`resources:` of a task: where, what machine, how many accelerators."""
 
     IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset({
-        "accelerator_args", "job_recovery", "local_disk", "max_hourly_cost", "priority",
+        "accelerator_args", "local_disk", "max_hourly_cost", "priority",
         "priority_class", "ephemeral_storage", "_no_missing_accel_warnings", "_docker_login_config",
         "_is_image_managed", "_requires_fuse", "_cluster_config_overrides",
     })
@@ -93,6 +94,7 @@ class Resources(_Model):
     ports: list[str] | None = None
     labels: dict[str, str] | None = None
     autostop: Autostop | None = None
+    job_recovery: JobRecovery | None = None  # acted on by `gpuctl jobs launch` (managed jobs)
     any_of: list[Resources] | None = None
     ordered: list[Resources] | None = None
     ignored: dict[str, Any] = Field(default_factory=dict)
@@ -118,6 +120,14 @@ class Resources(_Model):
         try:
             return parse_autostop(value)
         except AutostopError as exc:
+            raise _bad(str(exc), *([exc.key] if exc.key else [])) from None
+
+    @field_validator("job_recovery", mode="before")
+    @classmethod
+    def _check_job_recovery(cls, value: Any) -> JobRecovery | None:
+        try:
+            return parse_job_recovery(value)
+        except RecoveryError as exc:
             raise _bad(str(exc), *([exc.key] if exc.key else [])) from None
 
     @field_validator("cpus", mode="before")

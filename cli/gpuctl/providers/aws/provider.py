@@ -32,6 +32,7 @@ nodes -- and so does one whose zone `infra` names.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
@@ -51,7 +52,8 @@ from gpuctl.providers.aws.preflight import (
     failover_line,
     next_zone,
 )
-from gpuctl.providers.base import MODULE_NAME as ROOT_MODULE_NAME, BaseProvider, ClusterRef, PowerOff, Price
+from gpuctl.providers.base import MODULE_NAME as ROOT_MODULE_NAME
+from gpuctl.providers.base import SPOT_NOTICE_URL_ENV, BaseProvider, ClusterRef, PowerOff, Price
 from gpuctl.spec.request import ClusterRequest, remote_identity_key
 
 if TYPE_CHECKING:
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
 
 MODULE_NAME = "aws-gpu-instance-group"
 MODULE_KEY = ROOT_MODULE_NAME  # module "cluster" { ... } in the rendered root
+IMDS_URL = "http://169.254.169.254"  # the instance metadata service, as every EC2 instance sees it
 PROVIDER_VERSION = ">= 5.74, < 7"  # 5.74: first release that accepts efa-only interfaces
 MODULE_NAME_MAX = 32  # the module prefixes resource names with the cluster name
 ENDPOINT_SERVICES = ("ec2", "sts", "iam", "ssm")
@@ -393,6 +396,13 @@ class AwsProvider(BaseProvider):
         """EC2's state of each instance (one DescribeInstances call); an instance EC2 no longer lists is
         terminated. {} when EC2 cannot be asked (no credentials, no network): nothing is concluded."""
         return instances.instance_states(node_ids, region)
+
+    def spot_notice(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Spot nodes poll the instance metadata every 5 s, as SkyPilot does: EC2 gives about two
+        minutes' notice, time for the ranks to checkpoint after their SIGTERM."""
+        if not request.get("use_spot"):
+            return super().spot_notice(request)
+        return {"url": os.environ.get(SPOT_NOTICE_URL_ENV) or IMDS_URL, "interval_s": 5.0}
 
     def lost_nodes(self, cluster_dir: Path, inv: ClusterRef, request: Mapping[str, Any] | None) -> dict[int, str]:
         """Nodes whose instance is not running (stopped, stopping, shutting-down, terminated, or no

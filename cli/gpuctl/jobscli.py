@@ -1,0 +1,284 @@
+"""`gpuctl jobs launch|queue|logs|cancel`: managed jobs, as SkyPilot's `sky jobs`.
+
+A managed job owns its cluster: its supervisor (managed/supervisor.py, a detached process on this
+machine) brings the cluster up, recovers lost nodes by replacing only them, restarts every rank
+with the same task id, and takes the cluster down however the job ends. Every `jobs` command first
+starts a supervisor again for any job whose supervisor died.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from gpuctl import usage
+from gpuctl.common import output
+from gpuctl.common.envargs import parse_env_assignments
+from gpuctl.common.errors import UserError
+from gpuctl.common.output import OutputOption, wants_json
+
+jobs_app = typer.Typer(help="Managed jobs: a job that owns its cluster and survives node loss (sky jobs).",
+                       no_args_is_help=True, add_completion=False)
+
+FOLLOW_POLL_S = 0.5
+
+
+def _store() -> Any:
+    from gpuctl.managed.launch import revive
+    from gpuctl.managed.store import Store
+
+    store = Store()
+    revive(store)  # a supervisor that died is started again by whichever command comes next
+    return store
+
+
+def _job(store: Any, job_id: int) -> Any:
+    job = store.get(job_id)
+    if job is None:
+        raise UserError(f"managed job {job_id} not found; `gpuctl jobs queue` lists them")
+    return job
+
+
+def _duration(job: Any, now: float) -> str:
+    if job.started_at is None:
+        return "-"
+    seconds = int((job.ended_at or now) - job.started_at)
+    return f"{seconds // 3600}h {seconds % 3600 // 60}m" if seconds >= 3600 else f"{seconds // 60}m {seconds % 60}s"
+
+
+def _detail(job: Any, events: list[Any]) -> str:
+    if job.terminal and job.reason:
+        return job.reason
+    return events[-1].cause if events else (job.reason or "")
+
+
+def job_document(job: Any, events: list[Any]) -> dict[str, Any]:
+    return {"id": job.id, "name": job.name, "status": job.status, "cluster": job.cluster, "task_id": job.task_id,
+            "attempt": job.attempt, "recoveries": job.recoveries, "transient_recoveries": job.transient,
+            "restarts_on_errors": job.restarts, "submitted_at": job.submitted_at, "started_at": job.started_at,
+            "ended_at": job.ended_at, "reason": job.reason, "exit_code": job.exit_code,
+            "failed_rank": job.failed_rank, "cluster_removed": job.destroyed if job.terminal else None,
+            "supervisor_pid": job.supervisor_pid,
+            "events": [{"attempt": e.attempt, "kind": e.kind, "cause": e.cause, "nodes": [int(n) for n in e.nodes],
+                        "detected_at": e.detected_at, "resumed_at": e.resumed_at, "exit_code": e.exit_code,
+                        "failed_rank": e.failed_rank} for e in events]}
+
+
+def _banner(attempt: int, events: list[Any]) -> str:
+    before = [e for e in events if e.attempt == attempt - 1]
+    why = f": after {before[-1].cause}" if before else ""
+    return f"== attempt {attempt}{why} =="
+
+
+def _attempts(job: Any) -> list[int]:
+    from gpuctl.managed.store import attempt_log
+
+    return [k for k in range(1, job.attempt + 1) if attempt_log(job.id, k).exists()]
+
+
+def follow_logs(store: Any, job_id: int, *, attempt: int | None, follow: bool, out: Any = None) -> Any:
+    """Print the attempts' output in order with a banner each (or one attempt's), following the
+    newest until the job ends."""
+    from gpuctl.managed.store import attempt_log
+
+    out = out or sys.stdout
+    shown, offset = 0, 0
+    while True:
+        job = store.get(job_id)
+        events = store.events(job_id)
+        for k in ([attempt] if attempt is not None else _attempts(job)):
+            path = attempt_log(job_id, k)
+            if k < shown or not path.exists():
+                continue
+            if k > shown:
+                out.write(_banner(k, events) + "\n")
+                shown, offset = k, 0
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+            offset += len(data)
+            out.write(data.decode(errors="replace"))
+            out.flush()
+        if not follow or job.terminal or (attempt is not None and job.attempt > attempt):
+            return job
+        time.sleep(FOLLOW_POLL_S)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(jobs_app, name="jobs")
+
+    @app.command("_supervise", hidden=True)
+    def supervise_(job_id: int) -> None:
+        from gpuctl.managed.supervisor import main
+
+        raise typer.Exit(main(job_id))
+
+
+@jobs_app.command("launch", cls=usage.HelpCommand, epilog=usage.examples_of("jobs launch"))
+def launch_(file: Path = typer.Argument(..., metavar="FILE", help="Task YAML in SkyPilot's format."),
+            name: Optional[str] = typer.Option(None, "-n", "--name", metavar="NAME", help="Job name (default: the task's)."),
+            detach: bool = typer.Option(False, "-d", "--detach", help="Return once submitted; follow with `jobs logs`."),
+            env: Optional[List[str]] = typer.Option(None, "--env", metavar="K=V", help="K=V (or K from your environment)."),
+            secret: Optional[List[str]] = typer.Option(None, "--secret", metavar="K[=V]", help="Secrets; never printed."),
+            infra: Optional[str] = typer.Option(None, "--infra", metavar="INFRA", help="Override resources.infra."),
+            num_nodes: Optional[int] = typer.Option(None, "--num-nodes", metavar="N", help="Override num_nodes."),
+            yes: bool = typer.Option(False, "-y", "--yes", help="Ask nothing (as `sky jobs launch -y`)."),
+            output_format: str = OutputOption) -> None:
+    """Run a task as a managed job on its own cluster: lost nodes are replaced and the job restarted."""
+    from gpuctl.managed import launch
+    from gpuctl.providers import get_provider, request_for, resources_problem
+    from gpuctl.provision.taskchecks import check_task
+    from gpuctl.spec import load_task
+
+    as_json = wants_json(output_format)
+    envs = parse_env_assignments(env or [])
+    secrets = parse_env_assignments(secret or [], flag="--secret", secret=True)
+    task = load_task(file, env_overrides=envs, secret_overrides=secrets, infra_override=infra,
+                     resources_check=resources_problem)
+    job_name = name or task.name or file.stem
+    req = request_for(task, name=launch.cluster_name(job_name, 0), infra=infra, num_nodes=num_nodes,
+                      base_dir=file.resolve().parent)
+    if not get_provider(req.cloud).provisions:
+        raise UserError(f"{file}: resources.infra: a managed job needs nodes gpuctl makes (local or aws), "
+                        f"so that it can replace a lost one; {req.cloud} nodes are yours")
+    if not (task.run or task.setup):
+        raise UserError(f"{file}: a managed job needs `run` (or `setup`): there is nothing to run")
+    check_task(task, req)
+    for line in task.warnings:
+        typer.echo(f"warning: {line}", err=True)
+    if task.resources.autostop is not None:
+        typer.echo("warning: resources.autostop: a managed job's cluster goes when the job ends; the setting "
+                   "is not used", err=True)
+    store = _store()
+    job = launch.create(name=job_name, file=file, envs=envs, secrets=secrets, infra=infra, num_nodes=num_nodes,
+                        store=store)
+    pid = launch.spawn(job.id)
+    if not launch.wait_claimed(store, job.id, pid):
+        raise UserError(f"managed job {job.id}: its supervisor did not start; see "
+                        f"{launch.supervisor_log(job.id)}")
+    say = (lambda text: typer.echo(text, err=True)) if as_json else typer.echo
+    say(f"Managed job {job.id} ({job_name}) submitted; its cluster: {job.cluster}")
+    if detach or as_json:
+        say(f"Follow it: gpuctl jobs logs {job.id}; cancel it: gpuctl jobs cancel {job.id}")
+        if as_json:
+            output.emit("jobs launch", {"ok": True, "job": job_document(store.get(job.id), [])})
+        return
+    try:
+        final = follow_logs(store, job.id, attempt=None, follow=True)
+    except KeyboardInterrupt:
+        typer.echo(f"\nStopped following; managed job {job.id} goes on. Follow again: gpuctl jobs logs {job.id}; "
+                   f"cancel it: gpuctl jobs cancel {job.id}", err=True)
+        raise typer.Exit(130) from None
+    _say_end(final)
+
+
+def _say_end(job: Any) -> None:
+    line = f"Managed job {job.id} {job.status}"
+    if job.reason and job.status != "SUCCEEDED":
+        line += f": {job.reason}"
+    typer.echo(line, err=job.status != "SUCCEEDED")
+    if job.status != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+@jobs_app.command("queue", cls=usage.HelpCommand, epilog=usage.examples_of("jobs queue"))
+def queue_(output_format: str = OutputOption) -> None:
+    """List managed jobs: state, attempt, recoveries and why the last attempt ended."""
+    as_json = wants_json(output_format)
+    store = _store()
+    jobs = store.all() if store.path.exists() else []
+    if as_json:
+        output.emit("jobs queue", {"ok": True, "jobs": [job_document(j, store.events(j.id)) for j in jobs]})
+        return
+    if not jobs:
+        typer.echo("No managed jobs.")
+        return
+    now = time.time()
+    rows = [("ID", "NAME", "STATUS", "ATTEMPT", "RECOVERIES", "SUBMITTED", "DURATION", "CLUSTER", "DETAIL")]
+    for j in jobs:
+        events = store.events(j.id)
+        rows.append((str(j.id), j.name, j.status, str(j.attempt), str(j.recoveries + j.transient),
+                     time.strftime("%m-%d %H:%M", time.localtime(j.submitted_at)), _duration(j, now), j.cluster,
+                     _detail(j, events)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    for j in jobs:
+        for e in store.events(j.id):
+            when = time.strftime("%H:%M:%S", time.localtime(e.detected_at))
+            back = (f", ranks running again after {e.resumed_at - e.detected_at:.1f} s" if e.resumed_at else "")
+            typer.echo(f"  job {j.id} attempt {e.attempt}: {e.kind} at {when}: {e.cause}{back}")
+
+
+@jobs_app.command("logs", cls=usage.HelpCommand, epilog=usage.examples_of("jobs logs"))
+def logs_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id (`gpuctl jobs queue`)."),
+          attempt: Optional[int] = typer.Option(None, "--attempt", metavar="K", min=1, help="Only attempt K."),
+          supervisor: bool = typer.Option(False, "--supervisor", help="The supervisor's own log."),
+          no_follow: bool = typer.Option(False, "--no-follow", help="Print what there is and return."),
+          output_format: str = OutputOption) -> None:
+    """Every attempt's output, with a banner saying why each new attempt started."""
+    from gpuctl.managed.store import attempt_log, supervisor_log
+
+    as_json = wants_json(output_format)
+    store = _store()
+    job = _job(store, job_id)
+    if attempt is not None and attempt > max(job.attempt, 1):
+        raise UserError(f"--attempt {attempt}: managed job {job_id} has {job.attempt} attempt(s) so far")
+    if as_json:
+        events = store.events(job_id)
+        ks = [attempt] if attempt is not None else _attempts(job)
+        output.emit("jobs logs", {"ok": True, "job": job_document(job, events), "attempts": [
+            {"attempt": k, "banner": _banner(k, events),
+             "log": attempt_log(job_id, k).read_text(errors="replace") if attempt_log(job_id, k).exists() else ""}
+            for k in ks]})
+        return
+    if supervisor:
+        typer.echo(supervisor_log(job_id).read_text(errors="replace"), nl=False)
+        return
+    try:
+        final = follow_logs(store, job_id, attempt=attempt, follow=not no_follow)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if final.terminal:
+        _say_end(final)
+
+
+@jobs_app.command("cancel", cls=usage.HelpCommand, epilog=usage.examples_of("jobs cancel"))
+def cancel_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id."),
+            yes: bool = typer.Option(False, "-y", "--yes", help="Ask nothing (as `sky jobs cancel -y`)."),
+            timeout: float = typer.Option(900, "--timeout", metavar="S", help="How long to wait for the cluster to go."),
+            output_format: str = OutputOption) -> None:
+    """Stop a managed job, whatever it is doing (recovering too), and remove its cluster."""
+    from gpuctl.managed import launch
+
+    as_json = wants_json(output_format)
+    store = _store()
+    job = _job(store, job_id)
+    say = (lambda text: typer.echo(text, err=True)) if as_json else typer.echo
+    if not job.terminal:
+        store.update(job_id, cancel_requested=1)
+        if not launch.supervisor_alive(job):
+            launch.spawn(job_id)  # the supervisor is the one that takes the cluster down
+        say(f"Cancelling managed job {job_id} ({job.status}); removing its cluster {job.cluster}")
+        deadline = time.monotonic() + timeout
+        while not job.terminal and time.monotonic() < deadline:
+            time.sleep(FOLLOW_POLL_S)
+            job = _job(store, job_id)
+            if not job.terminal and not launch.supervisor_alive(job) and job.supervisor_pid is not None:
+                launch.revive(store)
+        if not job.terminal:
+            raise UserError(f"managed job {job_id}: not cancelled within {timeout:g} s (state {job.status}); "
+                            f"see gpuctl jobs logs {job_id} --supervisor")
+    else:
+        say(f"Managed job {job_id} already ended ({job.status})")
+    if as_json:
+        output.emit("jobs cancel", {"ok": job.status == "CANCELLED" or job.terminal,
+                                    "job": job_document(job, store.events(job_id))})
+        return
+    if job.status == "CANCELLED":
+        say(f"Managed job {job_id} CANCELLED; cluster {job.cluster} " +
+            ("removed" if job.destroyed else f"NOT fully removed: {job.reason}"))

@@ -1,0 +1,101 @@
+"""Starting, finding and reviving managed jobs' supervisors; cancelling a job.
+
+A supervisor is `gpuctl _supervise ID`, detached (its own session, output to the job's
+supervisor.log), on the machine that holds the Terraform state and the credentials. Nothing else
+keeps it alive: every `gpuctl jobs ...` command (and `gpuctl status`) looks for jobs that have not
+ended and whose supervisor is gone, and starts one again. The new one claims the job only if the
+dead one still holds it (store.claim), so two commands reviving at once start one owner.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+from gpuctl.jobplane import joblogs
+from gpuctl.managed.store import ManagedJob, Store, supervisor_log, write_secrets
+
+MAX_CLUSTER_NAME = 40
+CLAIM_GRACE_S = 60.0
+
+
+def cluster_name(job_name: str, job_id: int) -> str:
+    """The job's own cluster: `<name>-mj<id>`, in the characters a cluster name allows."""
+    suffix = f"-mj{job_id}"
+    base = re.sub(r"[^a-z0-9-]+", "-", job_name.lower()).strip("-") or "job"
+    if not base[0].isalpha():
+        base = "j" + base
+    return base[: MAX_CLUSTER_NAME - len(suffix)].rstrip("-") + suffix
+
+
+def task_id(cluster: str, job_id: int, submitted_at: float) -> str:
+    """The id every attempt shares (SkyPilot's sky-managed-<time>_<name>_<id>)."""
+    stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime(submitted_at))
+    return f"gpuctl-managed-{stamp}_{cluster}_{job_id}"
+
+
+def create(*, name: str, file: Path, envs: Mapping[str, str], secrets: Mapping[str, str], infra: str | None,
+           num_nodes: int | None, store: Store | None = None) -> ManagedJob:
+    """A PENDING job for FILE, with its secrets in its private directory (never in the table)."""
+    store = store or Store()
+    now = time.time()
+    # the directory it was launched from: a task's relative workdir is read from there, as apply reads it
+    launch = {"file": str(file.resolve()), "cwd": os.getcwd(), "envs": dict(envs), "infra": infra,
+              "num_nodes": num_nodes}
+    job = store.create(name=name, launch=launch, cluster_of=lambda i: cluster_name(name, i),
+                       task_id_of=lambda i: task_id(cluster_name(name, i), i, now))
+    if secrets:
+        write_secrets(job.id, dict(secrets))
+    return job
+
+
+def spawn(job_id: int) -> int:
+    """Start a supervisor for the job, detached; its PID (it claims the job itself)."""
+    log = supervisor_log(job_id)
+    with open(log, "ab") as out:
+        os.chmod(log, 0o600)
+        proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "_supervise", str(job_id)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, "GPUCTL_PLAIN": "1"})
+    return proc.pid
+
+
+def supervisor_alive(job: ManagedJob) -> bool:
+    if job.supervisor_pid is None:
+        return False
+    started = joblogs.process_start(job.supervisor_pid)
+    return started is not None and started in ("", job.supervisor_start)
+
+
+def wait_claimed(store: Store, job_id: int, pid: int, timeout: float = 30.0) -> bool:
+    """Whether the supervisor `pid` (or another live one) holds the job within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = store.get(job_id)
+        if job is None or job.terminal or (job.supervisor_pid == pid and supervisor_alive(job)):
+            return True
+        if job.supervisor_pid not in (None, pid) and supervisor_alive(job):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def revive(store: Store | None = None) -> list[int]:
+    """Start a supervisor for every job not ended whose supervisor died; the ids revived."""
+    store = store or Store()
+    if not store.path.exists():
+        return []
+    revived = []
+    now = time.time()
+    for job in store.all():
+        # a job whose launcher died before its supervisor claimed it counts too, once it had the time
+        unclaimed = job.supervisor_pid is None and now - job.submitted_at > CLAIM_GRACE_S
+        if not job.terminal and (unclaimed or job.supervisor_pid is not None) and not supervisor_alive(job):
+            spawn(job.id)
+            revived.append(job.id)
+    return revived

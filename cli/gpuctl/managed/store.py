@@ -1,0 +1,255 @@
+"""Managed jobs on disk: `managed.db` in the state dir, and one private directory per job.
+
+A job's row says where it stands (status, attempt, supervisor); `events` keep every recovery
+(cause, nodes, when it was detected and when all ranks ran again) and every user failure, so
+`jobs queue` can say why an attempt ended. The attempt number is the job's epoch: the supervisor
+that owns the job (its PID and start time, set with a compare-and-set) is the only one that may
+raise it, and the nodes refuse ranks of an epoch older than the newest they saw.
+
+Each job's directory (`managed/<id>/`, 0700) holds the supervisor's log, each attempt's output
+(`attempt-K.log`) and, until the job ends, the secrets the ranks need (secrets.json, 0600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from gpuctl.common.paths import state_root
+
+STATES = ("PENDING", "STARTING", "RUNNING", "RECOVERING", "CANCELLING", "SUCCEEDED", "CANCELLED", "FAILED",
+          "FAILED_SETUP", "FAILED_NO_RESOURCE", "FAILED_SUPERVISOR")
+TERMINAL = ("SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_NO_RESOURCE", "FAILED_SUPERVISOR")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS managed_jobs (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    name             TEXT NOT NULL,
+    cluster          TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    task_id          TEXT NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    recoveries       INTEGER NOT NULL DEFAULT 0,
+    transient        INTEGER NOT NULL DEFAULT 0,
+    restarts         INTEGER NOT NULL DEFAULT 0,
+    launch           TEXT NOT NULL,
+    submitted_at     REAL NOT NULL,
+    started_at       REAL,
+    ended_at         REAL,
+    reason           TEXT,
+    exit_code        INTEGER,
+    failed_rank      INTEGER,
+    cluster_job      INTEGER,
+    supervisor_pid   INTEGER,
+    supervisor_start TEXT,
+    supervisor_runs  INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    destroyed        INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS managed_events (
+    job          INTEGER NOT NULL,
+    attempt      INTEGER NOT NULL,
+    kind         TEXT NOT NULL,
+    cause        TEXT NOT NULL,
+    nodes        TEXT,
+    detected_at  REAL NOT NULL,
+    resumed_at   REAL,
+    exit_code    INTEGER,
+    failed_rank  INTEGER
+);
+"""
+
+
+@dataclass(frozen=True)
+class ManagedJob:
+    id: int
+    name: str
+    cluster: str
+    status: str
+    task_id: str
+    attempt: int
+    recoveries: int
+    transient: int
+    restarts: int
+    launch: dict[str, Any]  # what `jobs launch` was given: file, envs, infra, num_nodes (no secrets)
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    reason: str | None
+    exit_code: int | None
+    failed_rank: int | None
+    cluster_job: int | None
+    supervisor_pid: int | None
+    supervisor_start: str | None
+    supervisor_runs: int
+    cancel_requested: bool
+    destroyed: bool
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+@dataclass(frozen=True)
+class Event:
+    """One attempt's end: a recovery (kind "recovery", "transient") or a user failure ("restart")."""
+
+    job: int
+    attempt: int
+    kind: str
+    cause: str
+    nodes: list[str]
+    detected_at: float
+    resumed_at: float | None
+    exit_code: int | None
+    failed_rank: int | None
+
+
+def managed_root() -> Path:
+    return state_root() / "managed"
+
+
+def job_dir(job_id: int) -> Path:
+    path = managed_root() / str(job_id)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def attempt_log(job_id: int, attempt: int) -> Path:
+    return job_dir(job_id) / f"attempt-{attempt}.log"
+
+
+def supervisor_log(job_id: int) -> Path:
+    return job_dir(job_id) / "supervisor.log"
+
+
+def write_secrets(job_id: int, secrets: dict[str, str]) -> None:
+    """The ranks' secrets, for every attempt: private, and removed when the job ends."""
+    path = job_dir(job_id) / "secrets.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(secrets, fh)
+
+
+def read_secrets(job_id: int) -> dict[str, str]:
+    try:
+        return json.loads((job_dir(job_id) / "secrets.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def drop_secrets(job_id: int) -> None:
+    (managed_root() / str(job_id) / "secrets.json").unlink(missing_ok=True)
+
+
+class Store:
+    """The managed jobs table; every write is one transaction."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or state_root() / "managed.db"
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fresh = not self.path.exists()
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            if fresh:
+                os.chmod(self.path, 0o600)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+            yield db
+        finally:
+            db.close()
+
+    def create(self, *, name: str, launch: dict[str, Any], cluster_of: Any, task_id_of: Any) -> ManagedJob:
+        """A new PENDING job; its cluster and task id are made from its id (`cluster_of(id)`)."""
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            cur = db.execute("INSERT INTO managed_jobs (name, cluster, status, task_id, launch, submitted_at) "
+                             "VALUES (?, '', 'PENDING', '', ?, ?)", (name, json.dumps(launch), time.time()))
+            job_id = int(cur.lastrowid or 0)
+            db.execute("UPDATE managed_jobs SET cluster = ?, task_id = ? WHERE id = ?",
+                       (cluster_of(job_id), task_id_of(job_id), job_id))
+            db.execute("COMMIT")
+        job = self.get(job_id)
+        assert job is not None
+        return job
+
+    def get(self, job_id: int) -> ManagedJob | None:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM managed_jobs WHERE id = ?", (job_id,)).fetchone()
+        return _job(row) if row else None
+
+    def all(self) -> list[ManagedJob]:
+        with self._connect() as db:
+            return [_job(r) for r in db.execute("SELECT * FROM managed_jobs ORDER BY id")]
+
+    def update(self, job_id: int, **fields: Any) -> None:
+        if not fields:
+            return
+        if "status" in fields and fields["status"] not in STATES:
+            raise ValueError(f"unknown managed job state {fields['status']}")
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        with self._connect() as db:
+            db.execute(f"UPDATE managed_jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+
+    def set_status(self, job_id: int, status: str, **fields: Any) -> None:
+        """A new state, unless the job already ended (a late write never revives it)."""
+        if status not in STATES:
+            raise ValueError(f"unknown managed job state {status}")
+        if status in TERMINAL:
+            fields.setdefault("ended_at", time.time())
+        cols = ", ".join(f"{k} = ?" for k in ("status", *fields))
+        with self._connect() as db:
+            db.execute(f"UPDATE managed_jobs SET {cols} WHERE id = ? AND status NOT IN "
+                       f"({', '.join('?' * len(TERMINAL))})", (status, *fields.values(), job_id, *TERMINAL))
+
+    def claim(self, job_id: int, pid: int, start: str, *, previous: tuple[int | None, str | None]) -> bool:
+        """Take the job for supervisor (pid, start) if `previous` still holds it: compare-and-set,
+        so two supervisors started at once (two `queue` runs) never both own it."""
+        with self._connect() as db:
+            cur = db.execute("UPDATE managed_jobs SET supervisor_pid = ?, supervisor_start = ?, "
+                             "supervisor_runs = supervisor_runs + 1 WHERE id = ? AND supervisor_pid IS ? "
+                             "AND supervisor_start IS ?", (pid, start, job_id, *previous))
+            return cur.rowcount == 1
+
+    def owns(self, job_id: int, pid: int, start: str) -> bool:
+        job = self.get(job_id)
+        return job is not None and (job.supervisor_pid, job.supervisor_start) == (pid, start)
+
+    def add_event(self, event: Event) -> None:
+        with self._connect() as db:
+            db.execute("INSERT INTO managed_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (event.job, event.attempt, event.kind, event.cause, json.dumps(event.nodes),
+                        event.detected_at, event.resumed_at, event.exit_code, event.failed_rank))
+
+    def resumed(self, job_id: int, attempt: int, at: float) -> None:
+        """The attempt that followed an event has every rank running again."""
+        with self._connect() as db:
+            db.execute("UPDATE managed_events SET resumed_at = ? WHERE job = ? AND attempt = ? "
+                       "AND resumed_at IS NULL", (at, job_id, attempt - 1))
+
+    def events(self, job_id: int) -> list[Event]:
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM managed_events WHERE job = ? ORDER BY attempt, detected_at",
+                              (job_id,)).fetchall()
+        return [Event(job=r["job"], attempt=r["attempt"], kind=r["kind"], cause=r["cause"],
+                      nodes=json.loads(r["nodes"] or "[]"), detected_at=r["detected_at"],
+                      resumed_at=r["resumed_at"], exit_code=r["exit_code"], failed_rank=r["failed_rank"])
+                for r in rows]
+
+
+def _job(row: sqlite3.Row) -> ManagedJob:
+    data = dict(row)
+    data["launch"] = json.loads(data["launch"])
+    data["cancel_requested"] = bool(data["cancel_requested"])
+    data["destroyed"] = bool(data["destroyed"])
+    return ManagedJob(**data)

@@ -1,0 +1,495 @@
+"""A managed job's supervisor: one detached process, where gpuctl runs, for the job's whole life.
+
+It brings the job's own cluster up, runs attempt after attempt until the job ends, and takes the
+cluster down however it ends (checked: no node left). Between attempts it replaces only the nodes
+that were lost (Terraform `-replace`), prepares only those, and restarts every rank with the same
+task id and the next epoch (`GPUCTL_ATTEMPT`).
+
+While an attempt runs, the job's own stream is the health signal (the head's coordinator ends the
+attempt as soon as a rank or a node is lost); each tick also asks the platform whether a node is
+gone (a terminated instance, a removed namespace), so a lost head is seen without waiting on ssh.
+A node that only stops answering gets a grace before it counts as lost.
+
+No controller VM: if this process dies, the next `gpuctl jobs ...` command starts another one,
+which claims the job (compare-and-set on its PID and start time) and carries on: a RUNNING attempt
+is watched again, anything else is fenced, then recovered. The cluster's own lease (autostop's)
+takes the cluster down if no supervisor comes back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping, TextIO
+
+from gpuctl.common.console import Reporter
+from gpuctl.common.errors import JobFailed, ProvisionError, UserError
+from gpuctl.common.paths import cluster_dir
+from gpuctl.jobplane import autostop
+from gpuctl.jobplane.runner import JobRunner, JobSpec
+from gpuctl.managed import fencing
+from gpuctl.managed.policy import AttemptEnd, Decision, decide
+from gpuctl.managed.store import Event, ManagedJob, Store, attempt_log, drop_secrets, read_secrets
+from gpuctl.providers import get_provider
+from gpuctl.provision import lifecycle, provisioner
+from gpuctl.provision.inventory import Inventory
+from gpuctl.spec.autostop import Autostop
+from gpuctl.spec.recovery import JobRecovery
+from gpuctl.state.registry import Registry
+
+MAX_SUPERVISOR_RUNS = 10  # a supervisor that keeps dying (a bug, a broken state): the job fails, the cluster goes
+
+
+def _seconds(name: str, default: float) -> float:
+    try:
+        return max(0.05, float(os.environ.get(name) or default))
+    except ValueError:
+        return default
+
+
+def tick_s() -> float:
+    return _seconds("GPUCTL_MANAGED_TICK_S", 5.0)
+
+
+def grace_s() -> float:
+    """How long a node that stops answering, while the platform says it runs, may stay silent."""
+    return _seconds("GPUCTL_MANAGED_GRACE_S", 120.0)
+
+
+def capacity_backoff_s() -> float:
+    return _seconds("GPUCTL_MANAGED_BACKOFF_S", 30.0)
+
+
+class Cancelled(Exception):
+    """`gpuctl jobs cancel` asked for the job to end."""
+
+
+class Superseded(Exception):
+    """Another supervisor owns the job now: this one must touch nothing more."""
+
+
+class AttemptRunner(JobRunner):
+    """A JobRunner whose jobs nobody else watches: the supervisor follows them itself."""
+
+    def spawn_watcher(self, job_id: int) -> Path:
+        return Path(os.devnull)
+
+
+class Supervisor:
+    def __init__(self, job_id: int, *, out: TextIO | None = None) -> None:
+        self.store = Store()
+        self.job_id = job_id
+        self.reporter = Reporter(stream=out or sys.stdout, plain=True)
+        self.registry = Registry()
+        self.pid = os.getpid()
+        self.start = fencing.process_start(self.pid) or ""
+        self.stop_attempt = threading.Event()
+        self.lease: autostop.Lease | None = None
+        self.req: Any = None  # the cluster's request, once the task is loaded
+
+    # -- the job's row -------------------------------------------------------------------------
+    def job(self) -> ManagedJob:
+        job = self.store.get(self.job_id)
+        if job is None:
+            raise Superseded(f"managed job {self.job_id} is gone from the state")
+        if (job.supervisor_pid, job.supervisor_start) != (self.pid, self.start):
+            raise Superseded(f"managed job {self.job_id} is owned by supervisor {job.supervisor_pid}")
+        return job
+
+    def say(self, text: str) -> None:
+        self.reporter.info(f"{time.strftime('%H:%M:%S')} {text}")
+
+    def check_cancel(self) -> None:
+        if self.job().cancel_requested:
+            raise Cancelled()
+
+    # -- the whole life ------------------------------------------------------------------------
+    def run(self) -> int:
+        job = self.store.get(self.job_id)
+        if job is None or job.terminal:
+            return 0
+        if not self.store.claim(self.job_id, self.pid, self.start,
+                                previous=(job.supervisor_pid, job.supervisor_start)):
+            return 0  # another supervisor claimed it first
+        job = self.job()
+        if job.supervisor_runs > MAX_SUPERVISOR_RUNS:
+            return self.finish("FAILED_SUPERVISOR", f"its supervisor stopped {job.supervisor_runs - 1} times")
+        self.say(f"supervisor {self.pid} takes managed job {job.id} ({job.name}) in state {job.status}")
+        try:
+            return self._run(job)
+        except Superseded as exc:
+            self.say(f"stopping: {exc}")
+            return 0
+        except Cancelled:
+            return self.finish("CANCELLED", "cancelled by the user")
+        except Exception:  # noqa: BLE001 - the job must not be left without an owner and a reason
+            self.say("supervisor error:\n" + traceback.format_exc())
+            raise
+        finally:
+            if self.lease is not None:
+                self.lease.__exit__(None, None, None)
+
+    def _run(self, job: ManagedJob) -> int:
+        task, req, recovery = self.load(job)
+        resumed = job.status not in ("PENDING",) and provisioner.cluster_exists(job.cluster)
+        if not resumed:
+            self.store.set_status(job.id, "STARTING")
+            inv = self.bring_up(req, task)
+        else:
+            inv = provisioner.load_inventory_of(job.cluster) or self.bring_up(req, task)
+        end: AttemptEnd | None = None
+        if resumed and job.status == "RUNNING" and job.cluster_job is not None:
+            self.say(f"watching attempt {job.attempt} again (cluster job {job.cluster_job})")
+            self.arm(inv)
+            end = self.watch_again(inv, job)
+        elif resumed:
+            self.say(f"resuming from {job.status}: fencing attempt {job.attempt}, then recovering")
+            self.arm(inv)
+            end = AttemptEnd(status="ABORTED", lost=self.lost_now(inv))
+        attempt = job.attempt
+        while True:
+            if end is not None:
+                decision = self.decision(end, recovery)
+                if decision.action == "finish":
+                    assert decision.status is not None
+                    return self.finish(decision.status, decision.cause, exit_code=decision.exit_code,
+                                       failed_rank=decision.failed_rank)
+                inv = self.recover(inv, req, decision, attempt)
+            attempt += 1
+            self.check_cancel()
+            end = self.run_attempt(inv, task, req, attempt)
+
+    def load(self, job: ManagedJob) -> tuple[Any, Any, JobRecovery]:
+        from gpuctl.providers import request_for, resources_problem
+        from gpuctl.spec import load_task
+
+        launch = job.launch
+        if launch.get("cwd") and Path(launch["cwd"]).is_dir():
+            os.chdir(launch["cwd"])  # relative paths in the task mean what they meant at launch
+        task = load_task(launch["file"], env_overrides=launch.get("envs") or {},
+                         secret_overrides=read_secrets(job.id), infra_override=launch.get("infra"),
+                         resources_check=resources_problem)
+        req = request_for(task, name=job.cluster, infra=launch.get("infra"), num_nodes=launch.get("num_nodes"),
+                          base_dir=Path(launch["file"]).resolve().parent)
+        self.req = replace(req, autodown=True)
+        return task, self.req, task.resources.job_recovery or JobRecovery()
+
+    # -- the cluster ---------------------------------------------------------------------------
+    def bring_up(self, req: Any, task: Any) -> Inventory:
+        tries = 0
+        while True:
+            self.check_cancel()
+            try:
+                inv = lifecycle.bring_up(req, reporter=self.reporter, registry=self.registry, workdir=task.workdir,
+                                         container_image=task.container_image)
+                break
+            except ProvisionError as exc:
+                tries += 1
+                if not exc.insufficient_capacity or tries > capacity_retries():
+                    self.finish("FAILED_NO_RESOURCE", str(exc))
+                    raise Superseded("no capacity") from None
+                self.say(f"no capacity ({exc}); trying again in {capacity_backoff_s():g} s")
+                time.sleep(capacity_backoff_s())
+        self.arm(inv)
+        return inv
+
+    def arm(self, inv: Inventory) -> None:
+        """The cluster takes itself down once idle and no supervisor renews its lease."""
+        lease_s = autostop.lease_seconds()
+        runner = AttemptRunner(inv, reporter=self.reporter, registry=self.registry)
+        runner.ensure_prepared(runner.fingerprint())  # the head's agent runs the watcher
+        record = self.registry.cluster(inv.cluster)
+        autostop.arm(inv, Autostop(idle_minutes=1, down=True, wait_for="jobs"),
+                     request=record.request if record else {}, lease_s=lease_s)
+        if self.lease is not None:
+            self.lease.__exit__(None, None, None)
+        self.lease = autostop.Lease(inv, lease_s).__enter__()
+
+    def lost_now(self, inv: Inventory) -> dict[int, str]:
+        """The nodes the platform says are gone (no ssh)."""
+        provider = get_provider(inv.cloud)
+        request = provisioner.request_to_dict(self.req) if self.req is not None else None
+        try:
+            return provider.lost_nodes(cluster_dir(inv.cluster), inv, request)
+        except Exception as exc:  # noqa: BLE001 - no answer from the platform: the probes decide
+            self.say(f"the platform did not say which nodes run: {exc}")
+            return {}
+
+    # -- one attempt ---------------------------------------------------------------------------
+    def run_attempt(self, inv: Inventory, task: Any, req: Any, attempt: int) -> AttemptEnd:
+        job = self.job()
+        self.store.update(job.id, attempt=attempt, cluster_job=None)
+        fencing.fence(inv, job.task_id, attempt)  # nothing of an older attempt runs, or starts, anywhere
+        provider = get_provider(inv.cloud)
+        spec = replace(JobSpec.of_task(task, req), task_id=job.task_id, epoch=attempt,
+                       spot_notice=provider.spot_notice(provisioner.request_to_dict(req)))
+        self.say(f"attempt {attempt}: starting every rank on {len(inv.nodes)} node(s)")
+        self.stop_attempt.clear()
+        with open(attempt_log(job.id, attempt), "a", buffering=1) as log:
+            runner = AttemptRunner(inv, reporter=Reporter(stream=log, plain=True), registry=self.registry)
+            before = {j.job_id for j in self.registry.jobs(inv.cluster)}
+            result: dict[str, Any] = {}
+
+            def work() -> None:
+                try:
+                    result["outcome"] = runner.run(spec, run_setup=True, sync_file_mounts=True, detach=False,
+                                                   stop=self.stop_attempt.is_set)
+                except (JobFailed, UserError) as exc:
+                    result["error"] = exc
+                except BaseException as exc:  # noqa: BLE001 - reported by the supervisor's thread
+                    result["error"] = exc
+
+            thread = threading.Thread(target=work, name=f"attempt-{attempt}", daemon=True)
+            thread.start()
+            lost = self.monitor(inv, thread, before, attempt)
+            thread.join()
+            cluster_job = self.cluster_job(inv, before)
+            if isinstance(result.get("error"), (KeyboardInterrupt, SystemExit)):
+                raise result["error"]
+            if result.get("error") is not None and not isinstance(result["error"], (JobFailed, UserError)):
+                raise result["error"]
+            return self.ended(inv, runner, cluster_job, lost, aborted=self.stop_attempt.is_set())
+
+    def monitor(self, inv: Inventory, thread: threading.Thread, before: set[int],
+                attempt: int) -> dict[int, str]:
+        """Until the attempt's thread ends: mark RUNNING once every rank runs; stop the attempt when a
+        node is gone or the user cancels."""
+        running = False
+        while thread.is_alive():
+            thread.join(tick_s())
+            if not thread.is_alive():
+                break
+            job = self.job()
+            if job.cancel_requested:
+                self.stop_attempt.set()
+                thread.join()
+                raise Cancelled()
+            cluster_job = self.cluster_job(inv, before)
+            if not running and cluster_job is not None:
+                record = self.registry.job(inv.cluster, cluster_job)
+                if record is not None and record.status == "RUNNING":
+                    running = True
+                    now = time.time()
+                    self.store.set_status(job.id, "RUNNING", cluster_job=cluster_job,
+                                          started_at=job.started_at or now)
+                    self.store.resumed(job.id, attempt, now)
+                    self.say(f"attempt {attempt}: every rank runs (cluster job {cluster_job})")
+            lost = self.lost_now(inv)
+            if lost:
+                self.say("lost: " + "; ".join(f"{inv.nodes[r].name} ({why})" for r, why in sorted(lost.items())
+                                              if r < len(inv.nodes)))
+                self.stop_attempt.set()
+                return lost
+        return {}
+
+    def cluster_job(self, inv: Inventory, before: set[int]) -> int | None:
+        ids = [j.job_id for j in self.registry.jobs(inv.cluster) if j.job_id not in before]
+        return max(ids) if ids else None
+
+    def watch_again(self, inv: Inventory, job: ManagedJob) -> AttemptEnd:
+        """A restarted supervisor: follow the attempt that runs, from its start."""
+        assert job.cluster_job is not None
+        with open(attempt_log(job.id, job.attempt), "a", buffering=1) as log:
+            log.write(f"== attempt {job.attempt}: supervisor restarted; the attempt's output again from its "
+                      "start ==\n")
+            runner = AttemptRunner(inv, reporter=Reporter(stream=log, plain=True), registry=self.registry)
+            nodes = inv.first(len(inv.nodes))
+            self.stop_attempt.clear()
+            result: dict[str, Any] = {}
+
+            def work() -> None:
+                try:
+                    result["outcome"] = runner.follow(job.cluster_job or 0, nodes, echo=True,
+                                                      stop=self.stop_attempt.is_set)
+                except Exception as exc:  # noqa: BLE001 - the head did not answer: recovered below
+                    result["error"] = exc
+
+            thread = threading.Thread(target=work, daemon=True)
+            thread.start()
+            lost = self.monitor(inv, thread, set(), job.attempt)
+            thread.join()
+            outcome = result.get("outcome")
+            if outcome is not None:
+                runner.settle(job.cluster_job, nodes, outcome)
+            return self.ended(inv, runner, job.cluster_job, lost, aborted=outcome is None)
+
+    def ended(self, inv: Inventory, runner: JobRunner, cluster_job: int | None, lost: Mapping[int, str], *,
+              aborted: bool) -> AttemptEnd:
+        """What the attempt left: its record, the nodes lost (the platform's word, spot notices, and
+        nodes silent past the grace), with what still runs of it stopped."""
+        record = self.registry.job(inv.cluster, cluster_job) if cluster_job is not None else None
+        lost = {**lost, **self.lost_now(inv)}  # gone nodes are not asked: they cannot answer
+        alive = [n for n in inv.nodes if n.rank not in lost]
+        if aborted or record is None or record.status not in ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED"):
+            if cluster_job is not None:
+                runner.stop_leftovers(cluster_job, alive)
+            status = "ABORTED"
+        else:
+            status = record.status
+        answers = fencing.query(inv, self.job().task_id, self.job().attempt, ranks=[n.rank for n in alive])
+        for rank, answer in answers.items():
+            if answer.doomed:
+                lost.setdefault(rank, f"preempted: spot interruption notice ({answer.doomed})")
+        silent = [r for r, a in answers.items() if not a.ok and r not in lost]
+        if status != "SUCCEEDED" and silent:
+            lost.update(self.wait_for_silent(inv, silent))
+        codes = dict(record.returncodes) if record is not None and record.returncodes else {}
+        return AttemptEnd(status=status, codes=codes, first_failed=record.failed_rank if record else None,
+                          lost=lost)
+
+    def wait_for_silent(self, inv: Inventory, ranks: list[int]) -> dict[int, str]:
+        """Nodes that did not answer: lost once the platform says so, or once silent for the grace
+        (which starts again with every episode: a node that answered once is given a full one)."""
+        deadline = time.monotonic() + grace_s()
+        self.say(f"no answer from {', '.join(inv.nodes[r].name for r in ranks)}; waiting up to {grace_s():g} s")
+        pending = set(ranks)
+        while pending:
+            self.check_cancel()
+            gone = {r: why for r, why in self.lost_now(inv).items() if r in pending}
+            if gone:
+                return gone
+            answers = fencing.query(inv, self.job().task_id, self.job().attempt, ranks=sorted(pending))
+            pending -= {r for r, a in answers.items() if a.ok}
+            if not pending:
+                return {}
+            if time.monotonic() > deadline:
+                return {r: f"no answer for {grace_s():g} s" for r in sorted(pending)}
+            time.sleep(min(tick_s(), 5.0))
+        return {}
+
+    # -- between attempts ----------------------------------------------------------------------
+    def decision(self, end: AttemptEnd, recovery: JobRecovery) -> Decision:
+        job = self.job()
+        d = decide(end, recovery, restarts_so_far=job.restarts, transient_so_far=job.transient)
+        if d.action != "finish":
+            self.store.add_event(Event(job=job.id, attempt=job.attempt, kind=d.kind, cause=d.cause,
+                                       nodes=[str(r) for r in d.replace], detected_at=time.time(),
+                                       resumed_at=None, exit_code=d.exit_code, failed_rank=d.failed_rank))
+            counts = {"recovery": "recoveries", "transient": "transient"}
+            more: dict[str, Any] = {"reason": d.cause}
+            if d.kind in counts:
+                more[counts[d.kind]] = getattr(job, counts[d.kind]) + 1
+            if d.counted:
+                more["restarts"] = job.restarts + 1
+            self.store.set_status(job.id, "RECOVERING", **more)
+            self.say(f"attempt {job.attempt} ended: {d.cause}; {d.action}")
+        return d
+
+    def recover(self, inv: Inventory, req: Any, decision: Decision, attempt: int) -> Inventory:
+        """Fence the attempt everywhere, replace the lost nodes, prepare them (the next attempt's run
+        prepares what is not as prepared), and hand the head the new view."""
+        job = self.job()
+        confirmed = fencing.fence(inv, job.task_id, attempt + 1,
+                                  ranks=[n.rank for n in inv.nodes if n.rank not in decision.replace])
+        unconfirmed = [r for r, ok in confirmed.items() if not ok and r not in decision.replace]
+        ranks = sorted({*decision.replace, *unconfirmed})
+        if unconfirmed:
+            self.say(f"could not fence {', '.join(inv.nodes[r].name for r in unconfirmed)}: replacing them too")
+        if not ranks:
+            return inv
+        self.check_cancel()
+        names = ", ".join(inv.nodes[r].name for r in ranks)
+        self.say(f"replacing {names} (only these; the other nodes stay)")
+        tries = 0
+        while True:
+            try:
+                inv = lifecycle.replace_nodes(inv.cluster, ranks, reporter=self.reporter, registry=self.registry)
+                break
+            except ProvisionError as exc:
+                tries += 1
+                if not exc.insufficient_capacity:
+                    raise
+                if tries > capacity_retries():
+                    self.say(f"no capacity for {names} after {tries} tries: the whole cluster again elsewhere")
+                    lifecycle.tear_down(inv.cluster, reporter=self.reporter, registry=self.registry)
+                    task, req2, recovery = self.load(job)
+                    if recovery.strategy == "EAGER_NEXT_REGION":
+                        req2 = replace(req2, zone=None)
+                    return self.bring_up(req2, task)
+                self.say(f"no capacity for {names} ({exc}); again in {capacity_backoff_s():g} s")
+                time.sleep(capacity_backoff_s())
+            self.check_cancel()
+        self.check_cancel()
+        self.arm(inv)  # the head may be new, and the workers' addresses are
+        return inv
+
+    # -- the end -------------------------------------------------------------------------------
+    def finish(self, status: str, reason: str | None, *, exit_code: int | None = None,
+               failed_rank: int | None = None) -> int:
+        """Take the cluster down, check nothing of it is left, then record the job's end."""
+        job = self.store.get(self.job_id)
+        assert job is not None
+        if status == "CANCELLED":
+            self.store.set_status(job.id, "CANCELLING")
+        self.say(f"job ends {status}" + (f": {reason}" if reason else "") + "; taking its cluster down")
+        if self.lease is not None:
+            self.lease.__exit__(None, None, None)
+            self.lease = None
+        left = self.take_down(job.cluster)
+        drop_secrets(job.id)
+        if left:
+            reason = f"{reason}; cluster NOT fully removed: {left}" if reason else f"cluster NOT fully removed: {left}"
+        self.store.set_status(job.id, status, reason=reason, exit_code=exit_code, failed_rank=failed_rank,
+                              destroyed=0 if left else 1)
+        self.say(f"managed job {job.id}: {status}")
+        return 0 if status == "SUCCEEDED" else 1
+
+    def take_down(self, cluster: str) -> str | None:
+        """Destroy the cluster and check it: None when nothing is left, else what is.
+
+        The check asks the platform, as recovery does, about every node the cluster had: from a
+        private copy of the cluster's records taken before `down` removes them (a local node's
+        namespace and sshd; an instance's state in EC2)."""
+        inv = provisioner.load_inventory_of(cluster)
+        request = provisioner.load_cluster(cluster)[0] if inv is not None else {}
+        with tempfile.TemporaryDirectory(prefix="gpuctl-down-check-") as tmp:
+            records = Path(tmp) / cluster
+            if inv is not None:
+                shutil.copytree(cluster_dir(cluster), records, symlinks=True, ignore=_records_only)
+            for attempt in (1, 2):
+                try:
+                    lifecycle.tear_down(cluster, reporter=self.reporter, registry=self.registry)
+                    break
+                except (ProvisionError, UserError) as exc:
+                    self.say(f"teardown {attempt} failed: {exc}")
+                    if attempt == 2:
+                        return f"terraform destroy failed: {exc}"
+            if inv is None:
+                return None
+            try:
+                gone = get_provider(inv.cloud).lost_nodes(records, inv, request)
+            except Exception as exc:  # noqa: BLE001 - an unchecked teardown is said, not hidden
+                return f"could not check that the nodes are gone: {exc}"
+        left = [n.name for n in inv.nodes if n.rank not in gone]
+        return ", ".join(left) + " still there" if left else None
+
+
+def _records_only(directory: str, names: list[str]) -> set[str]:
+    """copytree's filter for the teardown check: the cluster's small records, not its Terraform
+    state, keys, sockets or the nodes' homes."""
+    skip = {"terraform", "cm", "ssh", "home"}
+    out = set()
+    for name in names:
+        path = Path(directory) / name
+        if name in skip or path.is_socket() or (path.is_file() and path.stat().st_size > 1 << 20):
+            out.add(name)
+    return out
+
+
+def capacity_retries() -> int:
+    try:
+        return max(0, int(os.environ.get("GPUCTL_MANAGED_CAPACITY_RETRIES") or 3))
+    except ValueError:
+        return 3
+
+
+def main(job_id: int) -> int:
+    """`gpuctl _supervise ID`: the detached supervisor's entry point."""
+    return Supervisor(job_id).run()

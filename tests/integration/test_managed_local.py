@@ -1,0 +1,276 @@
+"""Managed jobs on local netns nodes: a node dies mid-run and only it is replaced.
+
+The "bucket" is a directory under /tmp, shared by every node (outside their bind-mounted homes).
+Each rank takes `flock -n` on its rank's lock file there and exits 97 if it is held, so two copies
+of one rank can never go unnoticed; it logs its start (rank, attempt, both task ids, host, time)
+and resumes from the step rank 0 checkpointed. Ticks are 1 s here (GPUCTL_MANAGED_TICK_S).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, run_gpuctl, wait_for
+
+from gpuctl.managed.store import Store
+
+pytestmark = [pytest.mark.integration, needs_local_nodes]
+
+RANK_SCRIPT = r"""
+exec 9>"$CKPT/rank-$GPUCTL_NODE_RANK.lock"
+if ! flock -n 9; then echo "dup $GPUCTL_NODE_RANK $GPUCTL_ATTEMPT" >> "$CKPT/dupes"; exit 97; fi
+trap 'echo "term $GPUCTL_NODE_RANK $GPUCTL_ATTEMPT" >> "$CKPT/terms"; exit 143' TERM
+echo "start $GPUCTL_NODE_RANK $GPUCTL_ATTEMPT $GPUCTL_TASK_ID $SKYPILOT_TASK_ID $(date +%s.%N)" >> "$CKPT/events"
+step=$(cat "$CKPT/step" 2>/dev/null || echo 0)
+echo "rank $GPUCTL_NODE_RANK attempt $GPUCTL_ATTEMPT resumes at step $step"
+FAIL="FAIL_${GPUCTL_ATTEMPT}_${GPUCTL_NODE_RANK}"
+if [ -n "${!FAIL:-}" ]; then echo "failing with ${!FAIL}"; exit "${!FAIL}"; fi
+while [ "$step" -lt "$STEPS" ]; do
+  sleep 0.25 & wait $!
+  step=$((step + 1))
+  if [ "$GPUCTL_NODE_RANK" = 0 ]; then echo "$step" > "$CKPT/step.tmp"; mv "$CKPT/step.tmp" "$CKPT/step"; fi
+done
+echo "end $GPUCTL_NODE_RANK $GPUCTL_ATTEMPT $(date +%s.%N)" >> "$CKPT/events"
+"""
+
+
+class Managed:
+    def __init__(self, root: Path, ckpt: Path) -> None:
+        self.root, self.ckpt = root, ckpt
+        self.state = root / "state"
+        self.store = Store(self.state / "managed.db")
+
+    def task(self, nodes: int, *, steps: int = 40, recovery: str = "{}", envs: dict[str, str] | None = None) -> Path:
+        path = self.root / "task.yaml"
+        env_lines = "".join(f"  {k}: '{v}'\n" for k, v in {"CKPT": str(self.ckpt), "STEPS": str(steps),
+                                                            **(envs or {})}.items())
+        path.write_text(f"name: mjt\nnum_nodes: {nodes}\nresources:\n  infra: local\n  job_recovery: {recovery}\n"
+                        f"envs:\n{env_lines}run: |\n{textwrap.indent(RANK_SCRIPT.strip(), '  ')}\n")
+        return path
+
+    def gpuctl(self, *args: str, timeout: float = 300):
+        return run_gpuctl(*args, state_dir=self.state, timeout=timeout)
+
+    def launch(self, task: Path) -> int:
+        res = self.gpuctl("jobs", "launch", str(task), "-d", "-o", "json").check()
+        return int(json.loads(res.stdout)["job"]["id"])
+
+    def job(self, job_id: int):
+        return self.store.get(job_id)
+
+    def wait_status(self, job_id: int, statuses: tuple[str, ...], timeout: float):
+        return wait_for(f"managed job {job_id} in {statuses}",
+                        lambda: (j := self.job(job_id)) is not None and j.status in statuses and j, timeout,
+                        interval=0.1)
+
+    def cluster(self, job_id: int) -> Cluster:
+        return Cluster(self.job(job_id).cluster, self.state)
+
+    def events(self) -> list[list[str]]:
+        path = self.ckpt / "events"
+        return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+    def started(self, attempt: int) -> list[list[str]]:
+        return [e for e in self.events() if e[0] == "start" and e[2] == str(attempt)]
+
+    def step(self) -> int:
+        try:
+            return int((self.ckpt / "step").read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def doc(self, job_id: int) -> dict:
+        res = self.gpuctl("jobs", "queue", "-o", "json").check()
+        return next(j for j in json.loads(res.stdout)["jobs"] if j["id"] == job_id)
+
+    def supervisor_log(self, job_id: int) -> str:
+        path = self.state / "managed" / str(job_id) / "supervisor.log"
+        return path.read_text() if path.exists() else "(no supervisor log)"
+
+
+@pytest.fixture
+def mj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Managed]:
+    monkeypatch.setenv("GPUCTL_MANAGED_TICK_S", "1")
+    monkeypatch.setenv("GPUCTL_MANAGED_GRACE_S", "20")
+    ckpt = Path(tempfile.mkdtemp(prefix="gpuctl-mj-", dir="/tmp"))
+    ckpt.chmod(0o777)
+    m = Managed(tmp_path, ckpt)
+    yield m
+    try:
+        if m.store.path.exists():
+            for job in m.store.all():
+                if not job.terminal:
+                    m.gpuctl("jobs", "cancel", str(job.id), timeout=300)
+                cluster = Cluster(job.cluster, m.state)
+                if cluster.cdir.exists():
+                    sys.stderr.write(m.supervisor_log(job.id))
+                    cluster.down_quietly()
+    finally:
+        shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def kill_node(ns: str) -> float:
+    """The machine dies: every process in its namespace, then the namespace."""
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    killed = time.time()
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    return killed
+
+
+def test_a_lost_worker_is_replaced_alone_and_the_job_resumes_even_after_its_supervisor_died(mj: Managed) -> None:
+    job_id = mj.launch(mj.task(3, steps=48))
+    job = mj.wait_status(job_id, ("RUNNING",), 120)
+    wait_for("every rank of attempt 1", lambda: len(mj.started(1)) == 3, 30)
+    # the supervisor dies (SIGKILL); the next gpuctl command starts another that watches the attempt again
+    os.kill(job.supervisor_pid, signal.SIGKILL)
+    mj.gpuctl("jobs", "queue").check()
+    wait_for("a new supervisor", lambda: mj.job(job_id).supervisor_pid not in (None, job.supervisor_pid), 30)
+    wait_for("a checkpoint", lambda: mj.step() >= 12, 60)
+    cluster = mj.cluster(job_id)
+    before = cluster.footprint()
+    killed = kill_node(before.netns[1])
+    mj.wait_status(job_id, ("RECOVERING",), 15 + 5)
+    wait_for("every rank of attempt 2", lambda: len(mj.started(2)) == 3, 90)
+    after = cluster.footprint()
+    assert after.sshd[0] == before.sshd[0] and after.sshd[2] == before.sshd[2]  # the others untouched
+    assert after.sshd[1] != before.sshd[1]
+    final = mj.wait_status(job_id, ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "FAILED_SUPERVISOR"), 120)
+    assert final.status == "SUCCEEDED", mj.supervisor_log(job_id)
+    doc = mj.doc(job_id)
+    assert doc["recoveries"] == 1 and doc["attempt"] == 2 and doc["cluster_removed"] is True
+    [event] = doc["events"]
+    assert event["kind"] == "recovery" and event["nodes"] == [1] and "rank 1 lost" in event["cause"]
+    assert event["detected_at"] - killed <= 15 and event["resumed_at"] - killed <= 60, (event, killed)
+    # one task id for every attempt, under both names; attempt 2 resumed from the checkpoint
+    ids = {(e[3], e[4]) for e in mj.events() if e[0] == "start"}
+    assert ids == {(doc["task_id"], doc["task_id"])}
+    logs = mj.gpuctl("jobs", "logs", str(job_id), "--no-follow").check().stdout
+    assert "== attempt 1 ==" in logs and "== attempt 2: after rank 1 lost (" in logs
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in logs.splitlines() if "attempt 2 resumes at step" in line]
+    assert resumed and min(resumed) >= 12
+    assert not (mj.ckpt / "dupes").exists(), (mj.ckpt / "dupes").read_text()
+    assert len([e for e in mj.events() if e[0] == "end" and e[2] == "2"]) == 3
+    before.assert_gone()
+    after.assert_gone()
+
+
+def test_a_lost_head_is_replaced_and_the_job_ends_succeeded(mj: Managed) -> None:
+    job_id = mj.launch(mj.task(2, steps=36))
+    mj.wait_status(job_id, ("RUNNING",), 120)
+    wait_for("a checkpoint", lambda: mj.step() >= 6, 60)
+    cluster = mj.cluster(job_id)
+    before = cluster.footprint()
+    killed = kill_node(before.netns[0])
+    final = mj.wait_status(job_id, ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "FAILED_SUPERVISOR"), 180)
+    assert final.status == "SUCCEEDED", mj.supervisor_log(job_id)
+    [event] = mj.doc(job_id)["events"]
+    assert event["nodes"] == [0] and event["detected_at"] - killed <= 15 and event["resumed_at"] - killed <= 60
+    assert not (mj.ckpt / "dupes").exists()
+    before.assert_gone()
+
+
+def test_user_errors_follow_max_restarts_and_recover_on_exit_codes(mj: Managed) -> None:
+    # attempt 1: rank 1 exits 33 (listed: restarted, not counted); attempts 2 and 3: rank 0 exits 1
+    task = mj.task(2, steps=8, recovery="{max_restarts_on_errors: 1, recover_on_exit_codes: [33]}",
+                   envs={"FAIL_1_1": "33", "FAIL_2_0": "1", "FAIL_3_0": "1"})
+    job_id = mj.launch(task)
+    final = mj.wait_status(job_id, ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "FAILED_SUPERVISOR"), 240)
+    doc = mj.doc(job_id)
+    assert final.status == "FAILED" and doc["exit_code"] == 1 and doc["failed_rank"] == 0, mj.supervisor_log(job_id)
+    assert doc["attempt"] == 3 and doc["restarts_on_errors"] == 1 and doc["recoveries"] == 0
+    assert [(e["kind"], e["exit_code"], e["failed_rank"]) for e in doc["events"]] == [("restart", 33, 1),
+                                                                                     ("restart", 1, 0)]
+    assert "rank 0 exited with code 1" in doc["reason"] and doc["cluster_removed"] is True
+    text = mj.gpuctl("jobs", "queue").check().stdout
+    assert "FAILED" in text and "recover_on_exit_codes" in text
+    assert not mj.cluster(job_id).cdir.exists()
+
+
+def test_cancel_while_recovering_leaves_nothing(mj: Managed) -> None:
+    job_id = mj.launch(mj.task(2, steps=400))
+    mj.wait_status(job_id, ("RUNNING",), 120)
+    wait_for("every rank", lambda: len(mj.started(1)) == 2, 30)
+    cluster = mj.cluster(job_id)
+    before = cluster.footprint()
+    kill_node(before.netns[1])
+    mj.wait_status(job_id, ("RECOVERING",), 20)
+    res = mj.gpuctl("jobs", "cancel", str(job_id), "-o", "json").check()
+    assert json.loads(res.stdout)["job"]["status"] == "CANCELLED"
+    assert mj.job(job_id).destroyed
+    before.assert_gone()
+
+
+def test_a_network_blip_shorter_than_the_grace_recovers_nothing(mj: Managed) -> None:
+    job_id = mj.launch(mj.task(2, steps=60))
+    mj.wait_status(job_id, ("RUNNING",), 120)
+    wait_for("every rank", lambda: len(mj.started(1)) == 2, 30)
+    fp = mj.cluster(job_id).footprint()
+    veth = fp.veths[1]
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    try:
+        time.sleep(6)
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    final = mj.wait_status(job_id, ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "FAILED_SUPERVISOR"), 120)
+    doc = mj.doc(job_id)
+    assert final.status == "SUCCEEDED" and doc["attempt"] == 1 and doc["events"] == [], mj.supervisor_log(job_id)
+    fp.assert_gone()
+
+
+FAKE_IMDS = r"""
+import http.server, json, sys, time
+port, delay = int(sys.argv[1]), float(sys.argv[2])
+start = time.time()
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_PUT(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"token")
+    def do_GET(self):
+        if self.path.endswith("/spot/instance-action") and time.time() - start > delay:
+            body = json.dumps({"action": "terminate", "time": "2026-11-26T08:22:00Z"}).encode()
+            self.send_response(200); self.end_headers(); self.wfile.write(body)
+        else:
+            self.send_response(404); self.end_headers()
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_a_spot_notice_lets_the_ranks_checkpoint_and_replaces_the_doomed_node(mj: Managed,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # each node polls 127.0.0.1:PORT in its own namespace: only worker1 has a metadata service there
+    monkeypatch.setenv("GPUCTL_TEST_SPOT_NOTICE_URL", "http://127.0.0.1:18169")
+    job_id = mj.launch(mj.task(2, steps=60))
+    mj.wait_status(job_id, ("RUNNING",), 120)
+    wait_for("every rank", lambda: len(mj.started(1)) == 2, 30)
+    fp = mj.cluster(job_id).footprint()
+    imds = subprocess.Popen(["ip", "netns", "exec", fp.netns[1], sys.executable, "-c", FAKE_IMDS, "18169", "1"],
+                            start_new_session=True)
+    try:
+        final = mj.wait_status(job_id, ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "FAILED_SUPERVISOR"),
+                               180)
+    finally:
+        os.killpg(imds.pid, signal.SIGKILL)
+        imds.wait()
+    doc = mj.doc(job_id)
+    assert final.status == "SUCCEEDED" and doc["recoveries"] == 1, mj.supervisor_log(job_id)
+    assert doc["events"][0]["nodes"] == [1] and "spot interruption notice" in doc["events"][0]["cause"]
+    terms = (mj.ckpt / "terms").read_text().split("\n")
+    assert "term 1 1" in terms  # worker1's rank had its SIGTERM to checkpoint
+    fp.assert_gone()

@@ -1,0 +1,160 @@
+"""Managed jobs without nodes: SkyPilot's job_recovery spellings, the recovery policy's rules, the
+store's compare-and-set ownership, and the CLI's refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuctl.managed import launch
+from gpuctl.managed.policy import AttemptEnd, decide
+from gpuctl.managed.store import Event, Store, attempt_log, drop_secrets, read_secrets, write_secrets
+from gpuctl.spec import load_task
+from gpuctl.spec.recovery import JobRecovery, RecoveryError, parse_job_recovery
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, None),
+    ("FAILOVER", JobRecovery(strategy="FAILOVER")),
+    ("eager_next_region", JobRecovery()),
+    ("none", JobRecovery()),
+    ({"max_restarts_on_errors": 2}, JobRecovery(max_restarts_on_errors=2)),
+    ({"strategy": "FAILOVER", "recover_on_exit_codes": 33}, JobRecovery(strategy="FAILOVER", recover_on_exit_codes=(33,))),
+    ({"recover_on_exit_codes": [33, 34, 33]}, JobRecovery(recover_on_exit_codes=(33, 34))),
+    ({"strategy": None, "max_restarts_on_errors": None}, JobRecovery()),
+])
+def test_skypilot_spellings(value: object, expected: JobRecovery | None) -> None:
+    assert parse_job_recovery(value) == expected
+
+
+@pytest.mark.parametrize("value, key, words", [
+    ("SOMEWHERE", "strategy", "is not a strategy"),
+    ({"max_restarts_on_errors": -1}, "max_restarts_on_errors", "0 or more"),
+    ({"max_restarts_on_errors": True}, "max_restarts_on_errors", "whole number"),
+    ({"recover_on_exit_codes": [0]}, "recover_on_exit_codes", "1 to 255"),
+    ({"recover_on_exit_codes": "33"}, "recover_on_exit_codes", "not an exit code"),
+    ({"retries": 3}, "retries", "unknown key"),
+    (7, "", "a strategy name or a mapping"),
+])
+def test_bad_settings_say_what_to_write(value: object, key: str, words: str) -> None:
+    with pytest.raises(RecoveryError, match=words) as err:
+        parse_job_recovery(value)
+    assert err.value.key == key
+
+
+def test_the_task_reads_job_recovery_and_its_alias(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("resources:\n  infra: local\n  spot_recovery: {max_restarts_on_errors: 1}\nrun: 'true'\n")
+    task = load_task(path)
+    assert task.resources.job_recovery == JobRecovery(max_restarts_on_errors=1)
+    assert not any("job_recovery" in w for w in task.warnings)
+
+
+def test_a_bad_job_recovery_names_the_field_and_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("resources:\n  infra: local\n  job_recovery: {max_restarts_on_errors: lots}\nrun: 'true'\n")
+    proc = subprocess.run([sys.executable, "-m", "gpuctl", "validate", str(path)], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "job_recovery.max_restarts_on_errors" in proc.stderr and str(path) in proc.stderr
+
+
+RECOVERY = JobRecovery(max_restarts_on_errors=1, recover_on_exit_codes=(33,))
+
+
+def test_a_lost_node_is_always_recovered_and_only_it_is_replaced() -> None:
+    end = AttemptEnd(status="FAILED", codes={0: 143, 1: None, 2: 143}, lost={1: "namespace gone"})
+    d = decide(end, RECOVERY, restarts_so_far=5, transient_so_far=9)
+    assert d.action == "recover" and d.replace == (1,) and d.kind == "recovery" and "namespace gone" in d.cause
+
+
+def test_user_errors_restart_as_many_times_as_allowed_then_fail() -> None:
+    end = AttemptEnd(status="FAILED", codes={0: 1, 1: 143}, first_failed=0)
+    first = decide(end, RECOVERY, restarts_so_far=0, transient_so_far=0)
+    assert first.action == "restart" and first.counted and first.exit_code == 1 and first.failed_rank == 0
+    second = decide(end, RECOVERY, restarts_so_far=1, transient_so_far=0)
+    assert second.action == "finish" and second.status == "FAILED" and second.exit_code == 1
+    assert "rank 0 exited with code 1" in second.cause
+
+
+def test_listed_exit_codes_restart_every_time_without_counting() -> None:
+    end = AttemptEnd(status="FAILED", codes={0: 0, 1: 33}, first_failed=1)
+    d = decide(end, RECOVERY, restarts_so_far=99, transient_so_far=0)
+    assert d.action == "restart" and not d.counted and d.exit_code == 33 and d.failed_rank == 1
+
+
+def test_setup_failures_end_failed_setup() -> None:
+    end = AttemptEnd(status="FAILED_SETUP", codes={0: 0, 1: 2}, first_failed=1)
+    d = decide(end, JobRecovery(), restarts_so_far=0, transient_so_far=0)
+    assert d.action == "finish" and d.status == "FAILED_SETUP" and "in setup" in d.cause
+
+
+def test_ranks_lost_with_every_node_up_restart_from_their_own_budget() -> None:
+    end = AttemptEnd(status="FAILED", codes={0: 143, 1: None}, first_failed=1)
+    assert decide(end, JobRecovery(), restarts_so_far=0, transient_so_far=2).action == "restart"
+    spent = decide(end, JobRecovery(), restarts_so_far=0, transient_so_far=3)
+    assert spent.action == "finish" and spent.status == "FAILED" and "budget" in spent.cause
+    assert decide(AttemptEnd(status="SUCCEEDED", codes={0: 0}), JobRecovery(), restarts_so_far=0,
+                  transient_so_far=0).status == "SUCCEEDED"
+
+
+def test_store_claims_once_keeps_events_and_private_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    store = Store()
+    job = launch.create(name="Train LLM!", file=tmp_path / "t.yaml", envs={"A": "1"}, secrets={"TOKEN": "s3cr3t"},
+                        infra=None, num_nodes=None, store=store)
+    assert job.cluster == f"train-llm-mj{job.id}" and job.task_id.endswith(f"_{job.cluster}_{job.id}")
+    assert "s3cr3t" not in store.path.read_bytes().decode(errors="replace")
+    assert oct(store.path.stat().st_mode & 0o777) == "0o600"
+    assert read_secrets(job.id) == {"TOKEN": "s3cr3t"}
+    assert oct((tmp_path / "managed" / str(job.id) / "secrets.json").stat().st_mode & 0o777) == "0o600"
+    # two supervisors started at once: one owner
+    assert store.claim(job.id, 100, "7", previous=(None, None))
+    assert not store.claim(job.id, 200, "8", previous=(None, None))
+    assert store.owns(job.id, 100, "7") and not store.owns(job.id, 200, "8")
+    store.add_event(Event(job=job.id, attempt=1, kind="recovery", cause="rank 1 lost", nodes=["1"], detected_at=10.0,
+                          resumed_at=None, exit_code=None, failed_rank=None))
+    store.resumed(job.id, 2, 25.0)
+    assert store.events(job.id)[0].resumed_at == 25.0
+    store.set_status(job.id, "SUCCEEDED")
+    store.set_status(job.id, "RUNNING")  # a late write never revives an ended job
+    assert store.get(job.id).status == "SUCCEEDED" and store.get(job.id).ended_at
+    drop_secrets(job.id)
+    assert read_secrets(job.id) == {}
+    assert attempt_log(job.id, 1).parent.stat().st_mode & 0o077 == 0
+
+
+def test_cluster_names_fit_the_rules() -> None:
+    assert launch.cluster_name("x" * 80, 12345) == "x" * 32 + "-mj12345"
+    assert launch.cluster_name("9lives", 1) == "j9lives-mj1"
+    assert launch.cluster_name("--", 2) == "job-mj2"
+
+
+def _gpuctl(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuctl", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")}, timeout=60)
+
+
+def test_cli_refusals_are_one_line_with_exit_2(tmp_path: Path) -> None:
+    ssh_task = tmp_path / "ssh.yaml"
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  - {ip: 10.0.0.1, user: me}\n")
+    ssh_task.write_text(f"resources:\n  infra: ssh/{hosts}\nrun: 'true'\n")
+    nothing = tmp_path / "nothing.yaml"
+    nothing.write_text("resources:\n  infra: local\n")
+    for args, words in [(("jobs", "logs", "42"), "managed job 42 not found"),
+                        (("jobs", "cancel", "42"), "managed job 42 not found"),
+                        (("jobs", "launch", str(nothing)), "there is nothing to run"),
+                        (("jobs", "launch", str(ssh_task)), "needs nodes gpuctl makes")]:
+        proc = _gpuctl(tmp_path, *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    empty = _gpuctl(tmp_path, "jobs", "queue", "-o", "json")
+    assert empty.returncode == 0 and json.loads(empty.stdout)["jobs"] == []
