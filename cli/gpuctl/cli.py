@@ -176,6 +176,9 @@ def apply(
     autostopcli.check_setting(setting, req, file)
     check_task(task, req)  # as validate does, before anything is written or provisioned
     _warn(task, req)
+    if task.resources.job_recovery is not None:
+        typer.echo("warning: resources.job_recovery: `gpuctl apply` runs the job once; "
+                   "`gpuctl jobs launch FILE` replaces lost nodes and restarts it", err=True)
     if dry_run:
         summary = provisioner.plan(req)
         for line in summary.describe():
@@ -744,6 +747,7 @@ def main() -> None:
         argv, _after_dashes = argv[:cut], argv[cut + 1:]
         if not argv or argv[0] not in ("exec", "ssh"):
             _misplaced_dashes(argv)
+    jobscli.revive_supervisors(argv)  # any command: a managed job whose supervisor died gets one again
     try:
         # Without standalone mode click returns typer.Exit's code instead of
         # raising it, and leaves usage errors to us (usage.report).

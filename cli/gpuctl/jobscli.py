@@ -8,6 +8,7 @@ starts a supervisor again for any job whose supervisor died.
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,22 @@ jobs_app = typer.Typer(help="Managed jobs: a job that owns its cluster and survi
                        no_args_is_help=True, add_completion=False)
 
 FOLLOW_POLL_S = 0.5
+
+
+def revive_supervisors(argv: list[str]) -> None:
+    """What every gpuctl command does first: start a supervisor again for each managed job not
+    ended whose supervisor died. Only where managed jobs were ever launched (a file to look at);
+    a state it cannot read is left to the `jobs` commands, which say why."""
+    from gpuctl.common.paths import state_root
+
+    if argv[:1] in (["_supervise"], ["jobs"], ["--help"], ["--version"]) or not (state_root() / "managed.db").exists():
+        return
+    from gpuctl.managed.launch import revive
+
+    try:
+        revive()
+    except (sqlite3.Error, OSError):
+        pass
 
 
 def _store() -> Any:

@@ -158,3 +158,66 @@ def test_cli_refusals_are_one_line_with_exit_2(tmp_path: Path) -> None:
         assert words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     empty = _gpuctl(tmp_path, "jobs", "queue", "-o", "json")
     assert empty.returncode == 0 and json.loads(empty.stdout)["jobs"] == []
+
+
+def test_logs_of_an_attempt_that_never_was_is_one_line(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state" / "managed.db")
+    job = launch.create(name="t", file=tmp_path / "t.yaml", envs={}, secrets={}, infra=None, num_nodes=None,
+                        store=store)
+    proc = _gpuctl(tmp_path, "jobs", "logs", str(job.id), "--attempt", "3")
+    assert proc.returncode == 2 and "has 0 attempt(s) so far" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _supervised_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **fields: object):
+    from gpuctl.managed import supervisor
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    task = tmp_path / "t.yaml"
+    task.write_text("resources:\n  infra: local\nrun: 'true'\n")
+    store = Store()
+    job = launch.create(name="t", file=task, envs={}, secrets={"TOKEN": "x"}, infra=None, num_nodes=None,
+                        store=store)
+    if fields:
+        store.update(job.id, **fields)
+    return supervisor, store, job
+
+
+def test_a_supervisor_that_keeps_dying_fails_the_job_and_drops_its_secrets(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    supervisor, store, job = _supervised_job(tmp_path, monkeypatch, supervisor_runs=10, status="RUNNING")
+    assert supervisor.Supervisor(job.id).run() == 1
+    ended = store.get(job.id)
+    assert ended.status == "FAILED_SUPERVISOR" and "stopped 10 times" in ended.reason and ended.destroyed
+    assert read_secrets(job.id) == {}
+
+
+def test_no_capacity_ends_failed_no_resource(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuctl.common.errors import ProvisionError
+
+    supervisor, store, job = _supervised_job(tmp_path, monkeypatch)
+    monkeypatch.setenv("GPUCTL_MANAGED_CAPACITY_RETRIES", "1")
+    monkeypatch.setenv("GPUCTL_MANAGED_BACKOFF_S", "0.05")
+    tries = []
+
+    def no_capacity(*args: object, **kwargs: object) -> None:
+        tries.append(1)
+        raise ProvisionError("InsufficientInstanceCapacity: no p5 in us-east-1a", insufficient_capacity=True)
+
+    monkeypatch.setattr(supervisor.lifecycle, "bring_up", no_capacity)
+    supervisor.Supervisor(job.id).run()
+    ended = store.get(job.id)
+    assert len(tries) == 2 and ended.status == "FAILED_NO_RESOURCE" and "InsufficientInstanceCapacity" in ended.reason
+
+
+def test_a_second_supervisor_touches_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    supervisor, store, job = _supervised_job(tmp_path, monkeypatch)
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        from gpuctl.managed.fencing import process_start
+
+        assert store.claim(job.id, live.pid, process_start(live.pid) or "", previous=(None, None))
+        assert supervisor.Supervisor(job.id).run() == 0  # claimed by another: it leaves
+        assert store.get(job.id).supervisor_pid == live.pid and store.get(job.id).status == "PENDING"
+    finally:
+        live.kill()
+        live.wait()

@@ -13,6 +13,7 @@ from gpuctl.providers import resources_problem
 from gpuctl.spec import Resources, Task, load_task as spec_load_task, parse_env_assignments
 from gpuctl.spec.autostop import Autostop
 from gpuctl.spec.infra import Infra
+from gpuctl.spec.recovery import JobRecovery
 from gpuctl.spec.request import request_from_task
 
 SPECS = Path(__file__).resolve().parents[1] / "data" / "specs"
@@ -106,7 +107,8 @@ def test_skypilot_extras_are_kept_or_ignored_not_refused(monkeypatch: pytest.Mon
     assert res.infra_spec() == Infra("aws")
     assert res.labels == {"team": "ml", "cost-center": "1234"}
     assert res.disk_tier == "high"
-    assert set(res.ignored) == {"accelerator_args", "job_recovery"}
+    assert set(res.ignored) == {"accelerator_args"}
+    assert res.job_recovery == JobRecovery(max_restarts_on_errors=3)  # acted on by `gpuctl jobs launch`
     assert res.autostop == Autostop(idle_minutes=10, down=True)
     assert set(task.ignored) == {"service"}
     assert task.config == {"docker": {"run_options": ["--cap-add=SYS_ADMIN"]}}

@@ -35,6 +35,7 @@ from gpuctl.common.paths import cluster_dir
 from gpuctl.jobplane import autostop
 from gpuctl.jobplane.runner import JobRunner, JobSpec
 from gpuctl.managed import fencing
+from gpuctl.managed.launch import supervisor_alive
 from gpuctl.managed.policy import AttemptEnd, Decision, decide
 from gpuctl.managed.store import Event, ManagedJob, Store, attempt_log, drop_secrets, read_secrets
 from gpuctl.providers import get_provider
@@ -115,6 +116,8 @@ class Supervisor:
         job = self.store.get(self.job_id)
         if job is None or job.terminal:
             return 0
+        if job.supervisor_pid not in (None, self.pid) and supervisor_alive(job):
+            return 0  # a live supervisor has it: one owner
         if not self.store.claim(self.job_id, self.pid, self.start,
                                 previous=(job.supervisor_pid, job.supervisor_start)):
             return 0  # another supervisor claimed it first
@@ -137,6 +140,7 @@ class Supervisor:
                 self.lease.__exit__(None, None, None)
 
     def _run(self, job: ManagedJob) -> int:
+        self.check_cancel()  # a cancel that found no supervisor started this one
         task, req, recovery = self.load(job)
         resumed = job.status not in ("PENDING",) and provisioner.cluster_exists(job.cluster)
         if not resumed:
@@ -145,15 +149,18 @@ class Supervisor:
         else:
             inv = provisioner.load_inventory_of(job.cluster) or self.bring_up(req, task)
         end: AttemptEnd | None = None
+        attempt = job.attempt
         if resumed and job.status == "RUNNING" and job.cluster_job is not None:
             self.say(f"watching attempt {job.attempt} again (cluster job {job.cluster_job})")
             self.arm(inv)
             end = self.watch_again(inv, job)
         elif resumed:
+            # what the last supervisor was doing is unknown: fence, replace what is gone, restart;
+            # a supervisor's restart is no failure of the job and counts against no budget
+            lost = self.lost_now(inv)
             self.say(f"resuming from {job.status}: fencing attempt {job.attempt}, then recovering")
-            self.arm(inv)
-            end = AttemptEnd(status="ABORTED", lost=self.lost_now(inv))
-        attempt = job.attempt
+            inv = self.recover(inv, req, Decision("recover", kind="recovery", replace=tuple(sorted(lost)),
+                                                  cause="supervisor restarted"), attempt)
         while True:
             if end is not None:
                 decision = self.decision(end, recovery)
@@ -393,6 +400,8 @@ class Supervisor:
         if unconfirmed:
             self.say(f"could not fence {', '.join(inv.nodes[r].name for r in unconfirmed)}: replacing them too")
         if not ranks:
+            if self.lease is None:
+                self.arm(inv)
             return inv
         self.check_cancel()
         names = ", ".join(inv.nodes[r].name for r in ranks)

@@ -45,7 +45,7 @@ def _strategy(value: Any) -> str:
 
 
 def _exit_codes(value: Any) -> tuple[int, ...]:
-    codes = value if isinstance(value, list) else [value]
+    codes = list(value) if isinstance(value, (list, tuple)) else [value]
     for code in codes:
         if isinstance(code, bool) or not isinstance(code, int) or not 0 < code < 256:
             raise RecoveryError(f"{code!r} is not an exit code; give whole numbers from 1 to 255",
