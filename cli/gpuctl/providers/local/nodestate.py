@@ -25,7 +25,7 @@ _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
 def why_lost(node_dir: Path, port: int) -> str | None:
     """Why the node in `node_dir` is gone, or None while it looks alive."""
     try:
-        env = _read_env(node_dir / "node.env")
+        env = read_env(node_dir / "node.env")
     except OSError:
         return f"its directory {node_dir} is gone (the node was removed)"
     try:
@@ -47,7 +47,8 @@ def why_lost(node_dir: Path, port: int) -> str | None:
     return None
 
 
-def _read_env(path: Path) -> dict[str, str]:
+def read_env(path: Path) -> dict[str, str]:
+    """A node script's KEY=VALUE file (node.env, bridge.env): its LN_* names."""
     env = {}
     for line in path.read_text().splitlines():
         key, sep, value = line.partition("=")

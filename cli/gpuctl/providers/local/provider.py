@@ -544,7 +544,7 @@ class LocalProvider(BaseProvider):
         enter: list[str] = []
         if netns:
             try:
-                bridge = _read_env(state_dir / "bridge.env")
+                bridge = nodestate.read_env(state_dir / "bridge.env")
             except OSError:
                 bridge = {}
             if not bridge.get("LN_ANCHOR") or not bridge.get("LN_ANCHOR_START"):
@@ -587,10 +587,10 @@ class LocalProvider(BaseProvider):
         state_dir = nodes_dir(cluster_dir)
         scripts = self.module_dir() / "scripts"
         for env_file in sorted(state_dir.glob("node*/node.env")):
-            _run_script(scripts / "node.sh", "down", _read_env(env_file))
+            _run_script(scripts / "node.sh", "down", nodestate.read_env(env_file))
         bridge_env = state_dir / "bridge.env"
         if bridge_env.exists():
-            _run_script(scripts / "bridge.sh", "down", _read_env(bridge_env))
+            _run_script(scripts / "bridge.sh", "down", nodestate.read_env(bridge_env))
         with contextlib.suppress(OSError):
             (state_dir / AUTODOWN_FILE).unlink()
             state_dir.rmdir()
@@ -614,15 +614,6 @@ def _check_state_dir(state_dir: Path) -> None:
     if not _SAFE_PATH.fullmatch(str(state_dir)):
         raise UserError(f"{state_dir}: local nodes need a state directory path made of letters, digits and "
                         "._+@- only; set GPUCTL_STATE_DIR to such a directory")
-
-
-def _read_env(path: Path) -> dict[str, str]:
-    env = {}
-    for line in path.read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.startswith("LN_"):
-            env[key] = value
-    return env
 
 
 def _run_script(script: Path, action: str, env: dict[str, str]) -> None:
