@@ -298,6 +298,11 @@ def link_names() -> set[str]:
     return {line.split(":", 2)[1].strip().split("@")[0] for line in out.splitlines() if line.strip()}
 
 
+def _by_rank(path: Path) -> int:
+    """nodes/node<rank>/...: in rank order (node10 after node9, not after node1)."""
+    return int(path.parent.name.removeprefix("node"))
+
+
 def _env_file(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
@@ -414,9 +419,9 @@ class Cluster:
         """Read where the local-nodes module put the nodes (each node.env / sshd.pid /
         bridge.env under clusters/<name>/nodes, terraform/modules/local-nodes/scripts)."""
         nodes_dir = self.cdir / "nodes"
-        envs = [_env_file(p) for p in sorted(nodes_dir.glob("node*/node.env"))]
+        envs = [_env_file(p) for p in sorted(nodes_dir.glob("node*/node.env"), key=_by_rank)]
         sshd = []
-        for p in sorted(nodes_dir.glob("node*/sshd.pid")):
+        for p in sorted(nodes_dir.glob("node*/sshd.pid"), key=_by_rank):
             pid, start = p.read_text().split()
             sshd.append((int(pid), start))
         tags = [e["LN_TAG"] for e in envs]

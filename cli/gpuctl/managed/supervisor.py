@@ -45,6 +45,7 @@ from gpuctl.spec.autostop import Autostop
 from gpuctl.spec.recovery import JobRecovery
 from gpuctl.state.registry import Registry
 
+LOCAL_POLL_S = 0.5  # how often the supervisor reads the attempt's state and the cancel flag
 MAX_SUPERVISOR_RUNS = 10  # a supervisor that keeps dying (a bug, a broken state): the job fails, the cluster goes
 
 
@@ -269,8 +270,11 @@ class Supervisor:
         """Until the attempt's thread ends: mark RUNNING once every rank runs; stop the attempt when a
         node is gone or the user cancels."""
         running = False
+        next_check = time.monotonic() + tick_s()
         while thread.is_alive():
-            thread.join(tick_s())
+            # the job's own state (RUNNING, a cancel) is a local read: seen within half a second;
+            # the platform (an API call on a cloud) is asked once a tick
+            thread.join(min(tick_s(), LOCAL_POLL_S))
             if not thread.is_alive():
                 break
             job = self.job()
@@ -288,6 +292,9 @@ class Supervisor:
                                           started_at=job.started_at or now)
                     self.store.resumed(job.id, attempt, now)
                     self.say(f"attempt {attempt}: every rank runs (cluster job {cluster_job})")
+            if time.monotonic() < next_check:
+                continue
+            next_check = time.monotonic() + tick_s()
             lost = self.lost_now(inv)
             if lost:
                 self.say("lost: " + "; ".join(f"{inv.nodes[r].name} ({why})" for r, why in sorted(lost.items())
