@@ -95,6 +95,7 @@ class Supervisor:
         self.stop_attempt = threading.Event()
         self.lease: autostop.Lease | None = None
         self.req: Any = None  # the cluster's request, once the task is loaded
+        self.ended_at: float | None = None  # when the running attempt was seen to end (or a node lost)
 
     # -- the job's row -------------------------------------------------------------------------
     def job(self) -> ManagedJob:
@@ -271,11 +272,13 @@ class Supervisor:
         node is gone or the user cancels."""
         running = False
         next_check = time.monotonic() + tick_s()
+        self.ended_at = None
         while thread.is_alive():
             # the job's own state (RUNNING, a cancel) is a local read: seen within half a second;
             # the platform (an API call on a cloud) is asked once a tick
             thread.join(min(tick_s(), LOCAL_POLL_S))
             if not thread.is_alive():
+                self.ended_at = time.time()
                 break
             job = self.job()
             if job.cancel_requested:
@@ -297,10 +300,12 @@ class Supervisor:
             next_check = time.monotonic() + tick_s()
             lost = self.lost_now(inv)
             if lost:
+                self.ended_at = time.time()
                 self.say("lost: " + "; ".join(f"{inv.nodes[r].name} ({why})" for r, why in sorted(lost.items())
                                               if r < len(inv.nodes)))
                 self.stop_attempt.set()
                 return lost
+        self.ended_at = self.ended_at or time.time()
         return {}
 
     def cluster_job(self, inv: Inventory, before: set[int]) -> int | None:
@@ -384,7 +389,7 @@ class Supervisor:
         d = decide(end, recovery, restarts_so_far=job.restarts, transient_so_far=job.transient)
         if d.action != "finish":
             self.store.add_event(Event(job=job.id, attempt=job.attempt, kind=d.kind, cause=d.cause,
-                                       nodes=[str(r) for r in d.replace], detected_at=time.time(),
+                                       nodes=[str(r) for r in d.replace], detected_at=self.ended_at or time.time(),
                                        resumed_at=None, exit_code=d.exit_code, failed_rank=d.failed_rank))
             counts = {"recovery": "recoveries", "transient": "transient"}
             more: dict[str, Any] = {"reason": d.cause}
