@@ -132,6 +132,8 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
         parts.append(f"{len(task.bucket_mounts)} bucket mount(s)")
     if task.resources.autostop:
         parts.append(task.resources.autostop.describe())
+    if task.resources.job_recovery:
+        parts.append(f"job_recovery {task.resources.job_recovery.describe()} (gpuctl jobs launch)")
     price, priced_type = price_quote(req)
     if as_json:
         output.emit("validate", {

@@ -23,7 +23,7 @@ from gpuctl.common.errors import UserError
 from gpuctl.common.output import OutputOption, wants_json
 
 jobs_app = typer.Typer(help="Managed jobs: a job that owns its cluster and survives node loss (sky jobs).",
-                       no_args_is_help=True, add_completion=False)
+                       no_args_is_help=True, add_completion=False, epilog=usage.examples_of("jobs"))
 
 FOLLOW_POLL_S = 0.5
 

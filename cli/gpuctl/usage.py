@@ -204,6 +204,11 @@ EXAMPLES = {
         'gpuctl cost-report',
         'gpuctl cost-report -o json',
     ),
+    'jobs': (
+        'gpuctl jobs launch train.yaml',
+        'gpuctl jobs queue',
+        'gpuctl jobs logs 3',
+    ),
     'jobs launch': (
         'gpuctl jobs launch train.yaml',
         'gpuctl jobs launch train.yaml -n llm -d --secret WANDB_API_KEY',

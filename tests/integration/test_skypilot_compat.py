@@ -82,7 +82,9 @@ resources:
 def test_aliases_gpus_and_spot_recovery(tmp_path: Path) -> None:
     proc = validate("resources:\n  infra: aws\n  gpus: L4:1\n  use_spot: true\n  spot_recovery: FAILOVER\n", tmp_path)
     assert "g6.xlarge, L4:1" in ok(proc)
-    assert "task.yaml:5: resources.job_recovery: ignored; gpuctl does not restart" in proc.stderr
+    # acted on by `gpuctl jobs launch`: said, not warned about
+    assert "job_recovery FAILOVER, 0 restart(s) on errors (gpuctl jobs launch)" in proc.stdout
+    assert "job_recovery" not in proc.stderr
 
 
 def test_relative_paths_resolve_from_the_current_directory_then_the_yaml_directory(tmp_path: Path) -> None:
@@ -133,10 +135,11 @@ run: x
 """, tmp_path)
     ok(proc)
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
-    for field in ("resources.ports", "resources.labels", "resources.job_recovery", "service", "config.kubernetes"):
+    for field in ("resources.ports", "resources.labels", "service", "config.kubernetes"):
         assert sum(f": {field}: ignored" in w for w in warnings) == 1, (field, warnings)
-    # autostop is acted on: no warning, and validate says what the cluster will do
+    # autostop and job_recovery are acted on: no warning, and validate says what will be done
     assert not any("autostop" in w for w in warnings) and "autostop after 10 idle minute(s)" in proc.stdout
+    assert not any("job_recovery" in w for w in warnings) and "job_recovery EAGER_NEXT_REGION" in proc.stdout
     local = validate("resources:\n  accelerators: A100:8\n  use_spot: true\n", tmp_path)
     ok(local)
     assert "resources.use_spot: ignored on infra local" in local.stderr

@@ -33,6 +33,11 @@ class JobRecovery:
     max_restarts_on_errors: int = 0
     recover_on_exit_codes: tuple[int, ...] = ()
 
+    def describe(self) -> str:
+        codes = f", always on exit codes {', '.join(map(str, self.recover_on_exit_codes))}" \
+            if self.recover_on_exit_codes else ""
+        return f"{self.strategy}, {self.max_restarts_on_errors} restart(s) on errors{codes}"
+
     def as_dict(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "max_restarts_on_errors": self.max_restarts_on_errors,
                 "recover_on_exit_codes": list(self.recover_on_exit_codes)}
