@@ -521,10 +521,8 @@ def control_hash(host: str, port: int, user: str) -> str:
     return hashlib.sha1(f"{socket.gethostname()}{host}{port}{user}".encode()).hexdigest()
 
 
-def ssh_masters(hashes: Iterable[str]) -> dict[int, Path]:
-    """Live ssh ControlMaster processes (`ssh: PATH [mux]`) whose socket is named by one
-    of `hashes`: pid -> socket path. They are daemons: no rusage of ours counts them."""
-    wanted = set(hashes)
+def mux_masters() -> dict[int, Path]:
+    """Every live ssh ControlMaster (`ssh: PATH [mux]`): pid -> its socket path."""
     found: dict[int, Path] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -535,9 +533,15 @@ def ssh_masters(hashes: Iterable[str]) -> dict[int, Path]:
         except OSError:
             continue
         if cmd.startswith("ssh: ") and cmd.endswith(" [mux]"):
-            path = Path(cmd[5:-6])
-            if path.name in wanted:
-                found[int(name)] = path
+            found[int(name)] = Path(cmd[5:-6])
+    return found
+
+
+def ssh_masters(hashes: Iterable[str]) -> dict[int, Path]:
+    """Live ssh ControlMaster processes whose socket is named by one of `hashes`: pid -> socket
+    path. They are daemons: no rusage of ours counts them."""
+    wanted = set(hashes)
+    found = {pid: path for pid, path in mux_masters().items() if path.name in wanted}
     return found
 
 

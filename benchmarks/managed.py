@@ -279,18 +279,7 @@ def ssh_masters_of(cdir: Path) -> list[str]:
     cm = (cdir / "cm").absolute()
     digest = hashlib.sha1(str(cm).encode()).hexdigest()[:12]
     dirs = {str(cm), f"{tempfile.gettempdir()}/gpuctl-{os.getuid()}-{digest}", f"/tmp/gpuctl-{os.getuid()}-{digest}"}
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                cmd = fh.read().rstrip(b"\0").decode(errors="replace")
-        except OSError:
-            continue
-        if cmd.startswith("ssh: ") and cmd.endswith(" [mux]") and str(Path(cmd[5:-6]).parent) in dirs:
-            found.append(f"ssh master {name}")
-    return found
+    return [f"ssh master {pid}" for pid, path in bl.mux_masters().items() if str(path.parent) in dirs]
 
 
 def leftovers(cdir: Path, records: list[NodeRecord]) -> list[str]:
