@@ -178,6 +178,9 @@ def stop_stage(st, grace):
     while tagged_processes(tag) and time.time() < deadline:
         time.sleep(0.1)
     kill_all(tagged_processes(tag), signal.SIGKILL)
+    deadline = time.time() + 5  # a SIGKILL is not instant on a loaded node: wait until they are gone
+    while tagged_processes(tag) and time.time() < deadline:
+        time.sleep(0.05)
     return True
 
 
