@@ -213,7 +213,7 @@ def test_a_second_supervisor_touches_nothing(tmp_path: Path, monkeypatch: pytest
     supervisor, store, job = _supervised_job(tmp_path, monkeypatch)
     live = subprocess.Popen(["sleep", "30"])
     try:
-        from gpuctl.managed.fencing import process_start
+        from gpuctl.jobplane.joblogs import process_start
 
         assert store.claim(job.id, live.pid, process_start(live.pid) or "", previous=(None, None))
         assert supervisor.Supervisor(job.id).run() == 0  # claimed by another: it leaves

@@ -114,7 +114,7 @@ def watcher_pidfile(cluster: str, job_id: int) -> Path:
     return local_job_dir(cluster, job_id) / "watch.pid"
 
 
-def _start_time(pid: int) -> str | None:
+def process_start(pid: int) -> str | None:
     """The process's start time (clock ticks since boot) if it runs and is no
     zombie; "" where /proc is missing (macOS); None if it has ended."""
     try:
@@ -135,11 +135,6 @@ def _start_time(pid: int) -> str | None:
     return None if fields[0] == "Z" else fields[19]
 
 
-def process_start(pid: int) -> str | None:
-    """A process's start time as `_start_time` reads it: with the PID, names one process for good."""
-    return _start_time(pid)
-
-
 def mark_watching(cluster: str, job_id: int) -> Path:
     """Record that this process watches the job (removed by `unmark_watching`).
     The start time goes with the PID: a watcher killed without cleaning up
@@ -147,7 +142,7 @@ def mark_watching(cluster: str, job_id: int) -> Path:
     or the job would never be looked up on the head again."""
     path = watcher_pidfile(cluster, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()} {_start_time(os.getpid()) or ''}".strip())
+    path.write_text(f"{os.getpid()} {process_start(os.getpid()) or ''}".strip())
     return path
 
 
@@ -168,5 +163,11 @@ def is_watched(cluster: str, job_id: int) -> bool:
         pid = int(words[0])
     except (FileNotFoundError, ValueError, IndexError):
         return False
-    started = _start_time(pid)
-    return started is not None and (len(words) < 2 or started in ("", words[1]))
+    return same_process(pid, words[1] if len(words) > 1 else None)
+
+
+def same_process(pid: int, start: str | None) -> bool:
+    """Whether `pid` still runs and is the process that started at `start` (None: any start; "" where
+    /proc is missing and start times cannot be told apart)."""
+    started = process_start(pid)
+    return started is not None and (start is None or started in ("", start))

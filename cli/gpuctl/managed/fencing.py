@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gpuctl.common.paths import cluster_dir
-from gpuctl.jobplane import joblogs, protocol
+from gpuctl.jobplane import protocol
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory, Node
 
@@ -29,10 +29,6 @@ class Answer:
     doomed: str | None = None  # its spot interruption notice, if any ("terminate at 2026-...")
     stopped: tuple[str, ...] = ()  # jobs of older attempts it stopped
     detail: str = ""
-
-
-def process_start(pid: int) -> str | None:
-    return joblogs.process_start(pid)
 
 
 def _ask(node: Node, command: str, control_dir: Path) -> Answer:

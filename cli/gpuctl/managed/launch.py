@@ -66,10 +66,7 @@ def spawn(job_id: int) -> int:
 
 
 def supervisor_alive(job: ManagedJob) -> bool:
-    if job.supervisor_pid is None:
-        return False
-    started = joblogs.process_start(job.supervisor_pid)
-    return started is not None and started in ("", job.supervisor_start)
+    return job.supervisor_pid is not None and joblogs.same_process(job.supervisor_pid, job.supervisor_start or "")
 
 
 def wait_claimed(store: Store, job_id: int, pid: int, timeout: float = 30.0) -> bool:

@@ -27,12 +27,12 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, Callable, Mapping, TextIO
 
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobFailed, ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
-from gpuctl.jobplane import autostop
+from gpuctl.jobplane import autostop, joblogs
 from gpuctl.jobplane.runner import JobRunner, JobSpec
 from gpuctl.managed import fencing
 from gpuctl.managed.launch import supervisor_alive
@@ -91,7 +91,7 @@ class Supervisor:
         self.reporter = Reporter(stream=out or sys.stdout, plain=True)
         self.registry = Registry()
         self.pid = os.getpid()
-        self.start = fencing.process_start(self.pid) or ""
+        self.start = joblogs.process_start(self.pid) or ""
         self.stop_attempt = threading.Event()
         self.lease: autostop.Lease | None = None
         self.req: Any = None  # the cluster's request, once the task is loaded
@@ -244,26 +244,14 @@ class Supervisor:
         with open(attempt_log(job.id, attempt), "a", buffering=1) as log:
             runner = AttemptRunner(inv, reporter=Reporter(stream=log, plain=True), registry=self.registry)
             before = {j.job_id for j in self.registry.jobs(inv.cluster)}
-            result: dict[str, Any] = {}
-
-            def work() -> None:
-                try:
-                    result["outcome"] = runner.run(spec, run_setup=True, sync_file_mounts=True, detach=False,
-                                                   stop=self.stop_attempt.is_set)
-                except (JobFailed, UserError) as exc:
-                    result["error"] = exc
-                except BaseException as exc:  # noqa: BLE001 - reported by the supervisor's thread
-                    result["error"] = exc
-
-            thread = threading.Thread(target=work, name=f"attempt-{attempt}", daemon=True)
-            thread.start()
+            thread, result = _in_thread(f"attempt-{attempt}", lambda: runner.run(
+                spec, run_setup=True, sync_file_mounts=True, detach=False, stop=self.stop_attempt.is_set))
             lost = self.monitor(inv, thread, before, attempt)
             thread.join()
             cluster_job = self.cluster_job(inv, before)
-            if isinstance(result.get("error"), (KeyboardInterrupt, SystemExit)):
-                raise result["error"]
-            if result.get("error") is not None and not isinstance(result["error"], (JobFailed, UserError)):
-                raise result["error"]
+            error = result.get("error")
+            if error is not None and not isinstance(error, (JobFailed, UserError)):
+                raise error  # the attempt's end was recorded; anything else is the supervisor's own failure
             return self.ended(inv, runner, cluster_job, lost, aborted=self.stop_attempt.is_set())
 
     def monitor(self, inv: Inventory, thread: threading.Thread, before: set[int],
@@ -321,17 +309,9 @@ class Supervisor:
             runner = AttemptRunner(inv, reporter=Reporter(stream=log, plain=True), registry=self.registry)
             nodes = inv.first(len(inv.nodes))
             self.stop_attempt.clear()
-            result: dict[str, Any] = {}
-
-            def work() -> None:
-                try:
-                    result["outcome"] = runner.follow(job.cluster_job or 0, nodes, echo=True,
-                                                      stop=self.stop_attempt.is_set)
-                except Exception as exc:  # noqa: BLE001 - the head did not answer: recovered below
-                    result["error"] = exc
-
-            thread = threading.Thread(target=work, daemon=True)
-            thread.start()
+            # an error (the head did not answer) leaves no outcome: recovered below
+            thread, result = _in_thread(f"attempt-{job.attempt}", lambda: runner.follow(
+                job.cluster_job or 0, nodes, echo=True, stop=self.stop_attempt.is_set))
             lost = self.monitor(inv, thread, set(), job.attempt)
             thread.join()
             outcome = result.get("outcome")
@@ -352,7 +332,8 @@ class Supervisor:
             status = "ABORTED"
         else:
             status = record.status
-        answers = fencing.query(inv, self.job().task_id, self.job().attempt, ranks=[n.rank for n in alive])
+        job = self.job()
+        answers = fencing.query(inv, job.task_id, job.attempt, ranks=[n.rank for n in alive])
         for rank, answer in answers.items():
             if answer.doomed:
                 lost.setdefault(rank, f"preempted: spot interruption notice ({answer.doomed})")
@@ -490,6 +471,22 @@ class Supervisor:
                 return f"could not check that the nodes are gone: {exc}"
         left = [n.name for n in inv.nodes if n.rank not in gone]
         return ", ".join(left) + " still there" if left else None
+
+
+def _in_thread(name: str, work: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """`work()` in a thread the supervisor watches beside it; its result under "outcome" or what
+    it raised under "error", once the thread ended."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["outcome"] = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the supervisor's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread, result
 
 
 def _records_only(directory: str, names: list[str]) -> set[str]:
