@@ -23,7 +23,7 @@ from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir
 from gpuctl.jobplane import autostop
 from gpuctl.jobplane.runner import JobRunner
-from gpuctl.provision import lifecycle
+from gpuctl.provision import lifecycle, ssh
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.autostop import DEFAULT_IDLE_MINUTES, Autostop, with_flags
 from gpuctl.spec.request import ClusterRequest
@@ -165,34 +165,44 @@ def reconcile(name: str, status: str, registry: Registry) -> tuple[str | None, f
     if what is not None and status != what:
         registry.set_cluster_status(name, what)
         registry.close_segment(name, "autodown" if what == AUTODOWNED else "stopped", at=when)
+        ssh.exit_masters(cluster_dir(name) / "cm")  # their connections went with the nodes
     return what, when
 
 
 def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], dict[str, Any]]:
     """`status`'s autostop lines and JSON fields for one cluster: the setting, how long the cluster
     has been idle (its head's watcher says), and when it took itself down."""
-    what, removed = reconcile(name, status, registry)
-    if what is not None and removed is not None:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(removed))
-        if what == STOPPED:
-            return ([f"  stopped itself at {when} (autostop); its disks still bill: `gpuctl down {name}` "
-                     "removes it"], {"status": STOPPED, "stopped_at": removed, "autostop": None, "idle_s": None})
-        return ([f"  took itself down at {when} (autodown); `gpuctl apply` brings it up again, "
-                 f"`gpuctl down {name}` forgets it"],
-                {"status": AUTODOWNED, "autodowned_at": removed, "autostop": None, "idle_s": None})
+    what, when = reconcile(name, status, registry)
+    if what is None:
+        lines, fields, reached = _watcher_view(name)
+        if reached:
+            return lines, fields
+        what, when = reconcile(name, status, registry)  # a head that went while asked may have removed itself
+        if what is None:
+            return lines, fields
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+    if what == STOPPED:
+        return ([f"  stopped itself at {stamp} (autostop); its disks still bill: `gpuctl down {name}` "
+                 "removes it"], {"status": STOPPED, "stopped_at": when, "autostop": None, "idle_s": None})
+    return ([f"  took itself down at {stamp} (autodown); `gpuctl apply` brings it up again, "
+             f"`gpuctl down {name}` forgets it"],
+            {"status": AUTODOWNED, "autodowned_at": when, "autostop": None, "idle_s": None})
+
+
+def _watcher_view(name: str) -> tuple[list[str], dict[str, Any], bool]:
+    """The setting and what the head's watcher sees, and whether the head answered."""
     from gpuctl.provision.provisioner import load_inventory_of
 
     setting = autostop.saved(name)
     if setting is None:
-        return [], {"autostop": None, "idle_s": None}
-    idle_s: float | None = None
-    seen = ""
+        return [], {"autostop": None, "idle_s": None}, True
     try:
         inv = load_inventory_of(name)
         head = autostop.show(inv) if inv is not None else {}
-        idle_s = head.get("idle_s") if head.get("set") else None
-        seen = (f", idle {idle_s / 60:.1f} min" if idle_s is not None else "") + (
-            f" (busy: {head['busy']})" if head.get("busy") else "")
     except UserError:
-        seen = ", idle time unknown (head not reachable)"
-    return [f"  {setting.describe()}{seen}"], {"autostop": setting.as_dict(), "idle_s": idle_s}
+        return ([f"  {setting.describe()}, idle time unknown (head not reachable)"],
+                {"autostop": setting.as_dict(), "idle_s": None}, False)
+    idle_s = head.get("idle_s") if head.get("set") else None
+    seen = (f", idle {idle_s / 60:.1f} min" if idle_s is not None else "") + (
+        f" (busy: {head['busy']})" if head.get("busy") else "")
+    return [f"  {setting.describe()}{seen}"], {"autostop": setting.as_dict(), "idle_s": idle_s}, True

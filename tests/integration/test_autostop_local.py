@@ -136,17 +136,22 @@ run: "true"
         time.sleep(2 * SLOW_MINUTE_S + 2)  # the two idle minutes have run out since the login
         doc = status_doc(cluster)
         assert doc["status"] == "UP" and fp.nodes_left() != [], doc
+        logged_out_at = time.time()
         session.stdin.write(b"exit\n")
         session.stdin.close()
         session.wait(timeout=20)
-        head_log = fp.node_dirs[0] / "home" / ".gpuctl" / "autostop.log"
         try:
             wait_for("the cluster to remove itself once the session ended",
                      lambda: status_doc(cluster)["status"] == "AUTODOWNED", timeout=60)
-        except BaseException:
-            print(head_log.read_text() if head_log.exists() else "no log on the head")
+        except BaseException:  # what the head's watcher logged (kept beside its word) and what still runs
+            for kept in sorted((cluster.cdir / "nodes").glob("autodown*")):
+                print(kept, kept.read_text(), sep="\n")
+            print(subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,args"], capture_output=True, text=True).stdout)
             raise
         assert fp.nodes_left() == []
+        began = float((cluster.cdir / "nodes" / "autodown").read_text().split()[0])
+        kept_log = cluster.cdir / "nodes" / "autodown.log"
+        assert began >= int(logged_out_at), f"the cluster went while the session was open:\n{kept_log.read_text()}"
     finally:
         if session.poll() is None:
             os.killpg(session.pid, signal.SIGKILL)

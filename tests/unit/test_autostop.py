@@ -271,10 +271,11 @@ def test_local_nodes_remove_themselves_through_the_anchor_and_older_clusters_are
     assert plan.workers == {} and plan.removes and "cannot be stopped" in plan.notes[0]
     enter = ["sudo", "-n", "bash", str(local.module_dir() / "scripts" / "hostns.sh"), "42", "777"]
     assert all(argv[:len(enter)] == enter for argv in plan.head)
-    # word of the start, workers, then the head, then the bridge with word of the end
+    # word of the start, workers, the head's log kept, then the head, then the bridge with word of the end
     targets = [argv[-3] if "down" in argv[len(enter) + 2] else argv[-1] for argv in plan.head]
     assert targets == [str(nodes / "autodown"), str(nodes / "node1" / "node.env"), str(nodes / "node2" / "node.env"),
-                       str(nodes / "node0" / "node.env"), str(nodes / "bridge.env")]
+                       str(nodes / "autodown.log"), str(nodes / "node0" / "node.env"), str(nodes / "bridge.env")]
+    assert plan.head[3][-2] == str(nodes / "node0" / "home" / ".gpuctl" / "autostop.log")
     assert local.removed_itself(cdir) is None
     (nodes / "autodown").write_text("100\n")
     assert local.removed_itself(cdir) is None and local.removed_itself(cdir, finished=False) == 100.0
@@ -340,3 +341,43 @@ def test_a_killed_watcher_comes_back_with_the_next_show(tmp_path: Path) -> None:
     while watchers():  # a cancelled setting ends the watcher
         assert time.monotonic() < deadline, "the watcher outlived its setting"
         time.sleep(0.05)
+
+
+def test_status_asks_the_head_briefly_and_a_head_gone_meanwhile_is_autodowned(monkeypatch: pytest.MonkeyPatch,
+                                                                             tmp_path: Path) -> None:
+    """A head that removes itself while `status` asks it: the ask is bounded (not ssh's keepalive
+    minute), and status looks again for the word the cluster left, and closes the dead masters."""
+    from gpuctl import autostopcli
+    from gpuctl.common.paths import cluster_dir
+    from gpuctl.jobplane import autostop as controller
+    from gpuctl.provision.inventory import Inventory, Node
+    from gpuctl.state.registry import Registry
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    registry = Registry()
+    registry.upsert_cluster("c1", cloud="local", region=None, zone=None, num_nodes=1, status="UP", request={})
+    cdir = cluster_dir("c1")
+    (cdir / "nodes").mkdir(parents=True)
+    controller.save("c1", Autostop(idle_minutes=1, down=True))
+    node = Node(name="head", rank=0, node_id="n0", address="10.0.0.2", ssh_host="10.0.0.2", ssh_user="gpuctl")
+    inv = Inventory(cluster="c1", cloud="local", nodes=(node,))
+    monkeypatch.setattr("gpuctl.provision.provisioner.load_inventory_of", lambda name: inv)
+    asked, exited = [], []
+
+    def head_goes(node_, command, control_dir, timeout=None, **kw):  # the head removes itself while asked
+        asked.append(timeout)
+        (cdir / "nodes" / "autodown").write_text("100\n160\n")
+        return subprocess.CompletedProcess([], 124, "", "timed out")
+
+    monkeypatch.setattr(controller.ssh, "run_ssh", head_goes)
+    monkeypatch.setattr(autostopcli.ssh, "exit_masters", exited.append)
+    lines, fields = autostopcli.status_of("c1", "UP", registry)
+    assert asked == [controller.SHOW_TIMEOUT_S] and controller.SHOW_TIMEOUT_S < 60
+    assert fields["status"] == "AUTODOWNED" and fields["autodowned_at"] == 160.0 and "took itself down" in lines[0]
+    assert registry.cluster("c1").status == "AUTODOWNED" and exited == [cdir / "cm"]
+    (cdir / "nodes" / "autodown").unlink()  # a head that is only unreachable: said so, nothing recorded
+    registry.set_cluster_status("c1", "UP")
+    monkeypatch.setattr(controller.ssh, "run_ssh", lambda *a, **k: subprocess.CompletedProcess([], 255, "", "no route"))
+    lines, fields = autostopcli.status_of("c1", "UP", registry)
+    assert "head not reachable" in lines[0] and fields == {"autostop": fields["autostop"], "idle_s": None}
+    assert registry.cluster("c1").status == "UP"

@@ -72,9 +72,9 @@ def _control_dir(inv: Inventory) -> Path:
 
 
 def _call(inv: Inventory, action: str, *, document: Mapping[str, Any] | None = None,
-          extra: tuple[str, ...] = ()) -> dict[str, Any]:
+          extra: tuple[str, ...] = (), timeout: float = 60) -> dict[str, Any]:
     command = " ".join([protocol.AGENT, protocol.CMD_AUTOSTOP, action, *extra])
-    proc = ssh.run_ssh(inv.head, command, _control_dir(inv), timeout=60,
+    proc = ssh.run_ssh(inv.head, command, _control_dir(inv), timeout=timeout,
                        input=json.dumps(document) if document is not None else None)
     lines = proc.stdout.strip().splitlines()
     try:
@@ -125,9 +125,15 @@ def cancel(inv: Inventory) -> dict[str, Any]:
     return answer
 
 
+SHOW_TIMEOUT_S = 15.0  # `show` only reads two files; longer means the head is going or gone
+
+
 def show(inv: Inventory) -> dict[str, Any]:
-    """What the head's watcher sees now: {set, idle_minutes, down, idle_s, busy, phase, ...}."""
-    return _call(inv, "show")
+    """What the head's watcher sees now: {set, idle_minutes, down, idle_s, busy, phase, ...}.
+
+    Bounded well below the ssh keepalives' minute: a head that removes itself while asked can
+    leave the controller's ssh master waiting on a connection nobody will close."""
+    return _call(inv, "show", timeout=SHOW_TIMEOUT_S)
 
 
 def save(name: str, setting: Autostop) -> None:

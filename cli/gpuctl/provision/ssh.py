@@ -54,13 +54,21 @@ def remove_control_dir(preferred: Path) -> None:
     fallback directory under the temp dir lies outside the cluster directory."""
     chosen = _control_dir_path(preferred)
     if chosen.is_dir() and chosen.stat().st_uid == os.getuid():
-        # Tell each ControlMaster to exit first: a master whose node vanished without a reset
-        # (its namespace or machine gone) would otherwise linger until its keepalives give up.
-        for sock in chosen.iterdir():
-            if sock.is_socket():
-                subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "--", "gpuctl-master"],
-                               stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
+        exit_masters(preferred)
         shutil.rmtree(chosen, ignore_errors=True)
+
+
+def exit_masters(preferred: Path) -> None:
+    """Tell every ControlMaster under control_dir_for(preferred) to exit: a master whose node
+    vanished without a reset (its namespace or machine gone) would otherwise hold every new
+    session on it until its keepalives give up (a minute)."""
+    chosen = _control_dir_path(preferred)
+    if not chosen.is_dir() or chosen.stat().st_uid != os.getuid():
+        return
+    for sock in chosen.iterdir():
+        if sock.is_socket():
+            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "--", "gpuctl-master"],
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
 
 
 def control_dir_for(preferred: Path) -> Path:

@@ -60,6 +60,7 @@ PORT_RANGE = (20000, 32768)  # below Linux's default ephemeral port range
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ALLOCATION_FILE = "local.json"
 AUTODOWN_FILE = "autodown"  # in the nodes' state directory: when the head began removing the cluster
+AUTODOWN_LOG = "autodown.log"  # beside it: the head's autostop log, as it was before the head went
 # A netns cluster gets a /23 (the bridge and 509 nodes; clusters made before kept their /24: 253);
 # a loopback cluster a block of PORT_BLOCK ports.
 SUBNET_PREFIX = 23
@@ -561,9 +562,12 @@ class LocalProvider(BaseProvider):
         # removal ends the anchor that lets the head into this machine's namespaces)
         done = '; rc=$?; date +%s >>"$3"; exit $rc'
         head = [enter + ["bash", "-c", 'umask 077; date +%s >"$1"', "gpuctl-autodown", str(state_dir / AUTODOWN_FILE)]]
-        order = [r for r in ranks if r != 0] + [0]
-        head += [run_down("node.sh", state_dir / f"node{rank}" / "node.env", done if rank == 0 and not netns else "")
-                 for rank in order]
+        head += [run_down("node.sh", state_dir / f"node{rank}" / "node.env") for rank in ranks if rank != 0]
+        # the watcher's log goes with the head's home: keep it beside the word it leaves
+        head.append(enter + ["bash", "-c", 'umask 077; cp -- "$1" "$2" 2>/dev/null || true', "gpuctl-autodown",
+                             str(state_dir / "node0" / "home" / ".gpuctl" / "autostop.log"),
+                             str(state_dir / AUTODOWN_LOG)])
+        head.append(run_down("node.sh", state_dir / "node0" / "node.env", "" if netns else done))
         if netns:
             head.append(run_down("bridge.sh", state_dir / "bridge.env", done))
         notes = [] if down else ["local nodes cannot be stopped and kept: autostop removes them, as autodown does"]
@@ -592,6 +596,7 @@ class LocalProvider(BaseProvider):
         if bridge_env.exists():
             _run_script(scripts / "bridge.sh", "down", nodestate.read_env(bridge_env))
         with contextlib.suppress(OSError):
+            (state_dir / AUTODOWN_LOG).unlink(missing_ok=True)
             (state_dir / AUTODOWN_FILE).unlink()
             state_dir.rmdir()
         release(cluster_dir)
