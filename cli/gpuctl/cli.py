@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
-from gpuctl import autostopcli, cliargs, costcli, jobscli, usage
+from gpuctl import autostopcli, cliargs, costcli, healthcli, jobscli, usage
 from gpuctl.common import output
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
@@ -163,6 +163,7 @@ def apply(
     yes: bool = typer.Option(False, "-y", "--yes", help="Ask nothing (as `sky launch -y`)."),
     idle: Optional[int] = autostopcli.IdleOption, down: bool = autostopcli.DownOption,
     lease: Optional[float] = autostopcli.LeaseOption,
+    health_check: Optional[bool] = healthcli.GateOption,
     output_format: str = OutputOption,
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
@@ -202,6 +203,8 @@ def apply(
     with autostopcli.down_after_job(req.name, setting, detach or provision_only or not (task.run or task.setup),
                                     reporter=reporter, registry=registry), \
             autostopcli.arm_for_apply(inv, setting, registry=registry, lease_minutes=lease, reporter=reporter):
+        if not provision_only and (task.run or task.setup):
+            healthcli.gate(inv, registry=registry, reporter=reporter, wanted=health_check)
         _apply_job(task, req, inv, registry, reporter, as_json=as_json, provision_only=provision_only,
                    no_setup=no_setup, detach=detach)
 
@@ -240,6 +243,7 @@ app.command("launch", cls=usage.HelpCommand, help="Alias of `apply` (SkyPilot's 
 autostopcli.register(app)
 costcli.register(app)
 jobscli.register(app)
+healthcli.register(app)
 
 
 def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> int:
@@ -268,6 +272,7 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
     """Show clusters, their nodes and addresses, the fabric prepare found on each, and their last jobs."""
     from gpuctl.provision import provisioner
     from gpuctl.configplane import fabricrecord
+    from gpuctl.healthcheck import health
 
     as_json = wants_json(output_format)
     registry = Registry()
@@ -289,16 +294,18 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
             detected = fabricrecord.load_fabric(cluster_dir(rec.name)) or {}
             by_rank = {n.get("rank"): n for n in detected.get("nodes", []) if isinstance(n, dict)}
             doc["fabric"] = detected.get("kind")
+            checked = health.last_verdicts(cluster_dir(rec.name), inv) if inv is not None else {}
             for node in doc["nodes"]:
+                node["health_check"] = health.status_doc(checked.get(node["rank"]))
                 found = by_rank.get(node["rank"])
                 node["fabric"] = None if found is None else {
                     "kind": found.get("kind"), "interface": found.get("interface"),
                     "active_ports": found.get("active_ports") or [], "summary": fabricrecord.node_line(found)}
             if refresh and inv is not None:
-                health = cliargs.node_health(inv)
+                reach = cliargs.node_health(inv)
                 doc["terraform"] = provisioner.state_drift(rec.name)
                 for node in doc["nodes"]:
-                    node["health"] = health.get(node["rank"])
+                    node["health"] = reach.get(node["rank"])
             docs.append(doc)
         output.emit("status", {"ok": True, "clusters": docs})
         return
@@ -313,17 +320,19 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
         for line in [costcli.status_line(costcli.cluster_cost(rec.name, registry, rec.created_at)), *lines]:
             typer.echo(line)
         inv = None if fields.get("status") else provisioner.load_inventory_of(rec.name)
-        health: dict[int, str] = {}
+        health_of: dict[int, str] = {}
         if inv is not None and refresh:
-            health = cliargs.node_health(inv)
+            health_of = cliargs.node_health(inv)
             typer.echo(f"  terraform: {provisioner.state_drift(rec.name)}")
         if inv is not None:
             fabrics = fabricrecord.status_lines(cluster_dir(rec.name))
+            checked = health.last_verdicts(cluster_dir(rec.name), inv)
             for node in inv.nodes:
                 typer.echo(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} "
                            f"ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}"
                            + (f"  fabric {fabrics[node.rank]}" if node.rank in fabrics else "")
-                           + (f"  {health[node.rank]}" if node.rank in health else ""))
+                           + (f"  {health_of[node.rank]}" if node.rank in health_of else "")
+                           + (f"  {health.status_text(checked[node.rank])}" if node.rank in checked else ""))
         jobs = registry.jobs(rec.name)
         if jobs:
             last = jobs[-1]
@@ -558,23 +567,13 @@ def ssh_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
         raise UserError("give the node either as NODE or as --rank, not both")
     if rank is not None and not 0 <= rank < len(inv.nodes):
         raise UserError(f"--rank {rank}: cluster '{name}' has ranks 0..{len(inv.nodes) - 1}")
-    target = _node_of(inv, name, node) if node is not None else inv.nodes[rank or 0]
+    target = cliargs.node_of(inv, name, node) if node is not None else inv.nodes[rank or 0]
     conf = write_ssh_config(inv)
     alias = sshconfig.host_alias(name, target)
     command = _command_after_dashes()
     argv = ["ssh", "-F", str(conf), "--", alias, *command]
     sys.stdout.flush()
     os.execvp("ssh", argv)
-
-
-def _node_of(inv: Inventory, cluster: str, node: str) -> Node:
-    """The node named by its name (head, worker2) or its rank; one line naming the nodes if none is."""
-    found = next((n for n in inv.nodes if node in (n.name, str(n.rank))), None)
-    if found is None:
-        names = [n.name for n in inv.nodes]
-        raise UserError(f"node {node!r}: cluster '{cluster}' has {', '.join(names[:6])}"
-                        f"{', ...' if len(names) > 6 else ''} (a name or a rank 0..{len(names) - 1})")
-    return found
 
 
 @app.command("forget-host-key", cls=usage.HelpCommand, epilog=usage.examples_of("forget-host-key"))
@@ -585,7 +584,7 @@ def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluste
     from gpuctl.configplane import prepare
 
     inv = cliargs.cluster_inventory(name)
-    target = _node_of(inv, name, node)
+    target = cliargs.node_of(inv, name, node)
     if not target.known_hosts:
         raise UserError(f"cluster '{name}' keeps no host keys")
     dropped = ssh.forget_host_keys(Path(target.known_hosts), {target.host_key_alias})
@@ -627,40 +626,6 @@ def watch_(name: str, job_id: int) -> None:
         print(exc.message)
     finally:
         joblogs.unmark_watching(name, job.job_id)
-
-
-@app.command("check", cls=usage.HelpCommand, epilog=usage.examples_of("check"))
-def check(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
-          sizes: str = typer.Option("1M,64M,1G", "--sizes", metavar="SIZES",
-                                    help="Message sizes, comma-separated: bytes, or K, M, G (powers of 1024)."),
-          expect_fabric: Optional[str] = typer.Option(
-              None, "--expect-fabric", metavar="FABRIC",
-              help="efa, ib, roce or socket (default: efa for an AWS cluster provisioned with EFA, else the "
-                   "best fabric prepare found on any node, expected of every node)."),
-          min_busbw: Optional[float] = typer.Option(None, "--min-busbw", metavar="GBPS",
-                                                    help="Fail when the bus bandwidth at the largest size is below "
-                                                         "this many GB/s."),
-          method: str = typer.Option("auto", "--method", metavar="METHOD",
-                                     help="auto (nccl-tests' all_reduce_perf where the nodes have it, else "
-                                          "torch.distributed), nccl-tests or torch."),
-          env: Optional[List[str]] = EnvOption,
-          output_format: str = OutputOption) -> None:
-    """All-reduce across every node and GPU: bandwidth per size, and whether NCCL used the cluster's fabric."""
-    from gpuctl.healthcheck import command as healthcheck
-
-    as_json = wants_json(output_format)
-    options = healthcheck.parse_options(sizes=sizes, expect_fabric=expect_fabric, min_busbw=min_busbw,
-                                        method=method, envs=parse_env_assignments(env or []))
-    inv = cliargs.cluster_inventory(name)
-    report = healthcheck.run_check(inv, registry=Registry(), options=options,
-                                   reporter=Reporter(stream=sys.stderr) if as_json else Reporter())
-    if as_json:
-        output.emit("check", report.document())
-    else:
-        for line in report.text():
-            typer.echo(line)
-    if report.problem is not None:
-        raise JobFailed(report.problem)
 
 
 @app.command("down", cls=usage.HelpCommand, epilog=usage.examples_of("down"))

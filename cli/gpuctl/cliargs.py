@@ -18,7 +18,7 @@ from gpuctl.common.errors import ClusterNotFound, UserError
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.jobplane import autostop
 from gpuctl.provision import ssh, sshconfig
-from gpuctl.provision.inventory import Inventory, load_inventory
+from gpuctl.provision.inventory import Inventory, Node, load_inventory
 from gpuctl.provision.lifecycle import Teardown
 from gpuctl.spec.request import check_cluster_name
 from gpuctl.state.registry import Registry
@@ -157,3 +157,13 @@ def cluster_inventory(name: str) -> Inventory:
     if inv is None:
         raise ClusterNotFound(name)
     return inv
+
+
+def node_of(inv: Inventory, cluster: str, node: str) -> Node:
+    """The node named by its name (head, worker2) or its rank; one line naming the nodes if none is."""
+    found = next((n for n in inv.nodes if node in (n.name, str(n.rank))), None)
+    if found is None:
+        names = [n.name for n in inv.nodes]
+        raise UserError(f"node {node!r}: cluster '{cluster}' has {', '.join(names[:6])}"
+                        f"{', ...' if len(names) > 6 else ''} (a name or a rank 0..{len(names) - 1})")
+    return found

@@ -188,7 +188,13 @@ EXAMPLES = {
     'check': (
         'gpuctl check demo',
         'gpuctl check demo --sizes 64M,1G --min-busbw 100',
-        'gpuctl check demo -o json',
+        'gpuctl check demo --health   (exit 1: a node is unhealthy)',
+        'gpuctl check demo --health --level 2 -o json',
+    ),
+    'replace': (
+        'gpuctl replace demo worker3',
+        'gpuctl replace demo --unhealthy',
+        'gpuctl replace demo 2 5 -o json',
     ),
     'down': (
         'gpuctl down demo',

@@ -158,7 +158,7 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
     assert down.returncode == 0, down.stdout + down.stderr
     assert [o["Key"] for o in s3.list_objects_v2(Bucket="gpuctl-team-state").get("Contents", [])] == []
     assert running(moto, name) == []
-    assert len(instances(moto, name)) == 4  # terminated, not forgotten by moto (rank 1's first instance too)
+    assert len(instances(moto, name)) == 5  # terminated, not forgotten by moto (the first of ranks 1 and 2 too)
     assert [v for v in ec2(moto).describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []
 
 
@@ -167,29 +167,37 @@ def rank_of(instance: dict) -> int:
 
 
 def check_replace(moto: MotoServer, name: str, env: dict[str, str], cdir: Path) -> None:
-    """Rank 1's instance is terminated behind gpuctl's back: EC2 (lost_nodes) names it alone, and
-    replace_nodes makes a new instance at that rank (same Name and gpuctl-rank tags), replacing
-    nothing else; the inventory follows."""
+    """Rank 1's instance is terminated behind gpuctl's back: EC2 (lost_nodes) names it alone. Rank 2
+    still runs, but (say) its health check found a bad GPU. One replace_nodes call (what `gpuctl
+    replace` and a managed job's recovery run) makes a new instance at each rank (same Name and
+    gpuctl-rank tags): the lost one created, the running one planned as a -replace, nothing else
+    touched; the inventory follows, with rank 2's new address."""
     by_rank = {rank_of(i): i["InstanceId"] for i in running(moto, name)}
     ec2(moto).terminate_instances(InstanceIds=[by_rank[1]])
     lost = gpuctl_python(LOST_NODES_PY, name, env=env, timeout=120)
     assert lost.returncode == 0, lost.stdout + lost.stderr
     assert list(json.loads(lost.stdout)) == ["1"], lost.stdout
     assert json.loads(lost.stdout)["1"].startswith(f"instance {by_rank[1]} is terminated"), lost.stdout
-    rep = gpuctl_python(REPLACE_NODES_PY, name, "1", env=env, timeout=240)
+    old_address = {rank_of(i): i["PrivateIpAddress"] for i in running(moto, name)}[2]
+    rep = gpuctl_python(REPLACE_NODES_PY, name, "1", "2", env=env, timeout=240)
     assert rep.returncode == 0, rep.stdout + rep.stderr
     now = {rank_of(i): i for i in running(moto, name)}
     assert sorted(now) == [0, 1, 2]
-    assert (now[0]["InstanceId"], now[2]["InstanceId"]) == (by_rank[0], by_rank[2])
-    assert now[1]["InstanceId"] != by_rank[1]
+    assert now[0]["InstanceId"] == by_rank[0]
+    assert now[1]["InstanceId"] != by_rank[1] and now[2]["InstanceId"] != by_rank[2]
+    assert now[2]["PrivateIpAddress"] != old_address
     assert {t["Key"]: t["Value"] for t in now[1]["Tags"]}["Name"] == f"{name}-1"
+    assert {t["Key"]: t["Value"] for t in now[2]["Tags"]}["Name"] == f"{name}-2"
     planned = [json.loads(line)["change"] for line in (cdir / "terraform" / "logs" / "apply.log").read_text().splitlines()
                if line.startswith("{") and '"type":"planned_change"' in line]
     made = {c["resource"]["addr"]: c["action"] for c in planned if c["action"] != "update"}
     # (moto forgets an instance's user_data and groups once it was stopped and started, as above: the
     # others show an in-place update on every apply, their re-apply's as well; none is made again)
-    assert made == {"module.cluster.aws_instance.node[1]": "create",  # terminated: gone from the state
-                    "module.cluster.aws_ec2_instance_state.node[1]": "create"}, planned
+    assert {addr: action for addr, action in made.items() if "[2]" not in addr} == {
+        "module.cluster.aws_instance.node[1]": "create",  # terminated: gone from the state
+        "module.cluster.aws_ec2_instance_state.node[1]": "create"}, planned
+    assert made["module.cluster.aws_instance.node[2]"] == "replace", planned  # -replace of exactly it
+    assert not [a for a in made if a.startswith("module.cluster.aws_instance.") and a[-3:] not in ("[1]", "[2]")]
     hosts = yaml.safe_load((cdir / "inventory.yml").read_text())["all"]["children"]["gpuctl_nodes"]["hosts"]
     assert [h["gpuctl_node_id"] for h in hosts.values()] == [now[r]["InstanceId"] for r in range(3)]
     assert list(hosts) == ["head", "worker1", "worker2"]

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, needs_local_nodes]
 NAME = "chk2"
 DOC_KEYS = {"schema", "command", "ok", "cluster", "job_id", "nodes", "ranks", "method", "backend", "transport",
             "transport_kind", "expected_fabric", "expected_source", "per_rank", "results", "min_busbw_gbps",
-            "nccl_version", "problem"}
+            "nccl_version", "problem", "pairs", "slow_nodes"}
 
 
 @pytest.fixture(scope="module")

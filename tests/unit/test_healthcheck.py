@@ -349,7 +349,8 @@ def torch_lines(backend: str, world: int, sizes: dict[int, float], per_node: int
 
 EFA_EXPECTED = fabriccheck.Expected("efa", "detected by prepare")
 DOC_KEYS = {"ok", "cluster", "job_id", "nodes", "ranks", "method", "backend", "transport", "transport_kind",
-            "expected_fabric", "expected_source", "per_rank", "results", "min_busbw_gbps", "nccl_version", "problem"}
+            "expected_fabric", "expected_source", "per_rank", "results", "min_busbw_gbps", "nccl_version", "problem",
+            "pairs", "slow_nodes"}
 
 
 def test_efa_cluster_that_uses_efa_passes_and_its_document_keeps_its_keys() -> None:

@@ -45,7 +45,7 @@ def test_base_provider_defaults() -> None:
     assert base.pick_accelerator(req, {"A100": 8.0, "H100": 8.0}) == ("A100", 8.0)
     assert base.instance_type(req) is None and base.check_reach() is None
     assert base.expected_fabric({"network_tier": "best"}) is None and base.fabric_env({"network_tier": "best"}) == {}
-    assert base.bucket_region("us-east-1") is None
+    assert base.bucket_region("us-east-1") is None and base.expected_efa({"network_tier": "best"}) is None
     assert base.console_host_keys("i-1", "us-east-1", Path("/nonexistent"), "a") == (set(), [])
     with pytest.raises(NotImplementedError):
         base.root_config(req, cluster_dir=Path("/x"), ssh_public_key="k")
@@ -61,6 +61,11 @@ def test_the_facts_of_each_provider() -> None:
         (False, False, True, False)
     assert aws.bucket_region("eu-west-1") == "eu-west-1" and local.bucket_region("x") is None
     assert aws.expected_fabric({"network_tier": "best"}) == "efa" and aws.expected_fabric({}) is None
+    # the health check's EFA count: what preflight chose for the type (cluster.json's extra), only with EFA
+    p5 = {"network_tier": "best", "extra": {"aws.efa_interfaces": "32"}}
+    assert aws.expected_efa(p5) == 32 and aws.expected_efa({**p5, "network_tier": "standard"}) is None
+    assert aws.expected_efa({"network_tier": "best", "extra": {"aws.efa_interfaces": "many"}}) is None
+    assert local.expected_efa(p5) is None
 
 
 def test_the_ssh_provider_provisions_nothing_and_needs_a_path(tmp_path: Path) -> None:

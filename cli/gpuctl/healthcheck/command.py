@@ -15,7 +15,6 @@ imports torch, else python3 (enough for the nccl-tests path).
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -23,12 +22,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpuctl.common.console import Reporter
-from gpuctl.common.errors import JobCancelled, JobFailed, UserError
+from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir
-from gpuctl.healthcheck import bandwidth, fabriccheck, nccllog, ncclperf
-from gpuctl.jobplane.events import Event
-from gpuctl.jobplane.protocol import STAGE_RUN
-from gpuctl.jobplane.runner import JobRunner, JobSpec
+from gpuctl.healthcheck import bandwidth, collect, fabriccheck, nccllog, ncclperf, pairs
+from gpuctl.jobplane.runner import JobSpec
 from gpuctl.providers import get_provider
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import Registry
@@ -53,17 +50,20 @@ class Options:
     method: str = "auto"
     envs: Mapping[str, str] = field(default_factory=dict)
     timeout_s: int = 300  # how long a rank waits for the others to join
+    pairs: bool = False  # each pair of ring neighbours alone (pairs.py)
 
 
 def parse_options(*, sizes: str, expect_fabric: str | None, min_busbw: float | None, method: str = "auto",
-                  envs: Mapping[str, str] | None = None) -> Options:
+                  envs: Mapping[str, str] | None = None, pairs: bool = False) -> Options:
     """The flags, checked before anything runs (UserError: exit 2, naming the flag)."""
     if min_busbw is not None and not min_busbw > 0:
         raise UserError(f"--min-busbw {min_busbw:g}: give a bus bandwidth in GB/s above 0")
     if method not in METHODS:
         raise UserError(f"--method {method}: use one of {', '.join(METHODS)}")
+    if pairs and method == "nccl-tests":
+        raise UserError("--pairs runs torch.distributed on each pair of nodes; drop --method nccl-tests")
     return Options(sizes=bandwidth.parse_sizes(sizes), expect_fabric=fabriccheck.check_fabric_flag(expect_fabric),
-                   min_busbw=min_busbw, method=method, envs=dict(envs or {}))
+                   min_busbw=min_busbw, method=method, envs=dict(envs or {}), pairs=pairs)
 
 
 # -- what runs on the nodes ------------------------------------------------------------
@@ -78,7 +78,7 @@ def run_script(options: Options, *, python: str | None) -> str:
         words = " ".join(f'"$HOME/{c[len("$HOME/"):]}"' if c.startswith("$HOME/") else shlex.quote(c)
                          for c in NODE_PYTHONS)
     args = ["--sizes", ",".join(str(s) for s in options.sizes), "--method", options.method,
-            "--timeout", str(options.timeout_s)]
+            "--timeout", str(options.timeout_s), *(["--pairs"] if options.pairs else [])]
     return (f'probe="$HOME/{NODE_DIR[2:]}/probe.py"\n'
             "py= tried=\n"
             f"for c in {words}; do\n"
@@ -93,17 +93,8 @@ def probe_files() -> dict[str, Path]:
     return {f"{NODE_DIR}/probe.py": here / "probe.py", f"{NODE_DIR}/ncclperf.py": here / "ncclperf.py"}
 
 
-class _CheckRunner(JobRunner):
-    """A JobRunner that keeps every rank's run-stage lines and shows only what a person needs."""
-
-    def __init__(self, inv: Inventory, *, reporter: Reporter, registry: Registry) -> None:
-        super().__init__(inv, reporter=reporter, registry=registry)
-        self.lines: dict[int, list[str]] = {n.rank: [] for n in inv.nodes}
-
-    def output_text(self, event: Event) -> str | None:
-        if event.stage == STAGE_RUN and event.rank in self.lines:
-            self.lines[event.rank].append(event.text)
-        return event.text
+class _CheckRunner(collect.CollectingRunner):
+    """Keeps every rank's lines and shows only what a person needs."""
 
     def print_line(self, node: Node, line: str) -> None:
         if MARK in line and node.rank == 0:  # each size as it completes: the table waits for all of them
@@ -135,6 +126,8 @@ class Report:
     min_busbw: float | None = None
     nccl_version: str | None = None
     problem: str | None = None
+    pairs: list[pairs.Pair] | None = None  # --pairs: each ring pair's result
+    names: dict[int, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -146,9 +139,18 @@ class Report:
                 "transport_kind": self.transport_kind, "expected_fabric": self.expected.kind,
                 "expected_source": self.expected.source, "per_rank": self.per_rank,
                 "results": [r.doc() for r in self.results], "min_busbw_gbps": self.min_busbw,
-                "nccl_version": self.nccl_version, "problem": self.problem}
+                "nccl_version": self.nccl_version, "problem": self.problem,
+                "pairs": None if self.pairs is None else [p.doc(self.names) for p in self.pairs],
+                "slow_nodes": None if self.pairs is None else [self.names[r] for r in pairs.slow(self.pairs)[1]]}
 
     def text(self) -> list[str]:
+        if self.pairs is not None:
+            lines = [f"Cluster '{self.cluster}': all_reduce on each pair of ring neighbours ({len(self.pairs)} pairs) "
+                     f"with torch.distributed {self.backend or '?'}"
+                     + (f", job {self.job_id}" if self.job_id is not None else ""), *pairs.table(self.pairs, self.names)]
+            if self.ok:
+                lines.append(f"OK: no pair under {pairs.SLOW_RATIO:g}x the best one")
+            return lines
         how = "nccl-tests' all_reduce_perf (NCCL)" if self.method == "nccl-tests" else \
             f"torch.distributed {self.backend or '?'}"
         lines = [f"Cluster '{self.cluster}': all_reduce across {self.ranks} rank(s) on {self.nodes} node(s) with "
@@ -170,27 +172,27 @@ class Report:
 
 def markers(lines: Sequence[str]) -> list[dict[str, Any]]:
     """The probe's `__GPUCTL_CHECK__ {json}` records, in order."""
-    found = []
-    for line in lines:
-        at = line.find(MARK + " ")
-        if at < 0:
-            continue
-        try:
-            rec = json.loads(line[at + len(MARK) + 1:])
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            found.append(rec)
-    return found
+    return collect.markers(lines, MARK)
 
 
 def analyze(inv: Inventory, lines: Mapping[int, Sequence[str]], expected: fabriccheck.Expected, options: Options, *,
             job_id: int | None, failure: str | None = None) -> Report:
     """What the job's lines say: method, ranks, transport per process, bandwidth, and the first problem."""
     by_rank = {n.rank: n for n in inv.nodes}
-    report = Report(inv.cluster, job_id, len(inv.nodes), expected, min_busbw=options.min_busbw)
+    report = Report(inv.cluster, job_id, len(inv.nodes), expected, min_busbw=options.min_busbw,
+                    names={n.rank: n.name for n in inv.nodes})
     recs = {rank: markers(lines.get(rank, ())) for rank in by_rank}
     problems = [(rank, r["text"]) for rank, rs in sorted(recs.items()) for r in rs if r.get("kind") == "problem"]
+    if options.pairs:
+        found = [r for rs in recs.values() for r in rs if r.get("kind") == "pair"]
+        report.method, report.backend = "pairs", next((r.get("backend") for r in found), None)
+        report.ranks = max((int(r.get("ranks") or 0) for r in found), default=0)
+        report.pairs = pairs.results(len(inv.nodes), found)
+        logs = f"`gpuctl logs {inv.cluster} {job_id}`" if job_id is not None else f"`gpuctl logs {inv.cluster}`"
+        report.problem = pairs.problem(inv.cluster, report.pairs, report.names) or (
+            f"check: rank {problems[0][0]} ({by_rank[problems[0][0]].name}): {problems[0][1]}" if problems else None) or (
+            f"check: the pairs' job failed: {failure}; its output: {logs}" if failure else None)
+        return report
     ranks_info = [r for rs in recs.values() for r in rs if r.get("kind") == "rank"]
     head = recs.get(0, [])
     procs: list[tuple[int | None, nccllog.ProcessNet]] = []
@@ -295,20 +297,13 @@ def run_check(inv: Inventory, *, registry: Registry, reporter: Reporter, options
     expected = fabriccheck.expected_fabric(override=options.expect_fabric,
                                       fabric_file=fabriccheck.read_fabric_file(cluster_dir(inv.cluster)), cloud=inv.cloud,
                                       request=record.request if record else None)
+    if options.pairs and len(inv.nodes) < pairs.MIN_NODES:
+        raise UserError(f"--pairs compares pairs of nodes, so it needs {pairs.MIN_NODES} or more; cluster "
+                        f"'{inv.cluster}' has {len(inv.nodes)}: `gpuctl check {inv.cluster}` measures them")
     local = get_provider(inv.cloud).local
     spec = JobSpec(name=JOB_NAME, run=run_script(options, python=sys.executable if local else None),
                    file_mounts=probe_files(), envs={**NCCL_ENV, **options.envs}, num_nodes=len(inv.nodes),
                    gpus_per_node=inv.head.gpus)
     runner = _CheckRunner(inv, reporter=reporter, registry=registry)
-    failure = None
-    job_id = None
-    try:
-        outcome = runner.run(spec, run_setup=False, sync_file_mounts=True, detach=False)
-        job_id = outcome.job_id
-    except JobCancelled:
-        raise
-    except JobFailed as exc:
-        failure = exc.message
-        jobs = registry.jobs(inv.cluster)
-        job_id = jobs[-1].job_id if jobs and jobs[-1].name == JOB_NAME else None
+    job_id, failure = collect.run_probe_job(runner, spec, registry)
     return analyze(inv, runner.lines, expected, options, job_id=job_id, failure=failure)

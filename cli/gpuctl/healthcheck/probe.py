@@ -17,10 +17,15 @@ plus torch for the torch path; never imported by gpuctl itself.
   a few warm-ups, then `iters` rounds back to back; the time is the slowest
   rank's average.
 
+- pairs (`--pairs`, torch only): the same rounds on each pair of ring
+  neighbours (i, i+1) alone, in rounds of pairs that share no node (ring_rounds),
+  each pair with its first node as master; the controller names the node whose
+  pairs are all slow (healthcheck/pairs.py).
+
 What the controller reads is one line per fact on stdout, `__GPUCTL_CHECK__ {json}`:
-kind rank (each process), result (rank 0, one per size), method, mpirun,
-mpi-worker, problem (text: what went wrong, in one line). Exit status 0 when
-every size was measured.
+kind rank (each process), result (rank 0, one per size), pair (a pair's first
+rank, one per size), method, mpirun, mpi-worker, problem (text: what went wrong,
+in one line). Exit status 0 when every size was measured.
 """
 
 from __future__ import annotations
@@ -139,6 +144,8 @@ def run_torch(args: argparse.Namespace) -> int:
             return 3
         nproc = declared or count
     if args.local_rank is not None or nproc == 1:
+        if args.pairs:
+            return run_pairs(args, torch, backend, args.local_rank or 0, nproc)
         return worker(args, torch, backend, args.local_rank or 0, nproc)
     return spawn(args, nproc)
 
@@ -166,25 +173,72 @@ def spawn(args: argparse.Namespace, nproc: int) -> int:
     return code
 
 
-def worker(args: argparse.Namespace, torch, backend: str, local_rank: int, nproc: int) -> int:
+def ring_rounds(nnodes: int) -> list[list[tuple[int, int]]]:
+    """The ring's node pairs (i, i+1), in rounds of pairs that share no node (2 rounds for an even
+    ring, 3 for an odd one): every node meets both its neighbours, one pair at a time."""
+    edges = [(0, 1)] if nnodes == 2 else [(i, (i + 1) % nnodes) for i in range(nnodes)] if nnodes > 2 else []
+    rounds: list[list[tuple[int, int]]] = []
+    for edge in edges:
+        for members in rounds:
+            if not {n for e in members for n in e} & set(edge):
+                members.append(edge)
+                break
+        else:
+            rounds.append([edge])
+    return rounds
+
+
+def run_pairs(args: argparse.Namespace, torch, backend: str, local_rank: int, nproc: int) -> int:
+    """The all_reduce on each pair of ring neighbours this node belongs to, round by round; the
+    pair's first rank says its time (`pair`)."""
+    node_rank, nnodes = env_int("GPUCTL_NODE_RANK"), env_int("GPUCTL_NUM_NODES", 1)
+    ips = [ip for ip in os.environ.get("GPUCTL_NODE_IPS", "").split() if ip]
+    for number, members in enumerate(ring_rounds(nnodes)):
+        edge = next((e for e in members if node_rank in e), None)
+        if edge is None:
+            continue  # this round pairs the other nodes
+        group = {"node_rank": edge.index(node_rank), "nnodes": 2, "master": ips[edge[0]],
+                 "port": args.port + 1 + number, "pair": list(edge), "round": number}
+        code = worker(args, torch, backend, local_rank, nproc, group)
+        if code != 0:
+            return code
+    return 0
+
+
+def worker(args: argparse.Namespace, torch, backend: str, local_rank: int, nproc: int,
+           group: dict | None = None) -> int:
+    """One process's all_reduce rounds over every node, or with `group` (run_pairs) over one pair."""
     import torch.distributed as dist
 
-    node_rank, nnodes = env_int("GPUCTL_NODE_RANK"), env_int("GPUCTL_NUM_NODES", 1)
+    if group is None:
+        node_rank, nnodes = env_int("GPUCTL_NODE_RANK"), env_int("GPUCTL_NUM_NODES", 1)
+        master, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), args.port
+    else:
+        node_rank, nnodes, master, port = group["node_rank"], group["nnodes"], group["master"], group["port"]
     rank, world = node_rank * nproc + local_rank, nnodes * nproc
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     address = f"[{master}]" if ":" in master else master
     try:
-        dist.init_process_group(backend, init_method=f"tcp://{address}:{args.port}", rank=rank, world_size=world,
+        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=args.timeout))
     except Exception as exc:  # noqa: BLE001 - one line for the controller
         say("problem", text=f"{host()} rank {rank}: torch.distributed could not start {backend} with "
-                            f"{master}:{args.port} within {args.timeout}s: {type(exc).__name__}: {exc}")
+                            f"{master}:{port} within {args.timeout}s: {type(exc).__name__}: {exc}")
         return 4
+    if group is not None:
+        try:
+            for size in args.sizes:
+                time_us, iters, wrong = bench(torch, dist, device, size, rank, world, args)
+                if rank == 0:
+                    say("pair", nodes=group["pair"], round=group["round"], ranks=world, size_bytes=size,
+                        time_us=time_us, iters=iters, wrong=wrong, backend=backend)
+        finally:
+            dist.destroy_process_group()
+        return 0
     info = {"rank": rank, "world_size": world, "node_rank": node_rank, "local_rank": local_rank,
             "backend": backend, "device": str(device), "host": host(), "torch": torch.__version__,
             "python": sys.executable}
@@ -256,6 +310,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--target", type=float, default=0.5, help="seconds of timed rounds per size, about")
     p.add_argument("--tried", default="", help="the interpreters the run stage tried for torch")
+    p.add_argument("--pairs", action="store_true", help="each pair of ring neighbours alone, round by round")
     p.add_argument("--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -265,7 +320,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.local_rank is None and args.method in ("auto", "nccl-tests"):
+    if args.local_rank is None and args.method in ("auto", "nccl-tests") and not args.pairs:
         detected = nvidia_gpus()
         gpus = env_int("GPUCTL_NUM_GPUS_PER_NODE") or detected
         found = find_nccl_tests() if detected else None

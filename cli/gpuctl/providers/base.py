@@ -187,6 +187,10 @@ class Provider(Protocol):
         """Static NCCL/libfabric env for the attached fabric, for nodes whose devices cannot be read."""
         ...
 
+    def expected_efa(self, request: Mapping[str, Any] | None) -> int | None:
+        """How many EFA devices each node was given for this (recorded) request; None: none or unknown."""
+        ...
+
     def bucket_region(self, region: str | None) -> str | None:
         """The region bucket mounts use when the task's envs name none (None: the store's default)."""
         ...
@@ -312,6 +316,9 @@ class BaseProvider:
 
     def fabric_env(self, request: Mapping[str, Any] | None) -> dict[str, str]:
         return {}
+
+    def expected_efa(self, request: Mapping[str, Any] | None) -> int | None:
+        return None
 
     def bucket_region(self, region: str | None) -> str | None:
         return None

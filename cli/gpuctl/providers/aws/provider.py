@@ -474,6 +474,16 @@ class AwsProvider(BaseProvider):
         itype = (request or {}).get("instance_type") or None
         return efa_fabric_env(efa=efa_requested(request), instance_type=itype)
 
+    def expected_efa(self, request: Mapping[str, Any] | None) -> int | None:
+        """The interfaces preflight chose for the instance type (p5 32, p5en 16, p4d 4), where EFA was asked for."""
+        if not efa_requested(request):
+            return None
+        extra = (request or {}).get("extra") or {}
+        try:
+            return max(1, int(extra.get(X_EFA_INTERFACES) or 1))
+        except (TypeError, ValueError):
+            return None
+
     def bucket_region(self, region: str | None) -> str | None:
         return region  # S3 in the cluster's own region
 

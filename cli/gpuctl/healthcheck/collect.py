@@ -1,0 +1,55 @@
+"""What both checks' jobs share: a JobRunner that keeps every rank's run-stage lines, and the
+probe's `MARK {json}` records read back from them (the probes run on the nodes: they print, the
+controller judges)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from gpuctl.common.console import Reporter
+from gpuctl.common.errors import JobFailed
+from gpuctl.jobplane.events import Event
+from gpuctl.jobplane.protocol import STAGE_RUN
+from gpuctl.jobplane.runner import JobRunner, JobSpec
+from gpuctl.provision.inventory import Inventory
+from gpuctl.state.registry import Registry
+
+
+class CollectingRunner(JobRunner):
+    """A JobRunner that keeps every rank's run-stage lines in `lines`, by rank."""
+
+    def __init__(self, inv: Inventory, *, reporter: Reporter, registry: Registry) -> None:
+        super().__init__(inv, reporter=reporter, registry=registry)
+        self.lines: dict[int, list[str]] = {n.rank: [] for n in inv.nodes}
+
+    def output_text(self, event: Event) -> str | None:
+        if event.stage == STAGE_RUN and event.rank in self.lines:
+            self.lines[event.rank].append(event.text)
+        return event.text
+
+
+def run_probe_job(runner: JobRunner, spec: JobSpec, registry: Registry) -> tuple[int | None, str | None]:
+    """(job id, the job's failure or None): a failed probe job is something to judge, not an error.
+    Ctrl-C (JobCancelled) and UserErrors (a changed host key) pass through."""
+    try:
+        return runner.run(spec, run_setup=False, sync_file_mounts=True, detach=False).job_id, None
+    except JobFailed as exc:
+        jobs = registry.jobs(runner.inv.cluster)
+        return (jobs[-1].job_id if jobs and jobs[-1].name == spec.name else None), exc.message
+
+
+def markers(lines: Sequence[str], mark: str) -> list[dict[str, Any]]:
+    """The `MARK {json}` records (objects only) in these lines, in order."""
+    found = []
+    for line in lines:
+        at = line.find(mark + " ")
+        if at < 0:
+            continue
+        try:
+            rec = json.loads(line[at + len(mark) + 1:])
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            found.append(rec)
+    return found
