@@ -20,6 +20,7 @@ from gpuctl.common.errors import JobFailed, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir
 from gpuctl.healthcheck import health
+from gpuctl.jobplane import autostop
 from gpuctl.provision.inventory import Inventory
 from gpuctl.state.registry import Registry
 
@@ -40,7 +41,7 @@ def gate(inv: Inventory, *, registry: Registry, reporter: Reporter, wanted: bool
     """apply's health gate: on by default for GPU nodes, and then only while some node has no healthy
     or degraded verdict yet (new, replaced, or unhealthy last time); JobFailed (exit 1) naming the
     unhealthy nodes and the command that replaces them."""
-    if wanted is False or (wanted is None and inv.head.gpus <= 0):
+    if wanted is False or (wanted is None and health.expectations(inv, health.recorded_request(inv.cluster)).gpus <= 0):
         return
     seen = health.last_verdicts(cluster_dir(inv.cluster), inv)
     if wanted is None and all(n.rank in seen and seen[n.rank]["verdict"] != "unhealthy" for n in inv.nodes):
@@ -141,6 +142,10 @@ def register(app: typer.Typer) -> None:
         prepare.forget(cdir, list(old.values()))
         runner = JobRunner(new_inv, reporter=reporter, registry=registry)
         runner.ensure_prepared(runner.fingerprint())  # only the new nodes: the others keep their records
+        setting = autostop.saved(name)
+        if setting is not None:  # the head's watcher powers off the nodes by address and key: the new ones now
+            record = registry.cluster(name)
+            autostop.arm(new_inv, setting, request=record.request if record else {})
         document["replaced"] = [{"name": n.name, "rank": n.rank, "old_node_id": old[n.rank].node_id,
                                  "node_id": n.node_id, "address": n.address}
                                 for n in new_inv.nodes if n.rank in old]

@@ -1,8 +1,8 @@
 """Node health on real local nodes (netns), with a fake `nvidia-smi` on one node's PATH: the check
 names that node and GPU and exits 1, status shows each node's verdict, apply's gate refuses to run
 a job on it, and `gpuctl replace --unhealthy` makes that node again, alone (new id, sshd and host
-key; the others' sshd never restart), prepares it and checks again: healthy. Then a node whose
-link is shaped (tc) is the one `check --pairs` names.
+key; the others' sshd never restart), prepares it, re-arms the head's autodown with it, and checks
+again: healthy. Then a node whose link is shaped (tc) is the one `check --pairs` names.
 
 The fake sits in a tmpfs mounted over /usr/local/sbin (on the nodes' PATH) inside worker1's own
 mount namespace, so the other nodes and this machine never see it; a node made again has a fresh
@@ -57,7 +57,7 @@ def test_a_bad_gpu_is_named_gated_and_replaced_alone(tmp_path: Path) -> None:
     task = tmp_path / "c.yaml"
     task.write_text(f'name: {NAME}\nnum_nodes: 3\nresources:\n  infra: local\nrun: "true"\n')
     try:
-        cluster.gpuctl("apply", str(task)).check()
+        cluster.gpuctl("apply", str(task), "-i", "600", "--down").check()  # autodown armed: replace must re-arm it
         never = cluster.gpuctl("replace", NAME, "--unhealthy")
         assert never.returncode == 2 and f"run `gpuctl check {NAME} --health` first" in never.stderr, never.describe()
         for bad, words in ((["replace", NAME], "name the nodes to make again"),
@@ -106,6 +106,9 @@ def test_a_bad_gpu_is_named_gated_and_replaced_alone(tmp_path: Path) -> None:
         assert new_ids[1] != old_ids[1] and (new_ids[0], new_ids[2]) == (old_ids[0], old_ids[2])
         known = (cluster.cdir / "known_hosts").read_text()
         assert f"gpuctl-{old_ids[1]}" not in known and f"gpuctl-{new_ids[1]}" in known  # the new key pinned
+        # the head's watcher powers off and asks the new node, not its predecessor
+        setting = (after.node_dirs[0] / "home" / ".gpuctl" / "autostop.json").read_text()
+        assert f"HostKeyAlias=gpuctl-{new_ids[1]}" in setting and f"gpuctl-{old_ids[1]}" not in setting
         status = json.loads(cluster.gpuctl("status", NAME, "-o", "json").check().stdout)["clusters"][0]
         assert all(n["health_check"]["verdict"] != "unhealthy" for n in status["nodes"]), status
 

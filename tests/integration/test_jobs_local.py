@@ -760,7 +760,7 @@ def json_of(res: Result) -> dict:
 def test_json_output_and_inventory_export(jl: JobsCluster, pair: Pair, tmp_path: Path):
     status = json_of(jl.gpuctl("status", NAME, "-o", "json").check())
     (cluster,) = status["clusters"]
-    assert set(cluster) == STATUS_KEYS and all(set(n) == NODE_KEYS | {"fabric"} for n in cluster["nodes"])
+    assert set(cluster) == STATUS_KEYS and all(set(n) == NODE_KEYS | {"fabric", "health_check"} for n in cluster["nodes"])
     assert cluster["fabric"] == "socket"  # prepare's detection: local nodes have no RDMA devices
     assert [(n["fabric"]["kind"], n["fabric"]["interface"]) for n in cluster["nodes"]] == [("socket", "eth0")] * 3
     text = jl.gpuctl("status", NAME).check().stdout

@@ -70,6 +70,15 @@ def test_pcie_x8_of_x16_is_said_so_and_a_lower_gen_only_counts_while_busy() -> N
     assert actions(busy) == [("pcie", "monitor", "GPU 3")]
 
 
+def test_a_gpu_that_answers_with_errors_is_not_taken_for_healthy() -> None:
+    lost = nodehealth.gpu_findings(h100s(ecc_uncorrected="[GPU is lost]", pcie_width="[GPU is lost]"), expected=8)
+    assert actions(lost) == [("gpu_state", "reboot", "GPU 3")]
+    reset = nodehealth.gpu_findings(h100s(remap_pending="[GPU requires reset]"), expected=8)
+    assert actions(reset) == [("gpu_state", "reset", "GPU 3")]
+    err = nodehealth.gpu_findings(h100s(clock_reasons="ERR!"), expected=8)
+    assert actions(err) == [("gpu_state", "reset", "GPU 3")] and "ERR!" in err[0]["text"]
+
+
 def test_older_drivers_field_names_and_a_name_with_commas() -> None:
     names = [ours for ours, _ in nodehealth.QUERY_FIELDS]
     line = ("0, GPU-1, 00000000:18:00.0, NVIDIA A100-SXM4-80GB, rev. 2, 0, No, No, No, 16, 16, 4, 4, "
@@ -83,9 +92,10 @@ def test_older_drivers_field_names_and_a_name_with_commas() -> None:
 def test_the_xml_gives_the_same_facts_as_the_query() -> None:
     gpus = nodehealth.parse_query_xml((DATA / "h100x2-q.xml").read_text())
     assert [g["bus_id"] for g in gpus] == ["00000000:18:00.0", "00000000:2A:00.0"]
-    assert gpus[0]["ecc_uncorrected"] == 0 and gpus[1]["ecc_uncorrected"] == 2  # volatile, not aggregate
+    assert gpus[0]["ecc_uncorrected"] == 0 and gpus[1]["ecc_uncorrected"] == 3  # SRAM + DRAM, volatile only
     assert (gpus[1]["pcie_width"], gpus[1]["pcie_width_max"]) == (8, 16)
-    assert gpus[1]["remap_pending"] is True and gpus[0]["retired_pending"] is None
+    assert gpus[1]["remap_pending"] is True and gpus[1]["remap_failure"] is False
+    assert gpus[0]["retired_pending"] is None
     assert gpus[1]["clock_reasons"] == 0x40 and gpus[0]["clock_reasons"] == 0
     found = nodehealth.gpu_findings(gpus, expected=2)
     assert actions(found) == [("ecc", "reset", "GPU 1"), ("row_remap", "reset", "GPU 1"),
@@ -102,6 +112,12 @@ def test_xid_79_is_a_reboot_and_xid_13_only_watched_on_the_gpu_it_hit() -> None:
     assert found[1]["text"].startswith("Xid 79: GPU has fallen off the bus")
     assert nodehealth.verdict(found[:1]) == ("degraded", "monitor")
     assert nodehealth.verdict(found) == ("unhealthy", "reboot")
+    told = nodehealth.parse_xids(["NVRM: Xid (PCI:0000:ab:00): 154, GPU recovery action changed from 0x0 "
+                                  "(None) to 0x2 (Node Reboot Required)",
+                                  "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) "
+                                  "to 0x1 (GPU Reset Required)"])
+    assert actions(nodehealth.xid_findings(told, nodehealth.parse_query_csv(H100_CSV))) == [
+        ("xid", "reset", "GPU 0"), ("xid", "reboot", "GPU 5")]  # 154 names its own action
     unknown = nodehealth.xid_findings([("0000:01:00", 999, "")], [])
     assert actions(unknown) == [("xid", "monitor", "PCI 0000:01:00")] and "not in gpuctl's" in unknown[0]["text"]
 
@@ -132,8 +148,10 @@ def test_31_of_32_efa_on_a_p5_and_a_port_down(tmp_path: Path) -> None:
     assert nodehealth.fabric_findings(devices, "efa", 32) == []
     fewer = nodehealth.rdma_devices(str(fake_sys(tmp_path / "sys31", 31, down=("rdmap7s0",))))
     found = nodehealth.fabric_findings(fewer, "efa", 32)
-    assert actions(found) == [("fabric", "reboot", None), ("fabric", "reset", "rdmap7s0")]
+    assert actions(found) == [("fabric", "reboot", None), ("fabric", "reboot", "rdmap7s0")]
     assert found[0]["text"] == "31 of 32 EFA devices present" and found[1]["text"] == "port 1 is DOWN"
+    # a port down on a device the cluster does not train over (no fabric expected) is only watched
+    assert actions(nodehealth.fabric_findings(fewer, None, 0)) == [("fabric", "monitor", "rdmap7s0")]
 
 
 def test_memlock_of_64_kib_on_an_rdma_node() -> None:
@@ -162,13 +180,16 @@ def test_gpudirect_modules_dcgm_results_and_disks(tmp_path: Path, monkeypatch: p
 
 
 def run_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, *args: str) -> dict:
-    """The probe's whole run with `nvidia-smi` (a shell script) first on PATH."""
+    """The probe's whole run with `nvidia-smi` (a shell script) and a quiet kernel log first on
+    PATH, and no disk found short (this machine's disks are not the point)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "nvidia-smi"
-    fake.write_text("#!/bin/sh\n" + script)
-    fake.chmod(0o755)
+    for name, text in (("nvidia-smi", script), ("dmesg", "echo '[    1.0] Linux version 6.1'\n")):
+        (bin_dir / name).write_text("#!/bin/sh\n" + text)
+        (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setattr(nodehealth, "DISK_LOW_BYTES", 0)
+    monkeypatch.setattr(nodehealth, "DISK_UNHEALTHY_BYTES", 0)
     out = []
     monkeypatch.setattr(nodehealth.sys.stdout, "write", out.append)
     assert nodehealth.main(["--root", str(tmp_path), "--level", "0", "--path", str(tmp_path), *args]) == 0
@@ -185,7 +206,7 @@ def test_the_whole_probe_with_a_fake_nvidia_smi(tmp_path: Path, monkeypatch: pyt
     assert doc["verdict"] == "unhealthy" and doc["action"] == "reset" and doc["gpus"] == 8
     assert actions(doc["findings"]) == [("ecc", "reset", "GPU 3")]
     assert doc["checks"]["gpus"] == "8 GPU(s) read with nvidia-smi --query-gpu"
-    assert doc["checks"]["nvlink"].startswith("skipped")
+    assert doc["checks"]["nvlink"].startswith("skipped") and doc["checks"]["xid"] == "0 Xid line(s) in dmesg"
 
 
 def test_an_old_driver_is_asked_again_and_a_failing_tool_is_one_line(tmp_path: Path,
@@ -204,6 +225,7 @@ def test_an_old_driver_is_asked_again_and_a_failing_tool_is_one_line(tmp_path: P
 
 def test_no_nvidia_smi_is_a_skipped_check_or_a_missing_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(nodehealth, "DISK_LOW_BYTES", 0)
     out: list[str] = []
     monkeypatch.setattr(nodehealth.sys.stdout, "write", out.append)
     nodehealth.main(["--root", str(tmp_path), "--level", "0", "--path", str(tmp_path)])
@@ -237,11 +259,14 @@ def test_the_report_names_unhealthy_nodes_and_a_silent_one(tmp_path: Path) -> No
                               "`gpuctl logs c1 4`)); replace them: gpuctl replace c1 --unhealthy")
     doc = report.document()
     assert doc["ok"] is False and doc["verdict"] == "unhealthy" and doc["unhealthy"] == ["worker1", "worker2"]
-    assert set(doc) == {"ok", "schema", "cluster", "job_id", "checked_at", "verdict", "unhealthy", "nodes", "problem"}
+    assert set(doc) == {"ok", "cluster", "job_id", "checked_at", "verdict", "unhealthy", "nodes", "problem"}
     assert set(doc["nodes"][1]) == {"name", "rank", "node_id", "address", "verdict", "action", "gpus", "findings",
                                     "checks"}
     text = "\n".join(report.text())
     assert "  reset    worker1 GPU 3: ecc: 2 uncorrectable ECC error(s)" in text
+    silent = health.analyze(inventory(), {}, job_id=5, failure="ssh to the head failed")
+    assert silent.answered == 0 and silent.problem == ("health: the health job failed before any node reported: "
+                                                       "ssh to the head failed")
 
 
 def test_the_record_follows_node_ids_and_is_private(tmp_path: Path) -> None:
@@ -259,6 +284,9 @@ def test_the_record_follows_node_ids_and_is_private(tmp_path: Path) -> None:
     assert health.status_doc(seen[0]) == {"verdict": "healthy", "action": None, "checked_at": 5.0, "finding": None}
     with pytest.raises(Exception, match="--level 7"):
         health.check_level(7)
+    for broken in ("[]", '{"nodes": 3}', "not json"):  # a damaged record is no verdict, never a crash
+        (tmp_path / health.HEALTH_FILE).write_text(broken)
+        assert health.last_verdicts(tmp_path, inv) == {}
 
 
 def test_pairs_name_the_node_whose_pairs_are_all_slow() -> None:
@@ -288,5 +316,6 @@ def test_pairs_name_the_node_whose_pairs_are_all_slow() -> None:
     assert [p.busbw_gbps for p in missing][1] == 0.0 and pairs.slow(missing)[1] == [2]
     one = pairs.results(4, [{**r, "time_us": 10_000.0} if r["nodes"] != [2, 3] else r for r in recs])
     assert pairs.slow(one)[1] == [] and "no single node explains them" in pairs.problem("c1", one, names)
+    assert pairs.slow(pairs.results(4, []))[0] == pairs.results(4, [])  # no pair answered: none is fine
     even = pairs.results(4, [{**r, "time_us": 10_000.0} for r in recs])
     assert pairs.slow(even) == ([], []) and pairs.problem("c1", even, names) is None

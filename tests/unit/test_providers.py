@@ -46,6 +46,7 @@ def test_base_provider_defaults() -> None:
     assert base.instance_type(req) is None and base.check_reach() is None
     assert base.expected_fabric({"network_tier": "best"}) is None and base.fabric_env({"network_tier": "best"}) == {}
     assert base.bucket_region("us-east-1") is None and base.expected_efa({"network_tier": "best"}) is None
+    assert base.expected_gpus(4) == 4
     assert base.console_host_keys("i-1", "us-east-1", Path("/nonexistent"), "a") == (set(), [])
     with pytest.raises(NotImplementedError):
         base.root_config(req, cluster_dir=Path("/x"), ssh_public_key="k")
@@ -65,7 +66,8 @@ def test_the_facts_of_each_provider() -> None:
     p5 = {"network_tier": "best", "extra": {"aws.efa_interfaces": "32"}}
     assert aws.expected_efa(p5) == 32 and aws.expected_efa({**p5, "network_tier": "standard"}) is None
     assert aws.expected_efa({"network_tier": "best", "extra": {"aws.efa_interfaces": "many"}}) is None
-    assert local.expected_efa(p5) is None
+    assert local.expected_efa(p5) is None and aws.expected_gpus(8) == 8
+    assert local.expected_gpus(8) == (8 if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists() else 0)
 
 
 def test_the_ssh_provider_provisions_nothing_and_needs_a_path(tmp_path: Path) -> None:

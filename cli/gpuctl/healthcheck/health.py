@@ -37,7 +37,6 @@ NODE_FILE = "~/.gpuctl/check/nodehealth.py"
 HEALTH_FILE = "health.json"
 LEVELS = (0, 1, 2, 3, 4)  # dcgmi diag -r LEVEL; 0: no DCGM run
 VERDICTS = ("healthy", "degraded", "unhealthy")
-SCHEMA = 1
 
 
 def check_level(level: int) -> int:
@@ -63,7 +62,7 @@ class Expectations:
 def expectations(inv: Inventory, request: Mapping[str, Any] | None) -> Expectations:
     provider = get_provider(inv.cloud)
     fabric = provider.expected_fabric(request)
-    return Expectations(gpus=inv.head.gpus, efa=provider.expected_efa(request) or 0,
+    return Expectations(gpus=provider.expected_gpus(inv.head.gpus), efa=provider.expected_efa(request) or 0,
                         fabric=fabric if fabric in ("efa", "ib", "roce") else None)
 
 
@@ -93,6 +92,7 @@ class Report:
     checked_at: float
     nodes: list[dict[str, Any]] = field(default_factory=list)
     failure: str | None = None  # the job's own failure, when it failed
+    answered: int = 0  # nodes whose probe reported
 
     @property
     def unhealthy(self) -> list[dict[str, Any]]:
@@ -111,12 +111,14 @@ class Report:
         """The one line `check --health` fails with (exit 1); None when no node is unhealthy."""
         if self.ok:
             return None
+        if not self.answered and self.failure:
+            return f"health: the health job failed before any node reported: {self.failure}"
         names = ", ".join(f"{n['name']} ({n['action']}: {first_text(n)})" for n in self.unhealthy)
         return (f"health: {len(self.unhealthy)} of {len(self.nodes)} node(s) unhealthy: {names}; replace them: "
                 f"gpuctl replace {self.cluster} --unhealthy")
 
     def document(self) -> dict[str, Any]:
-        return {"ok": self.ok, "schema": SCHEMA, "cluster": self.cluster, "job_id": self.job_id,
+        return {"ok": self.ok, "cluster": self.cluster, "job_id": self.job_id,
                 "checked_at": self.checked_at, "verdict": self.verdict,
                 "unhealthy": [n["name"] for n in self.unhealthy], "nodes": self.nodes, "problem": self.problem}
 
@@ -166,6 +168,7 @@ def analyze(inv: Inventory, lines: Mapping[int, Sequence[str]], *, job_id: int |
                          "text": f"the node gave no health report (its output: `{logs}`)"}]
             entry = {"verdict": "unhealthy", "action": "reboot", "gpus": 0, "findings": findings, "checks": {}}
         else:
+            report.answered += 1
             entry = {"verdict": doc["verdict"], "action": doc.get("action"), "gpus": int(doc.get("gpus") or 0),
                      "findings": [f for f in doc.get("findings") or [] if isinstance(f, dict)],
                      "checks": doc.get("checks") or {}}
@@ -193,7 +196,9 @@ def last_verdicts(cdir: Path, inv: Inventory) -> dict[int, dict[str, Any]]:
         doc = json.loads((Path(cdir) / HEALTH_FILE).read_text())
     except (OSError, ValueError):
         return {}
-    by_id = {n.get("node_id"): n for n in doc.get("nodes") or [] if isinstance(n, dict)}
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+        return {}
+    by_id = {n.get("node_id"): n for n in doc["nodes"] if isinstance(n, dict) and n.get("verdict") in VERDICTS}
     return {node.rank: {**by_id[node.node_id], "checked_at": doc.get("checked_at")}
             for node in inv.nodes if node.node_id in by_id}
 
@@ -235,6 +240,7 @@ def run_health(inv: Inventory, *, registry: Registry, reporter: Reporter, level:
     runner = _HealthRunner(inv, reporter=reporter, registry=registry)
     job_id, failure = collect.run_probe_job(runner, spec, registry)
     report = analyze(inv, runner.lines, job_id=job_id, failure=failure)
-    save(cluster_dir(inv.cluster), report)
+    if report.answered:  # a job no node answered says nothing of them
+        save(cluster_dir(inv.cluster), report)
     return report
 

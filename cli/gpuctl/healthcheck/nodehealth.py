@@ -98,6 +98,7 @@ XID_CATALOGUE = {
     121: ("monitor", "C2C link corrected error"),
     140: ("reset", "unrecovered ECC error"),
     143: ("reboot", "GPU initialization failure"),
+    154: ("monitor", "GPU recovery action changed"),  # its text names the action: xid_action
 }
 XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+),?\s*(.*)")
 
@@ -193,7 +194,8 @@ def parse_query_xml(text):
             "ecc_uncorrected": _uncorrectable(gpu.find("ecc_errors/volatile")),
             "retired_pending": value(_xml_text(gpu, "retired_pages/pending_retirement")),
             "remap_pending": value(_xml_text(gpu, "remapped_rows/remapped_row_pending")),
-            "remap_failure": value(_xml_text(gpu, "remapped_rows/remapped_row_failure_occurred")),
+            "remap_failure": value(_xml_text(gpu, "remapped_rows/remapped_row_failure")
+                                   or _xml_text(gpu, "remapped_rows/remapped_row_failure_occurred")),
             "pcie_width": _lanes(_xml_text(gpu, pci + "link_widths/current_link_width")),
             "pcie_width_max": _lanes(_xml_text(gpu, pci + "link_widths/max_link_width")),
             "pcie_gen": value(_xml_text(gpu, pci + "pcie_gen/current_link_gen")),
@@ -205,11 +207,11 @@ def parse_query_xml(text):
 
 
 def _uncorrectable(volatile):
-    """Volatile uncorrectable ECC errors: the sum of sram_/dram_uncorrectable (H100 and later) or the
-    double-bit total (older drivers); None when none of them is known."""
+    """Volatile uncorrectable ECC errors: the sum of the sram_uncorrectable* and dram_uncorrectable
+    counts (H100 and later drivers) or the double-bit total (older ones); None when none is known."""
     if volatile is None:
         return None
-    counts = [value(e.text) for e in volatile.iter() if len(e) == 0 and e.tag.endswith("uncorrectable")]
+    counts = [value(e.text) for e in volatile.iter() if len(e) == 0 and "uncorrectable" in e.tag]
     double = volatile.find("double_bit/total")
     if double is not None:
         counts.append(value(double.text))
@@ -267,6 +269,14 @@ def gpu_findings(gpus, expected):
         out.append(finding("gpu_count", "reboot", "%d of %d GPUs visible to nvidia-smi" % (len(gpus), expected)))
     for gpu in gpus:
         dev = "GPU %s" % gpu.get("index")
+        said = " ".join(str(v) for k, v in sorted(gpu.items()) if k not in ("uuid", "bus_id", "name")).lower()
+        if "gpu is lost" in said:
+            out.append(finding("gpu_state", "reboot", "nvidia-smi says the GPU is lost", dev))
+            continue
+        if "requires reset" in said or "err!" in said:
+            out.append(finding("gpu_state", "reset", "nvidia-smi answers with errors (%s)" % (
+                "GPU requires reset" if "requires reset" in said else "ERR!"), dev))
+            continue
         ecc = gpu.get("ecc_uncorrected")
         if isinstance(ecc, (int, float)) and ecc > 0:
             out.append(finding("ecc", "reset", "%d uncorrectable ECC error(s) since the driver loaded" % ecc, dev))
@@ -294,6 +304,16 @@ def gpu_findings(gpus, expected):
     return out
 
 
+def xid_action(xid, text):
+    """The catalogue's (action, meaning); Xid 154 says its own: "... Node Reboot Required", "GPU Reset
+    Required", "Drain and Reset"."""
+    action, meaning = XID_CATALOGUE.get(xid, ("monitor", "not in gpuctl's Xid catalogue"))
+    if xid == 154:
+        low = text.lower()
+        action = "reboot" if "reboot" in low else "reset" if "reset" in low else action
+    return action, meaning
+
+
 def xid_findings(xids, gpus):
     """One finding per Xid number and GPU, with the catalogue's action and how often it occurred."""
     by_bus = {_bus_key(g.get("bus_id") or ""): g.get("index") for g in gpus}
@@ -305,7 +325,7 @@ def xid_findings(xids, gpus):
         seen[key] = (seen[key][0] + 1, seen[key][1]) if key in seen else (1, rest)
     out = []
     for (dev, xid), (count, rest) in sorted(seen.items()):
-        action, meaning = XID_CATALOGUE.get(xid, ("monitor", "not in gpuctl's Xid catalogue"))
+        action, meaning = xid_action(xid, rest)
         times = "" if count == 1 else " (%d times)" % count
         out.append(finding("xid", action, "Xid %d: %s%s%s" % (xid, meaning, times,
                                                              (": " + rest[:120]) if rest else ""), dev))
@@ -346,17 +366,21 @@ def rdma_devices(sys_root):
 
 
 def fabric_findings(devices, expected_fabric, expected_efa):
-    """EFA/InfiniBand devices against the count and kind the cluster was made with; ports not ACTIVE."""
+    """EFA/InfiniBand devices against the count and kind the cluster was made with, and their ports:
+    a port not ACTIVE on the fabric the cluster trains over asks for a reboot; elsewhere (a spare
+    HCA, a front-end NIC) it is only watched."""
     out = []
     efa = [d for d, (driver, _) in devices.items() if driver == "efa" or d.startswith("rdmap") or d.startswith("efa")]
     if expected_efa and len(efa) < expected_efa:
         out.append(finding("fabric", "reboot", "%d of %d EFA devices present" % (len(efa), expected_efa)))
-    elif expected_fabric == "ib" and not [d for d in devices if d not in efa]:
-        out.append(finding("fabric", "reboot", "no InfiniBand device present"))
+    elif expected_fabric in ("ib", "roce") and not [d for d in devices if d not in efa]:
+        out.append(finding("fabric", "reboot", "no InfiniBand or RoCE device present"))
     for dev, (_, ports) in sorted(devices.items()):
+        on_fabric = (dev in efa) if expected_fabric == "efa" else (dev not in efa and expected_fabric in ("ib", "roce"))
         for port, state in sorted(ports.items()):
             if "ACTIVE" not in state.upper() or "INACTIVE" in state.upper():
-                out.append(finding("fabric", "reset", "port %s is %s" % (port, state.split(":")[-1].strip()), dev))
+                out.append(finding("fabric", "reboot" if on_fabric else "monitor",
+                                   "port %s is %s" % (port, state.split(":")[-1].strip()), dev))
     return out
 
 

@@ -65,7 +65,7 @@ def results(nnodes: int, records: Sequence[Mapping[str, Any]]) -> list[Pair]:
 def slow(pairs: Sequence[Pair], ratio: float = SLOW_RATIO) -> tuple[list[Pair], list[int]]:
     """(the slow pairs, the ranks every one of whose pairs is slow)."""
     top = max((p.busbw_gbps for p in pairs), default=0.0)
-    slow_pairs = [p for p in pairs if p.busbw_gbps < ratio * top or p.wrong]
+    slow_pairs = [p for p in pairs if p.busbw_gbps <= 0 or p.busbw_gbps < ratio * top or p.wrong]
     ranks = sorted({r for p in pairs for r in p.nodes})
     named = [r for r in ranks if all(p in slow_pairs for p in pairs if r in p.nodes)]
     return slow_pairs, named if len(named) < len(ranks) else []

@@ -193,12 +193,15 @@ def run_pairs(args: argparse.Namespace, torch, backend: str, local_rank: int, np
     pair's first rank says its time (`pair`)."""
     node_rank, nnodes = env_int("GPUCTL_NODE_RANK"), env_int("GPUCTL_NUM_NODES", 1)
     ips = [ip for ip in os.environ.get("GPUCTL_NODE_IPS", "").split() if ip]
-    for number, members in enumerate(ring_rounds(nnodes)):
+    rounds = ring_rounds(nnodes)
+    edges = [e for members in rounds for e in members]
+    for number, members in enumerate(rounds):
         edge = next((e for e in members if node_rank in e), None)
         if edge is None:
             continue  # this round pairs the other nodes
+        # a port of its own per pair: loopback nodes share one address
         group = {"node_rank": edge.index(node_rank), "nnodes": 2, "master": ips[edge[0]],
-                 "port": args.port + 1 + number, "pair": list(edge), "round": number}
+                 "port": args.port + 1 + edges.index(edge), "pair": list(edge), "round": number}
         code = worker(args, torch, backend, local_rank, nproc, group)
         if code != 0:
             return code

@@ -191,6 +191,11 @@ class Provider(Protocol):
         """How many EFA devices each node was given for this (recorded) request; None: none or unknown."""
         ...
 
+    def expected_gpus(self, gpus_per_node: int) -> int:
+        """The GPUs each node really has when the task asked for `gpus_per_node` (what the health check
+        counts, and whether apply's health gate is on)."""
+        ...
+
     def bucket_region(self, region: str | None) -> str | None:
         """The region bucket mounts use when the task's envs name none (None: the store's default)."""
         ...
@@ -319,6 +324,9 @@ class BaseProvider:
 
     def expected_efa(self, request: Mapping[str, Any] | None) -> int | None:
         return None
+
+    def expected_gpus(self, gpus_per_node: int) -> int:
+        return gpus_per_node
 
     def bucket_region(self, region: str | None) -> str | None:
         return None

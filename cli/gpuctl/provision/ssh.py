@@ -67,8 +67,11 @@ def exit_masters(preferred: Path) -> None:
         return
     for sock in chosen.iterdir():
         if sock.is_socket():
-            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "--", "gpuctl-master"],
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
+            try:
+                subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "--", "gpuctl-master"],
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
+            except (OSError, subprocess.SubprocessError):
+                pass  # a master that does not answer ends with its keepalives
 
 
 def control_dir_for(preferred: Path) -> Path:

@@ -451,6 +451,10 @@ class LocalProvider(BaseProvider):
         unknown = unknown_accelerators(resources.accelerators or {})
         return ("accelerators", unknown_accelerator_message(unknown[0])) if unknown else None
 
+    def expected_gpus(self, gpus_per_node: int) -> int:
+        """Local nodes only name their GPUs, unless this machine has NVIDIA devices (which they share)."""
+        return gpus_per_node if local_gpus_present() else 0
+
     def task_warnings(self, task: "Task", req: ClusterRequest) -> list[str]:
         """The local nodes have no GPU of their own, and no instance type, market, disk or fabric."""
         lines = []
