@@ -78,28 +78,29 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - Ite
 
 GROUPS_ENV = "GPUCTL_TEST_GROUPS_DIR"
 # The modules whose units take longest (measured: `make test` prints the slowest tests).
-SLOW_FIRST = (
+SLOW_FIRST = (  # by the length of their longest unit (a module-fixture module is one unit)
     "integration/test_aws_moto.py",
-    "integration/test_jobs_local.py",
+    "integration/test_terraform_aws_module.py",
     "integration/test_e2e_local.py",
-    "integration/test_health_local.py",
-    "integration/test_managed_local.py",
-    "integration/test_autostop_local.py",
+    "integration/test_playbooks.py",
     "integration/test_faults_local.py",
-    "integration/test_autostop_aws.py",
+    "integration/test_jobs_local.py",
+    "integration/test_bringup_local.py",
     "integration/test_jobplane_local.py",
-    "integration/test_hostkeys_local.py",
-    "integration/test_cluster_ssh.py",
+    "integration/test_ansible_collection.py",
     "integration/test_buckets_local.py",
+    "integration/test_cluster_ssh.py",
+    "integration/test_remote_state.py",
+    "integration/test_autostop_local.py",
+    "integration/test_ci_example.py",
+    "unit/test_lint.py",
+    "integration/test_health_local.py",
+    "integration/test_check_local.py",
+    "integration/test_managed_local.py",
+    "integration/test_hostkeys_local.py",
     "integration/test_api_local.py",
     "integration/test_containers_local.py",
-    "integration/test_remote_state.py",
-    "integration/test_playbooks.py",
-    "integration/test_check_local.py",
-    "integration/test_ansible_collection.py",
-    "unit/test_lint.py",
-    "integration/test_terraform_aws_module.py",
-    "integration/test_ci_example.py",
+    "integration/test_autostop_aws.py",
 )
 
 

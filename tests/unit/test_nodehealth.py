@@ -319,3 +319,46 @@ def test_pairs_name_the_node_whose_pairs_are_all_slow() -> None:
     assert pairs.slow(pairs.results(4, []))[0] == pairs.results(4, [])  # no pair answered: none is fine
     even = pairs.results(4, [{**r, "time_us": 10_000.0} for r in recs])
     assert pairs.slow(even) == ([], []) and pairs.problem("c1", even, names) is None
+
+
+def test_the_gate_checks_only_nodes_not_yet_seen_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """apply's gate: off where no GPU is expected (unless asked), on while some node has no fit
+    verdict, and an unhealthy report stops the job with the replace command."""
+    from gpuctl import healthcli
+    from gpuctl.common.console import Reporter
+    from gpuctl.common.errors import JobFailed
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    inv = inventory()
+    cdir = tmp_path / "clusters" / "c1"
+    cdir.mkdir(parents=True)
+    gpus = {"n": 0}
+    monkeypatch.setattr(health, "expectations", lambda inv_, request: health.Expectations(gpus=gpus["n"]))
+    verdicts = {"now": "healthy"}
+    ran: list[str] = []
+
+    def run_health(inv_, *, registry, reporter, level=1):
+        ran.append(verdicts["now"])
+        findings = [] if verdicts["now"] == "healthy" else [nodehealth.finding("ecc", "reset", "2 errors", "GPU 0")]
+        lines = {r: [probe_line(verdicts["now"], findings) if r == 1 else probe_line("healthy", [])] for r in range(3)}
+        report = health.analyze(inv_, lines, job_id=len(ran))
+        health.save(cdir, report)
+        return report
+
+    monkeypatch.setattr(health, "run_health", run_health)
+    quiet = Reporter(plain=True)
+    healthcli.gate(inv, registry=None, reporter=quiet, wanted=None)
+    assert ran == []  # no GPU expected (local nodes): off
+    healthcli.gate(inv, registry=None, reporter=quiet, wanted=True)
+    assert ran == ["healthy"]  # asked for: on
+    gpus["n"] = 8
+    healthcli.gate(inv, registry=None, reporter=quiet, wanted=None)
+    assert ran == ["healthy"]  # every node seen healthy: a warm re-apply costs nothing
+    healthcli.gate(inv, registry=None, reporter=quiet, wanted=False)
+    verdicts["now"] = "unhealthy"
+    with pytest.raises(JobFailed, match="worker1 .reset: GPU 0: 2 errors.; replace them: gpuctl replace c1 "
+                                        "--unhealthy; or run without the gate: --no-health-check"):
+        healthcli.gate(inv, registry=None, reporter=quiet, wanted=True)
+    with pytest.raises(JobFailed):  # unhealthy last time: checked again
+        healthcli.gate(inv, registry=None, reporter=quiet, wanted=None)
+    assert ran == ["healthy", "unhealthy", "unhealthy"]
