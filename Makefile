@@ -25,7 +25,7 @@ PODMAN_ULIMITS := /etc/containers/containers.conf.d/50-gpuctl-ulimits.conf
 PYTEST_ARGS ?=
 # The suite mostly waits on nodes, Terraform and Ansible: several workers keep 2 cores busy
 # (tests/conftest.py keeps the tests that share a cluster on one worker, slowest first).
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 # What test-min and test-latest run: no nodes, no cloud, just gpuctl's code and CLI.
 BOUND_TESTS := tests/unit tests/integration/test_cli_errors.py tests/integration/test_cli_usage.py
 
