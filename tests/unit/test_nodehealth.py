@@ -302,6 +302,8 @@ def test_pairs_name_the_node_whose_pairs_are_all_slow() -> None:
     recs = [{"kind": "pair", "nodes": list(e), "ranks": 2, "size_bytes": 1 << 26, "backend": "gloo",
              "time_us": 100_000.0 if 2 in e else 10_000.0, "wrong": False} for e in pairs.ring(4)]
     recs.append({"kind": "pair", "nodes": [0, 1], "ranks": 2, "size_bytes": 1 << 20, "time_us": 1.0})  # smaller size
+    recs.append({**recs[2], "time_us": 400_000.0})  # worker2-worker3's other pass, slowed by its neighbours: not kept
+    recs.append({**recs[0], "time_us": 30_000.0})  # head-worker1 slowed once: its best pass counts
     found = pairs.results(4, recs)
     assert [p.nodes for p in found] == [(0, 1), (1, 2), (2, 3), (3, 0)]
     assert found[0].size_bytes == 1 << 26 and round(found[0].busbw_gbps, 2) == 6.71
@@ -314,6 +316,13 @@ def test_pairs_name_the_node_whose_pairs_are_all_slow() -> None:
     # a pair that gave nothing points at its nodes too; one slow pair alone names nobody
     missing = pairs.results(4, [r for r in recs if r["nodes"] != [1, 2]])
     assert [p.busbw_gbps for p in missing][1] == 0.0 and pairs.slow(missing)[1] == [2]
+    six = pairs.results(6, [{"nodes": list(e), "ranks": 2, "size_bytes": 1 << 26,
+                             "time_us": 100_000.0 if {1, 4} & set(e) else 10_000.0} for e in pairs.ring(6)])
+    names6 = {r: f"worker{r}" for r in range(6)}
+    assert pairs.slow(six)[1] == [1, 4]
+    assert pairs.problem("c1", six, names6).startswith("check --pairs: worker1, worker4 are slow: their pairs "
+                                                       "worker0-worker1 0.67 GB/s")
+    assert pairs.problem("c1", six, names6).endswith("replace them: gpuctl replace c1 worker1 worker4")
     one = pairs.results(4, [{**r, "time_us": 10_000.0} if r["nodes"] != [2, 3] else r for r in recs])
     assert pairs.slow(one)[1] == [] and "no single node explains them" in pairs.problem("c1", one, names)
     assert pairs.slow(pairs.results(4, []))[0] == pairs.results(4, [])  # no pair answered: none is fine

@@ -3,7 +3,7 @@
 Meta's "lemon node": one slow node drags every collective of a job to its pace, but an all_reduce
 over the whole cluster cannot say which node it is. So probe.py (`--pairs`) runs the all_reduce
 on each pair (i, i+1) of the ring alone, in rounds of pairs that share no node, and this module
-judges them: a pair far below the best one (under SLOW_RATIO of its bus bandwidth at the largest
+judges them (each pair's fastest of its passes): a pair far below the best one (under SLOW_RATIO of its bus bandwidth at the largest
 size) is slow, and a node whose every pair is slow is the one named. A node with one slow pair of
 two is not named: its neighbour may be the cause, and that neighbour's other pair says so.
 """
@@ -39,17 +39,17 @@ def ring(nnodes: int) -> list[tuple[int, int]]:
 
 
 def results(nnodes: int, records: Sequence[Mapping[str, Any]]) -> list[Pair]:
-    """One Pair per ring pair from the probe's `pair` records, at the largest size each measured;
-    a pair without a record gave no result (bus bandwidth 0)."""
+    """One Pair per ring pair from the probe's `pair` records: at the largest size each measured,
+    its fastest pass (what ran beside it can only slow a pair down); a pair without a record gave
+    no result (bus bandwidth 0)."""
     best: dict[tuple[int, int], Mapping[str, Any]] = {}
     for rec in records:
         try:
             key = (int(rec["nodes"][0]), int(rec["nodes"][1]))
-            size = int(rec["size_bytes"])
-            float(rec["time_us"])
+            size, time_us = int(rec["size_bytes"]), float(rec["time_us"])
         except (KeyError, TypeError, ValueError, IndexError):
             continue
-        if key not in best or size >= int(best[key]["size_bytes"]):
+        if key not in best or (size, -time_us) > (int(best[key]["size_bytes"]), -float(best[key]["time_us"])):
             best[key] = rec
     found = []
     for key in ring(nnodes):
@@ -87,7 +87,9 @@ def problem(cluster: str, pairs: Sequence[Pair], names: Mapping[int, str]) -> st
                 f"({top:.2f} GB/s); no single node explains them")
     nodes = ", ".join(names.get(r, str(r)) for r in named)
     theirs = ", ".join(shown(p) for p in slow_pairs if set(p.nodes) & set(named))
-    return (f"check --pairs: {nodes} is slow: its pairs {theirs}, the best pair {top:.2f} GB/s; replace it: "
+    one = len(named) == 1
+    return (f"check --pairs: {nodes} {'is' if one else 'are'} slow: {'its' if one else 'their'} pairs {theirs}, "
+            f"the best pair {top:.2f} GB/s; replace {'it' if one else 'them'}: "
             f"gpuctl replace {cluster} {' '.join(names.get(r, str(r)) for r in named)}")
 
 

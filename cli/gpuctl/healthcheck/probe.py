@@ -41,6 +41,7 @@ import sys
 import time
 
 MARK = "__GPUCTL_CHECK__"
+PAIR_PASSES = 2  # --pairs: each pair measured this many times; the controller keeps its best
 ELEMENT_BYTES = 4
 
 
@@ -195,13 +196,15 @@ def run_pairs(args: argparse.Namespace, torch, backend: str, local_rank: int, np
     ips = [ip for ip in os.environ.get("GPUCTL_NODE_IPS", "").split() if ip]
     rounds = ring_rounds(nnodes)
     edges = [e for members in rounds for e in members]
-    for number, members in enumerate(rounds):
+    # every round twice: a pair slowed once by what ran beside it is fast the other time; a slow node is slow both
+    for number, members in enumerate(rounds * PAIR_PASSES):
         edge = next((e for e in members if node_rank in e), None)
         if edge is None:
             continue  # this round pairs the other nodes
         # a port of its own per pair: loopback nodes share one address
         group = {"node_rank": edge.index(node_rank), "nnodes": 2, "master": ips[edge[0]],
-                 "port": args.port + 1 + edges.index(edge), "pair": list(edge), "round": number}
+                 "port": args.port + 1 + len(edges) * (number // len(rounds)) + edges.index(edge), "pair": list(edge),
+                 "round": number}
         code = worker(args, torch, backend, local_rank, nproc, group)
         if code != 0:
             return code
