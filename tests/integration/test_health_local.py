@@ -117,7 +117,7 @@ def test_a_bad_gpu_is_named_gated_and_replaced_alone(tmp_path: Path) -> None:
         # a lemon: worker2's link shaped to 40 Mbit/s; the pairs it is in are slow, and only it is named
         subprocess.run(["nsenter", "-t", str(after.sshd[2][0]), "-n", "--", "tc", "qdisc", "add", "dev", "eth0",
                         "root", "tbf", "rate", "40mbit", "burst", "32kb", "latency", "50ms"], check=True, timeout=30)
-        lemon = cluster.gpuctl("check", NAME, "--pairs", "--sizes", "2M", "-o", "json")
+        lemon = cluster.gpuctl("check", NAME, "--pairs", "--sizes", "1M", "-o", "json")
         assert lemon.returncode == 1, lemon.describe()
         found = json.loads(lemon.stdout)
         assert found["slow_nodes"] == ["worker2"], found
