@@ -41,12 +41,15 @@ def gate(inv: Inventory, *, registry: Registry, reporter: Reporter, wanted: bool
     """apply's health gate: on by default for GPU nodes, and then only while some node has no healthy
     or degraded verdict yet (new, replaced, or unhealthy last time); JobFailed (exit 1) naming the
     unhealthy nodes and the command that replaces them."""
-    if wanted is False or (wanted is None and health.expectations(inv, health.recorded_request(inv.cluster)).gpus <= 0):
+    if wanted is False:
+        return
+    expect = health.expectations(inv, health.recorded_request(inv.cluster))
+    if wanted is None and expect.gpus <= 0:
         return
     seen = health.last_verdicts(cluster_dir(inv.cluster), inv)
     if wanted is None and all(n.rank in seen and seen[n.rank]["verdict"] != "unhealthy" for n in inv.nodes):
         return
-    report = health.run_health(inv, registry=registry, reporter=reporter)
+    report = health.run_health(inv, registry=registry, reporter=reporter, expect=expect)
     if report.ok:
         reporter.info(f"Health gate: {len(report.nodes)} node(s) {report.verdict}")
         return

@@ -346,7 +346,8 @@ def test_the_gate_checks_only_nodes_not_yet_seen_fit(tmp_path: Path, monkeypatch
     verdicts = {"now": "healthy"}
     ran: list[str] = []
 
-    def run_health(inv_, *, registry, reporter, level=1):
+    def run_health(inv_, *, registry, reporter, level=1, expect=None):
+        assert expect is not None and expect.gpus == gpus["n"]  # the gate's own reading, not read again
         ran.append(verdicts["now"])
         findings = [] if verdicts["now"] == "healthy" else [nodehealth.finding("ecc", "reset", "2 errors", "GPU 0")]
         lines = {r: [probe_line(verdicts["now"], findings) if r == 1 else probe_line("healthy", [])] for r in range(3)}

@@ -37,6 +37,7 @@ NODE_FILE = "~/.gpuctl/check/nodehealth.py"
 HEALTH_FILE = "health.json"
 LEVELS = (0, 1, 2, 3, 4)  # dcgmi diag -r LEVEL; 0: no DCGM run
 VERDICTS = ("healthy", "degraded", "unhealthy")
+ACTIONS = ("isolate", "reboot", "reset", "monitor")  # nodehealth.ACTIONS, most severe first
 
 
 def check_level(level: int) -> int:
@@ -142,8 +143,8 @@ class Report:
 
 def first_text(node: Mapping[str, Any]) -> str:
     """The most severe finding of a node, with its device."""
-    order = ("isolate", "reboot", "reset", "monitor")
-    findings = sorted(node.get("findings") or [], key=lambda f: order.index(f["action"]) if f["action"] in order else 9)
+    findings = sorted(node.get("findings") or [],
+                      key=lambda f: ACTIONS.index(f["action"]) if f["action"] in ACTIONS else len(ACTIONS))
     if not findings:
         return "no finding"
     top = findings[0]
@@ -230,9 +231,11 @@ class _HealthRunner(collect.CollectingRunner):
             super().print_line(node, line)
 
 
-def run_health(inv: Inventory, *, registry: Registry, reporter: Reporter, level: int = 1) -> Report:
-    """The health job on every node, judged and recorded. Ctrl-C and UserErrors pass through."""
-    expect = expectations(inv, recorded_request(inv.cluster))
+def run_health(inv: Inventory, *, registry: Registry, reporter: Reporter, level: int = 1,
+               expect: Expectations | None = None) -> Report:
+    """The health job on every node, judged and recorded. Ctrl-C and UserErrors pass through.
+    `expect`: what the nodes were made with, when the caller already read it."""
+    expect = expect or expectations(inv, recorded_request(inv.cluster))
     local = get_provider(inv.cloud).local
     spec = JobSpec(name=JOB_NAME, run=run_script(expect, level, python=sys.executable if local else None),
                    file_mounts={NODE_FILE: Path(__file__).resolve().parent / "nodehealth.py"},

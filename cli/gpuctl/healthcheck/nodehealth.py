@@ -365,12 +365,18 @@ def rdma_devices(sys_root):
     return found
 
 
+def efa_devices(devices):
+    """The EFA devices of rdma_devices(): driver efa, or an EFA name (rdmap*, efa_*) where the driver
+    link cannot be read."""
+    return [d for d, (driver, _) in devices.items() if driver == "efa" or d.startswith("rdmap") or d.startswith("efa")]
+
+
 def fabric_findings(devices, expected_fabric, expected_efa):
     """EFA/InfiniBand devices against the count and kind the cluster was made with, and their ports:
     a port not ACTIVE on the fabric the cluster trains over asks for a reboot; elsewhere (a spare
     HCA, a front-end NIC) it is only watched."""
     out = []
-    efa = [d for d, (driver, _) in devices.items() if driver == "efa" or d.startswith("rdmap") or d.startswith("efa")]
+    efa = efa_devices(devices)
     if expected_efa and len(efa) < expected_efa:
         out.append(finding("fabric", "reboot", "%d of %d EFA devices present" % (len(efa), expected_efa)))
     elif expected_fabric in ("ib", "roce") and not [d for d in devices if d not in efa]:
@@ -556,7 +562,7 @@ def check_node(args):
     findings += memlock_findings(limit, rdma)
     checks["memlock"] = ("unlimited" if limit == resource.RLIM_INFINITY else "%d KiB" % (limit // 1024)) + (
         "" if rdma else " (no RDMA fabric: not needed)")
-    fabric = args.expect_fabric or ("efa" if any(d[0] == "efa" for d in devices.values()) else None)
+    fabric = args.expect_fabric or ("efa" if efa_devices(devices) else None)
     if gpus and fabric in ("efa", "ib"):
         findings += module_findings(loaded_modules(os.path.join(args.root, "proc")), fabric,
                                     gdrcopy_wanted=fabric == "efa")
