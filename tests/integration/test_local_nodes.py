@@ -130,6 +130,19 @@ def many_sessions(node: Node, *, multiplexed: int = 60, direct: int = 25) -> Non
         shutil.rmtree(control.parent, ignore_errors=True)
 
 
+def private_venv(home: Path) -> Path:
+    """A venv under `home`, made 0700, that imports what this one does (a .pth file)."""
+    home.mkdir(parents=True)
+    home.chmod(0o700)
+    venv = home / "src" / "gpuctl" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "outer.pth").write_text("".join(p + "\n" for p in sys.path if p.endswith("-packages") or
+                                            p.endswith("/cli")))
+    os.chmod(site / "outer.pth", 0o644)
+    return venv
+
+
 @pytest.fixture
 def cleanup_clusters():
     """Destroy whatever a failing test left behind (never leave nodes running)."""
@@ -142,8 +155,15 @@ def cleanup_clusters():
 
 @needs_tools
 @needs_netns
-def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
     monkeypatch.delenv(local_provider.MODE_ENV, raising=False)
+    # gpuctl runs from a venv in a private home (0700, as adduser makes them on Debian 12), which the
+    # nodes' login user cannot pass on this machine
+    venv = private_venv(tmp_path / "home" / "alice")
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setattr(sys, "exec_prefix", str(venv))
+    monkeypatch.setattr(sys, "executable", str(venv / "bin" / "python"))
     req = ClusterRequest(name="it-two", num_nodes=2, cloud="local")
     cleanup_clusters.append(req.name)
     progress: list[str] = []
@@ -175,8 +195,13 @@ def test_two_netns_nodes_isolated_reused_and_torn_down(cleanup_clusters: list[st
     assert sorted(ssh(worker, "awk '$2 ~ \"^/sys/fs/cgroup\" {print $2}' /proc/self/mounts").stdout.split()) == cgroups
     if Path("/dev/fuse").exists():
         assert ssh(worker, "test -r /dev/fuse -a -w /dev/fuse && echo usable").stdout.strip() == "usable"
-    # The Python gpuctl runs from stays visible (pyenv keeps it in root's private home)
+    # The Python gpuctl runs from stays visible (pyenv keeps it in root's private home; the venv is
+    # in a private home), and so does nothing else of those homes
     assert ssh(head, f"{sys.executable} -c 'print(42)'").stdout.strip() == "42"
+    (tmp_path / "home" / "alice" / "secret").write_text("mine")
+    assert ssh(head, f"ls -A {tmp_path / 'home' / 'alice'}").stdout.split() == ["src"]
+    assert ssh(head, f"ls -A {tmp_path / 'home' / 'alice' / 'src' / 'gpuctl'}").stdout.split() == [".venv"]
+    assert (tmp_path / "home" / "alice").stat().st_mode & 0o777 == 0o700  # this machine's, as it was
 
     # The head reaches the worker's sshd over the bridge.
     probe = (f"python3 -c \"import socket; s = socket.create_connection(('{worker.address}', 22), 5); "

@@ -91,7 +91,7 @@ def test_the_nodes_user_is_gpuctl_unless_asked_otherwise(tmp_path: Path, monkeyp
         local_provider.local_user("netns")
     # Python under root's private home (pyenv) stays visible to a normal user's nodes
     monkeypatch.setattr(local_provider, "keep_visible_paths",
-                        lambda home: ["/root/.pyenv/versions/3.11.7"] if str(home) == "/root" else [])
+                        lambda home: ["/root/.pyenv/versions/3.11.7"] if home is None or str(home) == "/root" else [])
     assert local_provider.node_keep_paths("gpuctl") == ["/root/.pyenv/versions/3.11.7"]
     assert local_provider.node_keep_paths("root") == ["/root/.pyenv/versions/3.11.7"]
 
@@ -278,6 +278,26 @@ def test_keep_visible_paths_for_a_pyenv_venv_in_home(tmp_path: Path, monkeypatch
     monkeypatch.setattr(sys, "prefix", str(base / "envs" / "inner"))
     monkeypatch.setattr(sys, "exec_prefix", str(base / "envs" / "inner"))
     assert local_provider.keep_visible_paths(home) == [str(base)]
+
+
+def test_keep_visible_paths_behind_a_private_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clone in a 0700 home (Debian 12's adduser default): its venv and source must stay visible to
+    the nodes' login user, which node.sh decides from these paths."""
+    home = tmp_path / "alice"
+    venv, src = home / "gpuctl" / ".venv", home / "gpuctl" / "cli"
+    (venv / "bin").mkdir(parents=True)
+    src.mkdir()
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setattr(sys, "exec_prefix", str(venv))
+    home.chmod(0o700)
+    assert str(venv) in local_provider.keep_visible_paths(None)
+    home.chmod(0o755)
+    tmp_path.chmod(0o755)
+    if not any(local_provider._closed_to_others(a) for a in tmp_path.parents):
+        assert str(venv) not in local_provider.keep_visible_paths(None)
+    # a venv others cannot read is said, with what to do
+    venv.chmod(0o700)
+    assert local_provider._closed_paths([str(venv), str(src)]) == [str(venv)]
 
 
 def test_forced_mode_must_be_known(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -95,7 +95,7 @@ variable "state_dir" {
 }
 
 variable "keep_visible_paths" {
-  description = "netns mode: host paths under ssh_user's home that nodes must still see although their home is their own (e.g. the Python installation under ~/.pyenv); for a user other than root also paths under root's home, which the nodes then see through a directory of their own over it."
+  description = "netns mode: host paths nodes must still see (e.g. the Python installation under ~/.pyenv, a venv in a clone): under ssh_user's home, which the node's own home covers, they are bound into it; under a directory ssh_user cannot pass (root's 0700 home, a private home), the node covers the outermost such directory with one holding just these paths. Other paths are seen as they are."
   type        = list(string)
   default     = []
   nullable    = false

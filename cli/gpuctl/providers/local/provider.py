@@ -199,11 +199,14 @@ def account_locked(user: str, shadow: Path = Path("/etc/shadow")) -> bool:
 
 
 def node_keep_paths(user: str) -> list[str]:
-    """The Python installation's paths the nodes must still see: under the user's home (which the
-    node's own home covers) and, for a user other than root, under root's (which they cannot pass)."""
+    """The Python installation's paths the nodes must still see: those under the user's home (which
+    the node's own home covers) and, for a user other than root, those behind a directory others
+    cannot pass (root's 0700 home holding pyenv, a private home holding the clone): the module's
+    node.sh decides for that user exactly, and covers such a directory in the node with one holding
+    just these paths."""
     paths = keep_visible_paths(user_home(user))
     if user != "root":
-        paths += [p for p in keep_visible_paths(user_home("root")) if p not in paths]
+        paths += [p for p in keep_visible_paths(None) if p not in paths]
     return paths
 
 
@@ -218,20 +221,42 @@ def node_path() -> str:
     return ":".join(seen)
 
 
-def keep_visible_paths(home: Path) -> list[str]:
-    """The Python installation (base prefix, venv, gpuctl's source for editable
-    installs) where it lies under `home`: netns nodes get a home of their own,
-    which would otherwise hide it (pyenv puts Python under ~/.pyenv)."""
+def keep_visible_paths(home: Path | None) -> list[str]:
+    """The Python installation (base prefix, venv, gpuctl's source for editable installs) where it
+    lies under `home` (netns nodes get a home of their own, which would otherwise hide it; pyenv puts
+    Python under ~/.pyenv), or, with `home` None, where a directory above it is closed to others."""
     import gpuctl
 
     candidates = [sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix,
                   os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
                   str(Path(gpuctl.__file__).resolve().parent.parent)]
-    home = Path(os.path.realpath(home))
     real = {Path(os.path.realpath(c)) for c in candidates if c}
-    under = [p for p in real if home in p.parents]
+    if home is None:
+        under = [p for p in real if any(_closed_to_others(a) for a in p.parents)]
+    else:
+        home = Path(os.path.realpath(home))
+        under = [p for p in real if home in p.parents]
     outermost = sorted(p for p in under if not any(q in p.parents for q in under))
     return [str(p) for p in outermost if _SAFE_PATH.fullmatch(str(p))]
+
+
+def _closed_paths(paths: Sequence[str]) -> list[str]:
+    """Those of `paths` whose own mode lets others neither read nor pass them (a clone made under
+    umask 077): a node's login user sees them, but cannot use them."""
+    closed = []
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_mode & 0o005 != 0o005:
+                closed.append(path)
+    return closed
+
+
+def _closed_to_others(directory: Path) -> bool:
+    """Whether a user who neither owns `directory` nor is in its group cannot pass it."""
+    try:
+        return not os.stat(directory).st_mode & stat.S_IXOTH
+    except OSError:
+        return False
 
 
 # -- allocation ----------------------------------------------------------------
@@ -474,6 +499,12 @@ class LocalProvider(BaseProvider):
         if mode == "netns" and user != "root" and shutil.which("sudo") is None:
             lines.append(f"{task.where()}: the local nodes log in as {user}, whose passwordless sudo needs sudo on "
                          "this machine (apt-get install sudo; `make deps` installs it)")
+        if mode == "netns" and user != "root":
+            keep = alloc.keep_visible_paths if alloc is not None else node_keep_paths(user)
+            for path in _closed_paths(keep):
+                lines.append(f"{task.where()}: the local nodes log in as {user}, who cannot read {path} (mode "
+                             f"{stat.S_IMODE(os.stat(path).st_mode):04o}), so jobs there will not find this Python; "
+                             f"chmod -R go+rX {path}, or set {USER_ENV}=root")
         cpus, gib = os.cpu_count() or 1, _memory_gib()
         for key, have in (("cpus", f"{cpus} CPU(s)"), ("memory", f"{gib:g} GiB" if gib else "its memory")):
             if getattr(res, key):

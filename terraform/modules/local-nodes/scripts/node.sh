@@ -313,6 +313,44 @@ make_node_dir() {
   mkdir -p -m 755 "$LN_DIR/home" "$LN_DIR/sshd"
 }
 
+# PRIVATE: the directories above the kept paths that the login user cannot pass (search bit of
+# its class: owner, group or other; root passes all), each on its own line. One stat for all.
+PRIVATE=""
+private_dirs() {
+  local home=$1 uid gids p a
+  shift
+  [[ $LN_USER != root ]] || return 0
+  local ancestors=()
+  for p in "$@"; do
+    [[ -n $p && $p != "$home"/* ]] || continue
+    a=$p
+    while a=${a%/*}; [[ -n $a ]]; do
+      [[ " ${ancestors[*]} " == *" $a "* ]] || ancestors+=("$a")
+    done
+  done
+  ((${#ancestors[@]})) || return 0
+  IFS=: read -r _ _ uid _ <<<"$USER_ENTRY"
+  gids=" $(id -G -- "$LN_USER") "
+  local owner group mode name bit
+  while read -r owner group mode name; do
+    if [[ $owner == "$uid" ]]; then bit=64; elif [[ $gids == *" $group "* ]]; then bit=8; else bit=1; fi
+    if (((8#$mode & bit) == 0)); then PRIVATE+="$name"$'\n'; fi
+  done < <(stat -L -c '%u %g %a %n' -- "${ancestors[@]}" 2>/dev/null)
+}
+
+# cover_of PATH: the outermost directory above PATH that the login user cannot pass (fails if none).
+cover_of() {
+  local a="" part rest=${1#/}
+  while [[ $rest == */* ]]; do
+    part=${rest%%/*} rest=${rest#*/} a+="/$part"
+    if [[ $'\n'$PRIVATE == *$'\n'"$a"$'\n'* ]]; then echo "$a" && return 0; fi
+  done
+  return 1
+}
+
+# cover_dir DIR: what the node sees at DIR (a private directory it cannot pass), under LN_DIR.
+cover_dir() { echo "$LN_DIR/covers${1}"; }
+
 up() {
   local sshd home pid keep=() p rel
   [[ $LN_DIR == /*/*/* ]] || die "refusing to use state directory '$LN_DIR' (too close to /)"
@@ -368,27 +406,27 @@ up() {
 
   if [[ $LN_MODE == netns ]]; then
     write_sshd_config "$RUN_DIR" "$home"
-    # Paths under the home that nodes must still see (the Python installation):
-    # empty mount points in the node home, bound to the originals inside the
-    # node's mount namespace before the node home covers the real one.
+    # Paths that nodes must still see (the Python installation, the clone gpuctl runs from): under the
+    # login user's home they are bound into the node's own home, which covers the real one; under a
+    # directory the login user cannot pass (root's 0700 home where pyenv keeps Python, a private home
+    # holding the clone) the node covers the outermost such directory with one holding just them
+    # (its own mount namespace only: this machine's directory stays as it is).
     IFS=: read -r -a keep <<<"${LN_KEEP:-}"
-    local binds=() root_home shadow="" inside
-    # A user other than root cannot pass root's private home, where pyenv keeps Python: the node
-    # covers it with a directory holding just those paths (its own mount namespace only).
-    IFS=: read -r _ _ _ _ _ root_home _ <<<"$(getent passwd root)"
+    local binds=() insides=() covers=() cover inside
+    private_dirs "$home" "${keep[@]}"
     local mount_points=() files=()
     for p in "${keep[@]}"; do
       [[ -n $p && -e $p ]] || continue
       if [[ $p == "$home"/* ]]; then
         inside="$LN_DIR/home/${p#"$home"/}"
-      elif [[ $LN_USER != root && -n $root_home && $p == "$root_home"/* ]]; then
-        shadow="$LN_DIR/roothome"
-        inside="$shadow/${p#"$root_home"/}"
+      elif cover=$(cover_of "$p"); then
+        inside="$(cover_dir "$cover")/${p#"$cover"/}"
+        [[ " ${covers[*]} " == *" $cover "* ]] || covers+=("$cover")
       else
         continue
       fi
       if [[ -d $p ]]; then mount_points+=("$inside"); else mount_points+=("${inside%/*}") files+=("$inside"); fi
-      binds+=("$p")
+      binds+=("$p") insides+=("$inside")
     done
     # mount points the login user must pass; one mkdir for all of them
     umask 022
@@ -441,12 +479,10 @@ up() {
     if [[ -n $fuse ]]; then fstab_add optional "$fuse" /dev/fuse none bind; fi
     fstab_add required "$LN_DIR/hosts" /etc/hosts none bind
     fstab_add required "$LN_DIR/sshd" "$RUN_DIR" none bind
-    for p in "${binds[@]}"; do
-      if [[ $p == "$home"/* ]]; then inside="$LN_DIR/home/${p#"$home"/}"; else inside="$shadow/${p#"$root_home"/}"; fi
-      fstab_add required "$p" "$inside" none rbind
-    done
+    local i
+    for i in "${!binds[@]}"; do fstab_add required "${binds[$i]}" "${insides[$i]}" none rbind; done
     fstab_add required "$LN_DIR/home" "$home" none rbind
-    if [[ -n $shadow ]]; then fstab_add required "$shadow" "$root_home" none rbind; fi
+    for cover in "${covers[@]}"; do fstab_add required "$(cover_dir "$cover")" "$cover" none rbind; done
     printf '%s' "$optional" >"$LN_DIR/optional.fstab"
     printf '%s' "$required" >"$LN_DIR/node.fstab"
     # shellcheck disable=SC2016
