@@ -440,3 +440,51 @@ def test_netns_node_whose_sshd_never_listens_is_named_and_removed(tmp_path: Path
     finally:
         run_node_script("down", env)
         subprocess.run(["ip", "link", "del", bridge], check=False)
+
+
+@needs_netns
+def test_the_login_user_goes_with_the_last_node_using_it(tmp_path: Path) -> None:
+    """users.sh: the user the module makes (with its sudo rule) stays while any node uses it and goes
+    with the last; an account it did not make is never given sudo nor removed; a user whose own
+    processes still run is left, and said."""
+    script = local_provider.LocalProvider().module_dir() / "scripts" / "users.sh"
+    name, theirs = f"gt{os.getpid() % 100000}", f"gu{os.getpid() % 100000}"
+    rule = Path("/etc/sudoers.d") / f"gpuctl-local-{name}"
+
+    def users(steps: str, user: str = name) -> subprocess.CompletedProcess[str]:
+        program = f'set -euo pipefail\ndie() {{ echo "$*" >&2; exit 1; }}\n. {shlex.quote(str(script))}\n{steps}'
+        return subprocess.run(["bash", "-c", program], env={**os.environ, "LN_USERS_DIR": str(tmp_path / "users"),
+                                                            "LN_USER": user}, capture_output=True, text=True,
+                              timeout=60)
+
+    def exists(user: str) -> bool:
+        return subprocess.run(["getent", "passwd", user], capture_output=True).returncode == 0
+
+    try:
+        made = users("LN_TAG=a ensure_user; LN_TAG=b ensure_user; echo \"$USER_ENTRY\"")
+        assert made.returncode == 0, made.stderr
+        assert made.stdout.split(":")[4] == "gpuctl local nodes" and "NOPASSWD: ALL" in rule.read_text()
+        home = Path(made.stdout.split(":")[5])
+        assert home.is_dir()
+        assert users("LN_TAG=a release_user; tidy_users").returncode == 0
+        assert exists(name) and rule.exists()  # node b still uses it
+        # its own process (not a node's) keeps it, and is said
+        sleeper = subprocess.Popen(["setpriv", f"--reuid={name}", f"--regid={name}", "--clear-groups", "sleep", "30"])
+        try:
+            kept = users("LN_TAG=b release_user; tidy_users")
+            assert exists(name) and f"left user {name}, whose processes still run ({sleeper.pid})" in kept.stderr
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        assert users("tidy_users").returncode == 0
+        assert not exists(name) and not rule.exists() and not home.exists()
+        assert not (tmp_path / "users" / name).exists()
+
+        # an account of this machine: no sudo rule, never removed
+        subprocess.run(["useradd", "-M", "-s", "/bin/bash", "-p", "*", theirs], check=True)
+        assert users("LN_TAG=a ensure_user; LN_TAG=a release_user; tidy_users", theirs).returncode == 0
+        assert exists(theirs) and not (Path("/etc/sudoers.d") / f"gpuctl-local-{theirs}").exists()
+    finally:
+        for user in (name, theirs):
+            subprocess.run(["userdel", "-r", "-f", user], capture_output=True)
+        rule.unlink(missing_ok=True)

@@ -172,6 +172,7 @@ def test_a_locked_nodes_user_is_refused_before_anything_is_made(tmp_path: Path,
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
     monkeypatch.setenv(local_provider.MODE_ENV, "netns")
     monkeypatch.setattr(local_provider, "account_locked", lambda user: user == "locked")
+    monkeypatch.setattr(local_provider, "_account_exists", lambda user: user in ("locked", "open"))
     monkeypatch.setenv(local_provider.USER_ENV, "locked")
     with pytest.raises(UserError, match=r"^GPUCTL_LOCAL_USER: the local nodes' user locked is locked .* \(usermod -p "
                                         r"'\*' locked\) or set GPUCTL_LOCAL_USER to another user$"):
@@ -179,6 +180,40 @@ def test_a_locked_nodes_user_is_refused_before_anything_is_made(tmp_path: Path,
     assert not (tmp_path / "clusters" / "l").exists()
     monkeypatch.setenv(local_provider.USER_ENV, "open")
     get_provider("local").check(ClusterRequest(name="l", num_nodes=1, cloud="local"))
+
+
+def test_only_gpuctl_s_own_user_is_made_and_an_account_gets_no_sudo_unsaid(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUCTL_LOCAL_USER names an account of this machine, never one for gpuctl to make (with root's
+    sudo); an account without sudo is said, since setups that call sudo fail there."""
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv(local_provider.MODE_ENV, "netns")
+    monkeypatch.setattr(local_provider, "account_locked", lambda user: False)
+    monkeypatch.setattr(local_provider, "_account_exists", lambda user: user == "alice")
+    monkeypatch.setenv(local_provider.USER_ENV, "mallory")
+    with pytest.raises(UserError, match=r"^GPUCTL_LOCAL_USER=mallory: no such user on this machine; gpuctl makes "
+                                        r"only its own login user gpuctl .* create mallory yourself, or unset "
+                                        r"GPUCTL_LOCAL_USER$"):
+        get_provider("local").check(ClusterRequest(name="l", num_nodes=1, cloud="local"))
+    assert not (tmp_path / "clusters" / "l").exists()
+    monkeypatch.setenv(local_provider.USER_ENV, "alice")
+    get_provider("local").check(ClusterRequest(name="l", num_nodes=1, cloud="local"))
+    alloc = local_provider.allocate(tmp_path / "clusters" / "l", num_nodes=1, registry=tmp_path / "reg", used=[])
+    assert alloc.ssh_user == "alice" and alloc.create_user is False
+    monkeypatch.delenv(local_provider.USER_ENV)
+    alloc = local_provider.allocate(tmp_path / "clusters" / "m", num_nodes=1, registry=tmp_path / "reg", used=[])
+    assert alloc.ssh_user == "gpuctl" and alloc.create_user is True
+    from gpuctl.spec import load_task
+
+    task_file = tmp_path / "t.yaml"
+    task_file.write_text("name: l\nresources: {infra: local}\nrun: sudo -n true\n")
+    task = load_task(task_file)
+    monkeypatch.setenv(local_provider.USER_ENV, "alice")
+    for may, said in ((False, True), (True, False)):
+        monkeypatch.setattr(local_provider, "_may_sudo", lambda user: may)
+        lines = get_provider("local").task_warnings(task, ClusterRequest(name="x", num_nodes=1, cloud="local"))
+        assert any("log in as alice, an account of this machine, which gpuctl grants no sudo" in w
+                   for w in lines) is said
 
 
 def test_state_dir_with_spaces_is_a_user_error(tmp_path: Path) -> None:

@@ -137,6 +137,7 @@ resource "terraform_data" "node" {
       LN_NETNS = self.triggers_replace.netns
       LN_VETH  = self.triggers_replace.veth
       LN_TAG   = self.triggers_replace.tag
+      LN_USER  = self.triggers_replace.user
     }
   }
 }

@@ -189,6 +189,24 @@ def _user_of(alloc: Allocation | None, mode: str) -> str:
     return alloc.ssh_user if alloc is not None else local_user(mode)
 
 
+def _account_exists(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+        return True
+    except KeyError:
+        return False
+
+
+def _may_sudo(user: str) -> bool:
+    """Whether sudo lists any rule for `user` (asked as root, who may ask about anyone; otherwise
+    assumed yes: only root makes netns nodes)."""
+    sudo = shutil.which("sudo")
+    if sudo is None or os.geteuid() != 0:
+        return sudo is not None
+    proc = subprocess.run([sudo, "-n", "-l", "-U", user], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return proc.returncode == 0 and "not allowed" not in proc.stdout
+
+
 def account_locked(user: str, shadow: Path = Path("/etc/shadow")) -> bool:
     """Whether `user` exists with a locked password ('!...'); False where the file is unreadable."""
     try:
@@ -366,7 +384,7 @@ def allocate(
         mode = mode or detect_mode()
         user = local_user(mode)
         keep = tuple(node_keep_paths(user)) if mode == "netns" else ()
-        create = mode == "netns" and user != "root"
+        create = mode == "netns" and user == DEFAULT_USER  # only its own user: never an account you named
         chosen: Allocation | None = None
         if mode == "netns":
             taken = list(used_networks() if used is None else used)
@@ -499,6 +517,9 @@ class LocalProvider(BaseProvider):
         if mode == "netns" and user != "root" and shutil.which("sudo") is None:
             lines.append(f"{task.where()}: the local nodes log in as {user}, whose passwordless sudo needs sudo on "
                          "this machine (apt-get install sudo; `make deps` installs it)")
+        if mode == "netns" and user not in ("root", DEFAULT_USER) and _account_exists(user) and not _may_sudo(user):
+            lines.append(f"{task.where()}: the local nodes log in as {user}, an account of this machine, which gpuctl "
+                         "grants no sudo: a setup or run that calls sudo fails there")
         if mode == "netns" and user != "root":
             keep = alloc.keep_visible_paths if alloc is not None else node_keep_paths(user)
             for path in _closed_paths(keep):
@@ -530,6 +551,10 @@ class LocalProvider(BaseProvider):
         _check_state_dir(nodes_dir(cdir))
         if mode == "netns":
             user = _user_of(alloc, mode)
+            if alloc is None and user not in ("root", DEFAULT_USER) and not _account_exists(user):
+                raise UserError(f"{USER_ENV}={user}: no such user on this machine; gpuctl makes only its own login "
+                                f"user {DEFAULT_USER} (with passwordless sudo, removed with the last cluster using it): "
+                                f"create {user} yourself, or unset {USER_ENV}")
             if account_locked(user):
                 raise UserError(f"{USER_ENV}: the local nodes' user {user} is locked (its password starts with '!', "
                                 "as useradd leaves a user made without one), and sshd refuses a locked account even "

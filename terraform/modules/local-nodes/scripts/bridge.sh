@@ -8,6 +8,8 @@ set -euo pipefail
 umask 077
 
 die() { echo "local-nodes: bridge ${LN_BRIDGE:-?}: $*" >&2; exit 1; }
+# shellcheck source=users.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/users.sh"
 
 exists() { ip link show dev "$LN_BRIDGE" >/dev/null 2>&1; }
 
@@ -68,6 +70,7 @@ down() {
     rm -f -- "$LN_STATE_DIR/bridge.env"
     rmdir -- "$LN_STATE_DIR" 2>/dev/null || true # once the nodes are gone too
   fi
+  tidy_users # the cluster's last step: a login user made for local nodes goes with the last of them
 }
 
 case "${1:-}" in

@@ -25,6 +25,8 @@ umask 077
 unset GPUCTL_NODE_TAG
 
 die() { echo "local-nodes: node ${LN_INDEX:-?} (${LN_DIR:-?}): $*" >&2; exit 1; }
+# shellcheck source=users.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/users.sh"
 
 LOG="$LN_DIR/sshd.log"
 PIDFILE="$LN_DIR/sshd.pid"
@@ -125,6 +127,7 @@ down() {
     # makes its directory there, and removing it would race their mkdir -p.
     rmdir -- "$RUN_DIR" 2>/dev/null || true
     rm -rf -- "$DEV_DIR"
+    if [[ ${1:-} != keep-state-dir ]]; then release_user; fi # the bridge, which goes last, tidies users
   fi
 }
 
@@ -273,34 +276,6 @@ netns_up() {
     "$mac" "$LN_ADDR" "$LN_PREFIX_LEN" | ip -n "$LN_NETNS" -batch -
 }
 
-# The login user, made when missing (create_user): a normal user with passwordless sudo, as cloud
-# images have one (SkyPilot's examples run `sudo apt-get ...` and mpirun refuses root). An existing
-# user is left as it is. Nodes are made in parallel: one at a time here.
-ensure_user() {
-  local mark="gpuctl local nodes" rule="/etc/sudoers.d/gpuctl-local-$LN_USER" gecos
-  if [[ -z $USER_ENTRY ]]; then
-    exec 9>/run/gpuctl-local-user.lock
-    flock 9
-    USER_ENTRY=$(getent passwd "$LN_USER") || USER_ENTRY=""
-    if [[ -z $USER_ENTRY ]]; then
-      command -v useradd >/dev/null || die "cannot create user '$LN_USER': useradd not found (package passwd)"
-      # password '*': none to log in with, but not a locked account, which sshd (UsePAM no) refuses
-      useradd --create-home --shell /bin/bash --user-group --comment "$mark" --password '*' "$LN_USER" ||
-        die "cannot create user '$LN_USER'"
-      USER_ENTRY=$(getent passwd "$LN_USER") || die "user '$LN_USER' was made but cannot be read back"
-    fi
-    exec 9>&-
-  fi
-  # Its sudo rule, for a user made here only (the comment says so): a user of this machine's own
-  # keeps the rights it has.
-  IFS=: read -r _ _ _ _ gecos _ <<<"$USER_ENTRY"
-  if [[ $gecos == "$mark" && ! -e $rule ]]; then
-    [[ -d /etc/sudoers.d ]] || mkdir -p -m 750 /etc/sudoers.d
-    printf '# %s: their login user, as on a cloud image\n%s ALL=(ALL:ALL) NOPASSWD: ALL\n' "$mark" "$LN_USER" \
-      >"$rule.tmp.$$"
-    chmod 440 "$rule.tmp.$$" && mv -f "$rule.tmp.$$" "$rule"
-  fi
-}
 
 # A sibling's teardown (Terraform replaces nodes in parallel) removes the
 # state directory when it looks empty, which can fall between the two steps of
@@ -389,8 +364,8 @@ up() {
   # sshd reads a user's keys as that user: one other than root may pass the directory (the host
   # key in it stays root's alone) and read the public keys
   if [[ $LN_USER != root ]]; then chmod 711 "$LN_DIR/sshd"; else chmod 700 "$LN_DIR/sshd"; fi
-  printf 'LN_MODE=%s\nLN_INDEX=%s\nLN_DIR=%s\nLN_NETNS=%s\nLN_VETH=%s\nLN_TAG=%s\n' \
-    "$LN_MODE" "$LN_INDEX" "$LN_DIR" "$LN_NETNS" "$LN_VETH" "$LN_TAG" >"$LN_DIR/node.env"
+  printf 'LN_MODE=%s\nLN_INDEX=%s\nLN_DIR=%s\nLN_NETNS=%s\nLN_VETH=%s\nLN_TAG=%s\nLN_USER=%s\n' \
+    "$LN_MODE" "$LN_INDEX" "$LN_DIR" "$LN_NETNS" "$LN_VETH" "$LN_TAG" "$LN_USER" >"$LN_DIR/node.env"
   ssh-keygen -q -t ed25519 -N '' -C "gpuctl-local-node-$LN_INDEX" -f "$LN_DIR/sshd/ssh_host_ed25519_key"
   (umask 022 && printf '%s\n' "$LN_PUBKEY" >"$LN_DIR/sshd/authorized_keys")
   # The cluster's internal key, authorized at boot so the head may install this node itself. It goes
