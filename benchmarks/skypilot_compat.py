@@ -39,8 +39,9 @@ provisions and contacts nothing.
   traceback   "Traceback" in the output, any other exit code, or a timeout
 
 Rejections are grouped by their error line with the `FILE:LINE:` prefix, quoted
-values, mount destinations, absolute paths and "(and N more problems)" taken
-out; the quoted values are listed beside each group.
+values, mount destinations and absolute paths taken out (a file with several
+problems is grouped by its first, the `error:` line; the others follow it on
+lines of their own); the quoted values are listed beside each group.
 
     .venv/bin/python benchmarks/skypilot_compat.py [--corpus DIR] [--cwd file|root] [--floor 0.75] [--json PATH]
 
@@ -112,7 +113,6 @@ def find_yamls(corpus: Path) -> list[Path]:
 QUOTED = re.compile(r"""(?<![\w'"`])('[^'\n]*'|"[^"\n]*"|`[^`\n]*`)(?![\w'"`])""")
 KEY_PATH = re.compile(r"\b(file_mounts|envs|secrets)\.\S+?(?=: )")
 ABS_PATH = re.compile(r"(?<![\w:/.])[~/][^\s,;()]*")
-MORE = re.compile(r"\s*\(and \d+ more problems?\)\s*$")
 
 
 def reason_of(error_line: str, name: str) -> tuple[str, list[str]]:
@@ -120,7 +120,6 @@ def reason_of(error_line: str, name: str) -> tuple[str, list[str]]:
     text = re.sub(r"^(?:error|Error): ", "", error_line.strip())
     if text.startswith(name + ":"):
         text = re.sub(r"^(?::\d+)*: ?", "", text[len(name):])
-    text = MORE.sub("", text)
     values = [m.group(1)[1:-1] for m in QUOTED.finditer(text)]
     text = QUOTED.sub("'…'", text)
     text = KEY_PATH.sub(r"\1.<dst>", text)

@@ -44,7 +44,8 @@ CASES = {
     "bad-accelerator-count": ("resources:\n  accelerators: {A100: 0}\n" + GOOD_RUN, ["cluster.yaml:2", "resources.accelerators"]),
     "missing-workdir": ("workdir: ./does-not-exist\n" + GOOD_RUN, ["cluster.yaml:1", "workdir"]),
     "missing-mount-source": ("file_mounts:\n  /data/x: ./nope.txt\n" + GOOD_RUN, ["cluster.yaml:2", "file_mounts"]),
-    "relative-mount-dest": ("file_mounts:\n  data/x: ./cluster.yaml\n" + GOOD_RUN, ["cluster.yaml:2", "file_mounts"]),
+    "relative-mount-dest-climbs-out": ("file_mounts:\n  ../../x: ./cluster.yaml\n" + GOOD_RUN,
+                                       ["cluster.yaml:2", "file_mounts.../../x", "climbs out of the home"]),
     "mount-over-login-keys": ("file_mounts:\n  ~//.ssh/./authorized_keys: ./cluster.yaml\n" + GOOD_RUN,
                               ["cluster.yaml:2", "file_mounts.~//.ssh/./authorized_keys", "is in ~/.ssh"]),
     "mount-at-agent": ("file_mounts:\n  /root/.gpuctl/bin/gpuctl-node: ./cluster.yaml\n" + GOOD_RUN,
@@ -67,6 +68,27 @@ def test_bad_task_file(case: str, command: str, tmp_path: Path, _isolated_state:
     (tmp_path / "cluster.yaml").write_text(text)
     proc = gpuctl(command, "cluster.yaml", cwd=tmp_path)
     assert_user_error(proc, *fragments)
+    assert_nothing_provisioned(_isolated_state)
+
+
+@pytest.mark.parametrize("command", ["validate", "apply"])
+def test_every_problem_is_named_on_a_line_of_its_own(command: str, tmp_path: Path, _isolated_state: Path):
+    """Several problems: exit 2, the first on the `error:` line, each further one on its own line with
+    its file:line and field (no "(and N more problems)"); -o json's error holds them all."""
+    (tmp_path / "cluster.yaml").write_text("num_nodes: 0\nresources:\n  accelerators: 'A100:x'\n"
+                                           "file_mounts:\n  /data: ./nope\n" + GOOD_RUN)
+    proc = gpuctl(command, "cluster.yaml", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert [line.split(": ", 2)[:2] for line in lines] == [
+        ["error", "cluster.yaml:1"], ["  cluster.yaml:3", "resources.accelerators"],
+        ["  cluster.yaml:5", "file_mounts./data"]], proc.stderr
+    assert lines[0] == "error: cluster.yaml:1: num_nodes: must be a positive int, got 0"
+    assert "more problem" not in proc.stderr
+    as_json = gpuctl(command, "cluster.yaml", "-o", "json", cwd=tmp_path)
+    doc = json.loads(as_json.stdout)
+    assert as_json.returncode == 2 and doc["ok"] is False and doc["exit_code"] == 2
+    assert doc["error"] == proc.stderr.strip().removeprefix("error: ")
     assert_nothing_provisioned(_isolated_state)
 
 
@@ -134,8 +156,6 @@ def test_shared_state_errors_are_one_line(tmp_path: Path, _isolated_state: Path)
 SAME_REFUSAL = {
     "local-a-billion-nodes": ("num_nodes: 1000000000\n" + GOOD_RUN, "num_nodes 1000000000: infra local supports 1 to"),
     "local-510-nodes": ("num_nodes: 510\nresources: {infra: local}\n" + GOOD_RUN, "num_nodes 510: infra local"),
-    "aws-name-too-long": ("name: " + "n" * 33 + "\nresources: {infra: aws/us-east-1, instance_type: g5.xlarge}\n"
-                          + GOOD_RUN, "AWS clusters take at most 32 characters"),
     "aws-no-type-for-gpus": ("resources: {infra: aws/us-east-1, accelerators: 'A100:3'}\n" + GOOD_RUN, "A100:3"),
     "bucket-mount-in-workdir": ("file_mounts:\n  ~/gpuctl_workdir/data:\n    source: s3://victim\n    mode: MOUNT\n"
                                 + GOOD_RUN, "gpuctl_workdir"),
@@ -161,6 +181,28 @@ def test_validate_refuses_what_apply_refuses(case: str, tmp_path: Path, _isolate
     assert validated.stderr == applied.stderr
     assert_nothing_provisioned(_isolated_state)
     assert gpuctl("status", cwd=tmp_path).stdout.strip() == "No clusters."
+
+
+def test_a_long_task_name_is_shortened_but_a_long_cluster_flag_is_refused(tmp_path: Path, _isolated_state: Path):
+    """A task name longer than AWS takes (SkyPilot's examples have them) gives a shortened cluster name,
+    which validate shows; a -c NAME too long for the provider is one exit-2 line, nothing provisioned."""
+    long = "torch-distributed-data-parallel-benchmark"
+    (tmp_path / "cluster.yaml").write_text(f"name: {long}\nresources: {{infra: aws/us-east-1, "
+                                           "instance_type: g5.xlarge}\n" + GOOD_RUN)
+    proc = gpuctl("validate", "cluster.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    name = proc.stdout.split("; cluster ", 1)[1].split()[0]
+    assert len(name) == 32 and name.startswith("torch-distributed-data-pa-"), proc.stdout
+    assert f"; cluster {name} (the task's name, shortened to 32 characters; pass -c NAME for another)" in proc.stdout
+    doc = json.loads(gpuctl("validate", "cluster.yaml", "-o", "json", cwd=tmp_path).stdout)
+    assert doc["cluster"] == name
+    assert_user_error(gpuctl("apply", "cluster.yaml", "-c", "n" * 33, cwd=tmp_path),
+                      f"cluster name '{'n' * 33}': AWS clusters take at most 32 characters; pass a shorter -c NAME")
+    assert_user_error(gpuctl("apply", "cluster.yaml", "-c", "n" * 41, cwd=tmp_path),
+                      f"cluster name '{'n' * 41}': use 1-40 lowercase letters")
+    assert_nothing_provisioned(_isolated_state)
+    short = gpuctl("validate", "cluster.yaml", cwd=tmp_path)  # the same name on every run
+    assert f"; cluster {name} " in short.stdout
 
 
 def test_validate_refuses_a_container_runtime_apply_refuses(tmp_path: Path, _isolated_state: Path):

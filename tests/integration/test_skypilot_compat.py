@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 
-def validate(yaml_text: str, tmp: Path, *args: str, cwd: Path | None = None, name: str = "task.yaml"
-             ) -> subprocess.CompletedProcess:
+def validate(yaml_text: str, tmp: Path, *args: str, cwd: Path | None = None, name: str = "task.yaml",
+             home: Path | None = None) -> subprocess.CompletedProcess:
     path = tmp / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml_text)
-    env = {**os.environ, "GPUCTL_STATE_DIR": str(tmp / "state")}
+    env = {**os.environ, "GPUCTL_STATE_DIR": str(tmp / "state"), **({"HOME": str(home)} if home else {})}
     return subprocess.run([sys.executable, "-m", "gpuctl", "validate", *args, str(path)], cwd=cwd or tmp,
                           capture_output=True, text=True, env=env, timeout=60)
 
@@ -173,3 +173,107 @@ def test_a_relative_path_found_in_both_places_says_which_it_took(tmp_path: Path)
     assert (f"warning: {tmp_path / 'specs' / 'task.yaml'}:1: workdir: '.' is {tmp_path}, from the current directory "
             f"as in SkyPilot, not {tmp_path / 'specs'}; run gpuctl in {tmp_path / 'specs'} for the latter") \
         in proc.stderr
+
+
+# -- issue 34, item 13: SkyPilot's own examples that stopped validating, one test per class -------------
+
+
+def test_a_deploy_key_may_go_into_ssh_but_not_over_its_login_files(tmp_path: Path) -> None:
+    """examples/dvc/dvc_pipeline.yaml copies ~/.ssh/id_rsa(.pub) to the nodes: files of your own in
+    ~/.ssh are fine; ~/.ssh whole, what ssh and sshd read there and gpuctl's own files there are not."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    for name in ("id_rsa", "id_rsa.pub", "authorized_keys"):
+        (home / ".ssh" / name).write_text("key\n")
+    (home / ".gitconfig").write_text("[user]\n")
+    dvc = """name: dvc-pipeline
+resources:
+  accelerators: T4:1
+  infra: aws/us-east-2
+workdir: .
+file_mounts:
+  ~/.ssh/id_rsa: ~/.ssh/id_rsa
+  ~/.ssh/id_rsa.pub: ~/.ssh/id_rsa.pub
+  ~/.gitconfig: ~/.gitconfig
+run: dvc pull
+"""
+    assert "1 node(s) on aws, g4dn.xlarge, T4:1" in ok(validate(dvc, tmp_path, home=home))
+    refused(validate("file_mounts:\n  ~/.ssh: ~/.ssh\n", tmp_path, home=home), "task.yaml:2", "file_mounts.~/.ssh",
+            "is ~/.ssh, which the system or gpuctl needs as it is; give each key its own file_mount")
+    refused(validate("file_mounts:\n  ~/.ssh/authorized_keys: ~/.ssh/authorized_keys\n", tmp_path, home=home),
+            "file_mounts.~/.ssh/authorized_keys", "is in ~/.ssh/authorized_keys")
+    refused(validate("file_mounts:\n  /root/.ssh/gpuctl_cluster: ~/.ssh/id_rsa\n", tmp_path, home=home),
+            "file_mounts./root/.ssh/gpuctl_cluster", "~/.ssh/gpuctl* are gpuctl's own files")
+
+
+def test_a100_40gb_is_the_40_gb_a100_of_p4d(tmp_path: Path) -> None:
+    for accel, itype in (("A100-40GB:8", "p4d.24xlarge"), ("A100:8", "p4d.24xlarge"), ("A100-80GB:8", "p4de.24xlarge"),
+                         ("a100-40gb:8", "p4d.24xlarge"), ("L40S:4", "g6e.12xlarge"), ("T4g:1", "g5g.xlarge")):
+        assert f"aws, {itype}, " in ok(validate(f"resources:\n  infra: aws\n  accelerators: {accel}\n", tmp_path))
+    assert "A100-40GB:8" in ok(validate("resources:\n  accelerators: A100-40GB:8\n", tmp_path))  # local: known
+
+
+def test_a_relative_destination_lands_where_skypilot_puts_it(tmp_path: Path) -> None:
+    """examples/torch_ddp_benchmark: `./torch_ddp_benchmark.py: ./examples/...` lands in the directory
+    run starts in (SkyPilot: ~/sky_workdir; gpuctl: ~/gpuctl_workdir); `..` out of the home, or into a
+    reserved place, is still refused."""
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "torch_ddp_benchmark.py").write_text("print(1)\n")
+    bench = """name: torch-ddp-bench
+num_nodes: 2
+resources:
+  accelerators: A100:8
+  use_spot: True
+  infra: aws
+file_mounts:
+  ./torch_ddp_benchmark.py: ./examples/torch_ddp_benchmark.py
+  data/x: ./examples/torch_ddp_benchmark.py
+run: torchrun --nnodes 2 torch_ddp_benchmark.py
+"""
+    assert "2 node(s) on aws, p4d.24xlarge, A100:8" in ok(validate(bench, tmp_path))
+    refused(validate("file_mounts:\n  ../../../etc/cron.d/job: ./task.yaml\n", tmp_path), "task.yaml:2",
+            "climbs out of the home")
+    refused(validate("file_mounts:\n  ../.ssh/config: ./task.yaml\n", tmp_path), "task.yaml:2",
+            "(that is ~/.ssh/config) is in ~/.ssh/config")
+
+
+def test_a_named_storage_with_a_local_source_is_uploaded_at_apply(tmp_path: Path) -> None:
+    """examples/managed_job_with_storage.yaml: `name:` + local `source:` makes the bucket and fills it
+    from the directory (at apply, never at validate); a missing or non-directory source is one line."""
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "tmp-workdir").mkdir()
+    (tmp_path / "tmpfile").write_text("t\n")
+    managed = """resources:
+  cloud: aws
+  use_spot: true
+  job_recovery: failover
+workdir: ./examples
+file_mounts:
+  ~/bucket_workdir:
+    name: sky-workdir-zhwu
+    source: ./examples
+    persistent: false
+    mode: COPY
+  /imagenet-image:
+    source: s3://sky-imagenet-data
+  /tmp/workdir: ./tmp-workdir
+  ~/a/b/c/tmpfile: ./tmpfile
+"""
+    assert "2 bucket mount(s)" in ok(validate(managed, tmp_path))
+    for mode in ("MOUNT", "MOUNT_CACHED"):
+        ok(validate(f"file_mounts:\n  /ckpt:\n    name: my-ckpt\n    source: ./examples\n    mode: {mode}\n",
+                    tmp_path))
+    refused(validate("file_mounts:\n  /d:\n    name: bkt-x\n    source: ./missing\n", tmp_path), "task.yaml:2",
+            "file_mounts./d", "source './missing' is no local directory to upload")
+    refused(validate("file_mounts:\n  /d:\n    name: bkt-x\n    source: ./tmpfile\n", tmp_path), "task.yaml:2",
+            "file_mounts./d", "a file; give the directory to upload into the bucket")
+
+
+def test_a_long_task_name_gets_a_cluster_name_aws_takes(tmp_path: Path) -> None:
+    out = ok(validate("name: distributed-training-with-pytorch-lightning-and-ddp\nresources:\n  infra: aws\n"
+                      "run: x\n", tmp_path))
+    name = out.split("; cluster ", 1)[1].split()[0]
+    assert len(name) <= 32 and name.startswith("distributed-training-with-"), out
+    assert f"; cluster {name} (the task's name, shortened to 32 characters" in out
+    short = ok(validate("name: My Task\nrun: x\n", tmp_path)).splitlines()[0]
+    assert short.endswith("; cluster my-task"), short  # a name that fits is only cleaned

@@ -15,6 +15,7 @@ from gpuctl.providers.aws.catalog import (AWS_DEFAULT_TYPES, canonical_accelerat
         ("H100", 8, "p5.48xlarge"),
         ("H200", 8, "p5e.48xlarge"),
         ("A100", 8, "p4d.24xlarge"),
+        ("A100-40GB", 8, "p4d.24xlarge"),  # SkyPilot users' name for the 40 GB A100
         ("A100-80GB", 8, "p4de.24xlarge"),
         ("B200", 8, "p6-b200.48xlarge"),
         ("A10G", 1, "g5.xlarge"),
@@ -38,6 +39,7 @@ def test_default_types(accel: str, count: int, expected: str) -> None:
 def test_names_match_case_insensitively() -> None:
     assert default_instance_type("h100", 8) == "p5.48xlarge"
     assert canonical_accelerator("a100-80gb") == "A100-80GB"
+    assert canonical_accelerator("a100-40GB") == "A100-40GB"
     assert canonical_accelerator("H800") is None
 
 

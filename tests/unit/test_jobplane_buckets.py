@@ -336,7 +336,9 @@ def test_node_without_rclone_runs_nothing(node_home: Path, fake_bin: Path, monke
 
 @pytest.mark.parametrize("link,target,dest,mode,says", [
     ("keys", ".ssh", "~/keys/authorized_keys", "COPY", "is in ~/.ssh"),
-    ("keys", ".ssh", "~/keys", "MOUNT", "is in ~/.ssh"),
+    ("keys", ".ssh", "~/keys", "MOUNT", "is ~/.ssh,"),
+    ("keys", ".ssh", "~/keys/config", "COPY", "is in ~/.ssh/config"),
+    ("keys", ".ssh", "~/keys/gpuctl_cluster", "COPY", "is one of gpuctl's own files in ~/.ssh"),
     ("tools", ".gpuctl/bin", "~/tools/gpuctl-node", "COPY", "is in ~/.gpuctl"),
     ("wd", "gpuctl_workdir", "~/wd", "MOUNT", "would cover ~/gpuctl_workdir"),
     ("wd", "gpuctl_workdir", "~/wd/out", "MOUNT_CACHED", "would cover ~/gpuctl_workdir"),
@@ -351,6 +353,21 @@ def test_the_node_refuses_reserved_places_behind_symlinks(node_home: Path, monke
     monkeypatch.setenv("HOME", str(node_home))
     why = agent.dest_problem(dest, mode)
     assert why is not None and says in why and f"{dest} (here " in why, why
+
+
+def test_the_node_takes_a_deploy_key_into_ssh_but_not_its_login_files(node_home: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    """~/.ssh is no longer reserved whole (SkyPilot's examples/dvc copies ~/.ssh/id_rsa): any other file
+    or directory there is fine on the node too, through a symlink as well."""
+    (node_home / ".ssh").mkdir()
+    (node_home / "keys").symlink_to(".ssh")
+    monkeypatch.setenv("HOME", str(node_home))
+    for dest in ("~/.ssh/id_rsa", "~/keys/id_rsa", "~/.ssh/deploy/key"):
+        assert agent.dest_problem(dest, "COPY") is None, dest
+    assert agent.dest_problem("~/.ssh/certs", "MOUNT") is None
+    for dest, says in (("~/.ssh/authorized_keys", "is in ~/.ssh/authorized_keys"), ("~/.ssh/known_hosts", "is in "),
+                       ("~/.ssh/gpuctl_known_hosts", "gpuctl's own files"), ("~/.ssh", "is ~/.ssh,")):
+        assert says in (agent.dest_problem(dest, "COPY") or ""), dest
 
 
 def test_the_node_refuses_a_mount_at_a_workdir_that_is_a_symlink(node_home: Path, tmp_path: Path,
@@ -412,7 +429,7 @@ def test_a_copy_onto_the_workdir_behind_a_symlink_runs_nothing(node_home: Path, 
     body = payload("25", "touch ~/ran", setup="touch ~/set", sync=[{"path": "~/code", "dir": True}])
     events, outcome, _ = submit(node_home, body)
     assert outcome is not None and outcome.status == "FAILED", events
-    assert outcome.detail.startswith(f"head: file_mounts.~/code: ~/code is ~/gpuctl_workdir here"), outcome.detail
+    assert outcome.detail.startswith("head: file_mounts.~/code: ~/code is ~/gpuctl_workdir here"), outcome.detail
     assert not (node_home / "ran").exists() and not (node_home / "set").exists()
 
 

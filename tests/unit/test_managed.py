@@ -13,7 +13,7 @@ import pytest
 
 from gpuctl.managed import launch
 from gpuctl.managed.policy import AttemptEnd, decide
-from gpuctl.managed.store import Event, Store, attempt_log, drop_secrets, read_secrets, write_secrets
+from gpuctl.managed.store import Event, Store, attempt_log, drop_secrets, read_secrets
 from gpuctl.spec import load_task
 from gpuctl.spec.recovery import JobRecovery, RecoveryError, parse_job_recovery
 
@@ -132,7 +132,7 @@ def test_store_claims_once_keeps_events_and_private_files(tmp_path: Path, monkey
 
 
 def test_cluster_names_fit_the_rules() -> None:
-    assert launch.cluster_name("x" * 80, 12345) == "x" * 32 + "-mj12345"
+    assert launch.cluster_name("x" * 80, 12345) == "x" * 24 + "-mj12345"  # 32: what every provider takes
     assert launch.cluster_name("9lives", 1) == "j9lives-mj1"
     assert launch.cluster_name("--", 2) == "job-mj2"
 
@@ -221,3 +221,41 @@ def test_a_second_supervisor_touches_nothing(tmp_path: Path, monkeypatch: pytest
     finally:
         live.kill()
         live.wait()
+
+
+def test_following_a_job_shows_the_supervisors_progress_as_it_comes(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`jobs launch` follows the job: the supervisor's lines (provisioning, recovery, teardown) on one
+    stream, whole lines only, beside the attempts' output; `jobs logs` only what comes from then on."""
+    import io
+
+    from gpuctl import jobscli
+    from gpuctl.managed.store import supervisor_log
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    store = Store()
+    job = launch.create(name="t", file=tmp_path / "t.yaml", envs={}, secrets={}, infra=None, num_nodes=None,
+                        store=store)
+    log = supervisor_log(job.id)
+    log.write_text("10:00:00 supervisor 1 takes managed job 1\n==> Provisioning 2 local node(s)\n")
+    progress, out = io.StringIO(), io.StringIO()
+    from_start = jobscli.Progress(job.id, progress, from_start=True)
+    from_now = jobscli.Progress(job.id, later := io.StringIO(), from_start=False)
+    from_start.show()
+    assert progress.getvalue().splitlines() == ["10:00:00 supervisor 1 takes managed job 1",
+                                                "==> Provisioning 2 local node(s)"]
+    with open(log, "a") as fh:
+        fh.write("10:00:09 attempt 1: starting every rank\n10:00:10 half a li")  # the last line being written
+    from_start.show()
+    assert progress.getvalue().splitlines()[2:] == ["10:00:09 attempt 1: starting every rank"]
+    store.update(job.id, attempt=1)
+    attempt_log(job.id, 1).write_text("(head, rank=0) hello\n")
+    store.set_status(job.id, "SUCCEEDED")
+    with open(log, "a") as fh:
+        fh.write("ne\n")
+    final = jobscli.follow_logs(store, job.id, attempt=None, follow=True, out=out, progress=from_start)
+    assert final.status == "SUCCEEDED"
+    assert out.getvalue().splitlines() == ["== attempt 1 ==", "(head, rank=0) hello"]
+    assert progress.getvalue().splitlines()[2:] == ["10:00:09 attempt 1: starting every rank", "10:00:10 half a line"]
+    from_now.show()
+    assert later.getvalue().splitlines() == ["10:00:09 attempt 1: starting every rank", "10:00:10 half a line"]

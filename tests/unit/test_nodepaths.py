@@ -45,8 +45,11 @@ def test_absolute_homes_are_checked_as_the_home():
 
 
 RESERVED_EVERYWHERE = [
-    # gpuctl's login keys and its own directory, in every spelling
+    # gpuctl's login keys and its own directory, in every spelling; ~/.ssh itself, what ssh and sshd read
+    # there and gpuctl's own files there (agent/install.py writes them)
     "~/.ssh/authorized_keys", "~/.ssh", "$HOME/.ssh/", "${HOME}/.ssh/config", "/root/.ssh/authorized_keys",
+    "~/.ssh/known_hosts", "~/.ssh/authorized_keys2", "~/.ssh/rc", "/home/ubuntu/.ssh/environment",
+    "~/.ssh/gpuctl_cluster", "~/.ssh/gpuctl_known_hosts", "/root/.ssh/gpuctl_cluster.tmp123", "~/.ssh/x/../config",
     "/home/ubuntu/.ssh/authorized_keys", "~/x/../.ssh/authorized_keys", "~//.ssh", "~/./.gpuctl/bin/gpuctl-node",
     "~/.gpuctl", "/root/.gpuctl/jobs", "/home/ec2-user/.gpuctl/bin/gpuctl-node",
     # what the system needs whole, or not at all
@@ -80,7 +83,10 @@ def test_a_mount_never_covers_the_workdir(dest: str, mode: str):
 
 
 @pytest.mark.parametrize("dest", ["/data", "~/data", "/root/ckpt", "/home/ubuntu/ckpt", "/tmp/x", "/etc/myapp",
-                                  "/usr/local/share/models", "/mnt/data", "~/.cache/hf", "~/gpuctl_workdir_old"])
+                                  "/usr/local/share/models", "/mnt/data", "~/.cache/hf", "~/gpuctl_workdir_old",
+                                  # a deploy key or other file of your own in ~/.ssh (SkyPilot's examples/dvc)
+                                  "~/.ssh/id_rsa", "/root/.ssh/id_ed25519", "$HOME/.ssh/deploy/key",
+                                  "/home/ubuntu/.ssh/config.d", "~/.ssh/my_gpuctl_key"])
 def test_ordinary_destinations_pass(dest: str):
     for mode in (None, "COPY", "MOUNT", "MOUNT_CACHED"):
         assert nodepaths.destination_problem(dest, mode) is None, (dest, mode)
@@ -120,7 +126,8 @@ def test_buckets_check_names_the_field():
     assert err.value.message.startswith("file_mounts./root/gpuctl_workdir: a MOUNT at /root/gpuctl_workdir")
     with pytest.raises(UserError) as err:
         buckets.check([BucketMount("$HOME/.ssh", "b", mode="COPY")], {})
-    assert err.value.message.startswith("file_mounts.$HOME/.ssh: $HOME/.ssh (that is ~/.ssh) is in ~/.ssh")
+    assert err.value.message.startswith("file_mounts.$HOME/.ssh: $HOME/.ssh (that is ~/.ssh) is ~/.ssh, which the "
+                                        "system or gpuctl needs as it is; give each key its own file_mount")
 
 
 @pytest.mark.parametrize("mounts,field", [

@@ -144,6 +144,21 @@ def test_a100_80gb_matches_a100_type() -> None:
     check_accelerators(parse_instance_type(p4de), "A100-80GB", 8)
 
 
+def test_a100_memory_in_the_name_must_match_the_type() -> None:
+    """A100-40GB is p4d's A100, A100-80GB p4de's: a name that says the memory is held to it."""
+    p4d = {"InstanceType": "p4d.24xlarge",
+           "GpuInfo": {"Gpus": [{"Name": "A100", "Count": 8, "MemoryInfo": {"SizeInMiB": 40960}}]}}
+    p4de = {"InstanceType": "p4de.24xlarge",
+            "GpuInfo": {"Gpus": [{"Name": "A100", "Count": 8, "MemoryInfo": {"SizeInMiB": 81920}}]}}
+    for name in ("A100", "A100-40GB", "a100-40gb"):
+        check_accelerators(parse_instance_type(p4d), name, 8)
+    check_accelerators(parse_instance_type(p4de), "A100-80GB", 8)
+    with pytest.raises(UserError, match=r"'A100-40GB:8': instance type p4de.24xlarge has 8 x A100 \(80 GB each\)"):
+        check_accelerators(parse_instance_type(p4de), "A100-40GB", 8)
+    with pytest.raises(UserError, match=r"instance type p4d.24xlarge has 8 x A100 \(40 GB each\)"):
+        check_accelerators(parse_instance_type(p4d), "A100-80GB", 8)
+
+
 # ---- region ------------------------------------------------------------------------------------
 
 

@@ -91,6 +91,28 @@ def test_aws_picks_the_first_accelerator_it_sells_unless_the_type_is_given(tmp_p
     assert (request_for(task, infra="local").accelerator, request_for(task, infra="local").gpus_per_node) == ("A100", 3)
 
 
+def test_a_long_task_name_gives_a_cluster_name_every_provider_takes(tmp_path: Path) -> None:
+    """SkyPilot shortens a long task name for the cloud; so does gpuctl: a readable prefix and a hash
+    of the whole name, at most PORTABLE_NAME_MAX (AWS's limit, the shortest), the same on every run."""
+    from gpuctl.providers.aws.provider import MODULE_NAME_MAX
+    from gpuctl.spec.request import PORTABLE_NAME_MAX, check_cluster_name
+
+    assert PORTABLE_NAME_MAX <= MODULE_NAME_MAX
+    names = {}
+    for nodes in (8, 16):
+        path = tmp_path / f"t{nodes}.yaml"
+        path.write_text(f"name: distributed-training-with-pytorch-ddp-on-{nodes}-nodes\n"
+                        "resources:\n  infra: aws/us-east-1\n  instance_type: g5.xlarge\nrun: x\n")
+        req = request_for(load_task(path))
+        get_provider("aws").check(req)  # no "AWS clusters take at most 32 characters"
+        assert check_cluster_name(req.name) == req.name == request_for(load_task(path)).name
+        assert len(req.name) == PORTABLE_NAME_MAX and req.name.startswith("distributed-training-with-")
+        names[nodes] = req.name
+    assert names[8] != names[16]  # the same prefix, two tasks: two clusters
+    with pytest.raises(UserError, match="AWS clusters take at most 32 characters; pass a shorter -c NAME"):
+        get_provider("aws").check(request_for(load_task(path), name="n" * 33))  # -c NAME is as given
+
+
 def test_aws_resolves_the_instance_type_offline() -> None:
     aws = get_provider("aws")
     assert aws.instance_type(request("aws", accelerator="H100", gpus_per_node=8)) == "p5.48xlarge"

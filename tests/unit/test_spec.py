@@ -219,6 +219,41 @@ def test_relative_paths_resolve_against_the_yaml_directory(tmp_path: Path, monke
     assert path.exists()
 
 
+def test_relative_destinations_land_where_skypilot_puts_them(tmp_path: Path) -> None:
+    """SkyPilot takes a relative destination: a local file's below the remote workdir (~/sky_workdir,
+    where run starts), a bucket's below the home. gpuctl places them the same way (its workdir is
+    ~/gpuctl_workdir, where run starts too) and keeps the canonical path."""
+    (tmp_path / "bench.py").write_text("print(1)\n")
+    path = write(tmp_path, """
+        envs:
+          SUB: data
+        file_mounts:
+          ./torch_ddp_benchmark.py: ./bench.py
+          $SUB/x/../y: ./bench.py
+          ../outside.py: ./bench.py
+          ckpt:
+            name: my-ckpt
+          models: s3://my-models/llama
+        """)
+    task = load_task(path)
+    assert task.file_mounts == {"~/gpuctl_workdir/torch_ddp_benchmark.py": tmp_path / "bench.py",
+                                "~/gpuctl_workdir/data/y": tmp_path / "bench.py",
+                                "~/outside.py": tmp_path / "bench.py"}
+    assert {d: (m.dest, m.bucket) for d, m in task.bucket_mounts.items()} == {
+        "~/ckpt": ("~/ckpt", "my-ckpt"), "~/models": ("~/models", "my-models")}
+
+
+def test_an_upload_source_found_in_both_places_is_warned_at_its_file_mounts_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "sub" / "examples").mkdir(parents=True)
+    path = write(tmp_path / "sub", "run: x\nfile_mounts:\n  /d:\n    name: bkt-x\n    source: ./examples\n")
+    monkeypatch.chdir(tmp_path)
+    task = load_task(path)
+    assert task.bucket_mounts["/d"].upload == str(tmp_path / "examples")  # SkyPilot's: the current directory
+    assert [w.split(": '")[0] for w in task.warnings] == [f"{path}:3: file_mounts./d"]
+
+
 def test_envs_expand_in_workdir_and_file_mounts(tmp_path: Path) -> None:
     (tmp_path / "run-7").mkdir()
     path = write(tmp_path, """
@@ -289,8 +324,14 @@ ERRORS = [
     ("workdir-is-file", "workdir: cluster.yaml\n", 1, "workdir", "must be a valid directory"),
     ("mount-source-missing", "run: x\nfile_mounts:\n  /data: ./missing\n", 3, "file_mounts./data",
      "does not exist locally"),
-    ("mount-relative-destination", "file_mounts:\n  /ok: .\n  data: .\n", 3, "file_mounts.data",
-     "must be an absolute path (start with \"/\" or \"~\")"),
+    # a relative destination is SkyPilot's: a local file's in the workdir, a bucket's in the home (test below);
+    # one whose `..` climbs out of the home, or into a reserved place, is refused as that place
+    ("mount-relative-climbs-out", "file_mounts:\n  /ok: .\n  ../../etc/cron.d/x: .\n", 3,
+     "file_mounts.../../etc/cron.d/x", "~/gpuctl_workdir/../../etc/cron.d/x: '..' climbs out of the home"),
+    ("mount-relative-into-ssh", "file_mounts:\n  ../.ssh/authorized_keys: .\n", 2,
+     "file_mounts.../.ssh/authorized_keys", "(that is ~/.ssh/authorized_keys) is in ~/.ssh/authorized_keys"),
+    ("mount-relative-workdir", "file_mounts:\n  ./: .\n", 2, "file_mounts../",
+     "(that is ~/gpuctl_workdir) is ~/gpuctl_workdir, where gpuctl copies the workdir"),
     ("mount-s3-bad-bucket", "file_mounts:\n  /data: s3://Bad_Bucket/path\n", 2, "file_mounts./data",
      "'Bad_Bucket' is not an S3 bucket name"),
     ("mount-gs", "file_mounts:\n  /data: gs://bucket\n", 2, "file_mounts./data",
@@ -299,8 +340,17 @@ ERRORS = [
      "store: gcs is not supported by gpuctl"),
     ("mount-bad-mode", "file_mounts:\n  /data:\n    source: s3://bkt\n    mode: STREAM\n", 2, "file_mounts./data",
      "'STREAM' is not a storage mode; use COPY, MOUNT, MOUNT_CACHED"),
-    ("mount-upload", "file_mounts:\n  /data:\n    name: bkt\n    source: .\n", 2, "file_mounts./data",
-     "uploading a local path to a bucket is not supported by gpuctl"),
+    # name: with a local source: SkyPilot's upload (the bucket is made and filled before the job)
+    ("mount-upload-missing", "file_mounts:\n  /data:\n    name: bkt\n    source: ./nope\n", 2, "file_mounts./data",
+     "source './nope' is no local directory to upload: "),
+    ("mount-upload-file", "file_mounts:\n  /data:\n    name: bkt\n    source: cluster.yaml\n", 2, "file_mounts./data",
+     "source 'cluster.yaml' is "),
+    ("mount-upload-unnamed", "file_mounts:\n  /data:\n    source: .\n    mode: COPY\n", 2, "file_mounts./data",
+     "source '.' is a local directory: give name: BUCKET"),
+    ("mount-upload-list", "file_mounts:\n  /data:\n    name: bkt\n    source: [., ..]\n", 2, "file_mounts./data",
+     "a list of sources is not supported by gpuctl"),
+    ("mount-upload-bad-name", "file_mounts:\n  /data:\n    name: Bad_Bucket\n    source: .\n", 2,
+     "file_mounts./data", "'Bad_Bucket' is not an S3 bucket name"),
     ("mount-nothing", "file_mounts:\n  /data:\n    mode: COPY\n", 2, "file_mounts./data",
      "needs source: s3://BUCKET/PATH or name: BUCKET"),
     ("git-workdir-option-url", "workdir:\n  url: -oProxyCommand=touch /tmp/x\n", 2, "workdir.url", "is not a git URL"),
@@ -308,7 +358,8 @@ ERRORS = [
      "workdir.ref", "is not a branch, tag or commit"),
     ("git-workdir-unknown-key", "workdir:\n  url: https://github.com/a/b.git\n  branch: main\n", 3,
      "workdir.branch", "unknown field"),
-    ("mount-relative-dest", "file_mounts:\n  data: s3://bkt\n", 2, "file_mounts.data", "must be an absolute path"),
+    ("bucket-relative-into-ssh", "file_mounts:\n  .ssh/config: s3://bkt/c\n", 2, "file_mounts..ssh/config",
+     "~/.ssh/config is in ~/.ssh/config"),
     ("env-key-digit", "envs:\n  OK: 1\n  1BAD: x\n", 3, "envs.1BAD", "'1BAD' is not a valid variable name"),
     ("env-key-dash", "envs:\n  MY-VAR: x\n", 2, "envs.MY-VAR", "not a valid variable name"),
     ("env-null", "envs:\n  DATA_DIR:\n", 2, "envs.DATA_DIR", "no value; set one in envs or pass --env DATA_DIR=VALUE"),
@@ -376,10 +427,29 @@ def test_message_shape_matches_the_issue(tmp_path: Path, monkeypatch: pytest.Mon
     )
 
 
-def test_several_problems_report_the_first_by_line(tmp_path: Path) -> None:
-    message = error_of(write(tmp_path, "run: 5\nnum_nodes: 0\nfoo: 1\n"))
-    assert message.startswith(f"{tmp_path / 'cluster.yaml'}:1: run: ")
-    assert message.endswith("(and 2 more problems)")
+def test_several_problems_are_each_named_in_file_order(tmp_path: Path) -> None:
+    """No problem hides behind a count: each has its own line with its file:line and field, the
+    first line being the one a single problem gives (issue 34, item 12)."""
+    path = write(tmp_path, "foo: 1\nrun: 5\nnum_nodes: 0\nresources:\n  network_tier: fastest\n")
+    with pytest.raises(UserError) as info:
+        load_task(path)
+    lines = info.value.message.split("\n")
+    where = tmp_path / "cluster.yaml"
+    assert lines == [
+        f"{where}:1: foo: unknown field",
+        f"  {where}:2: run: expected a shell script as a string, got a whole number; write 'run: |' and the "
+        "commands on the lines below",
+        f"  {where}:3: num_nodes: must be a positive int, got 0",
+        f"  {where}:5: resources.network_tier: 'fastest' is not a network tier; use standard or best",
+    ]
+    assert "more problem" not in info.value.message
+
+
+def test_several_problems_keep_secret_values_out(tmp_path: Path) -> None:
+    path = write(tmp_path, "secrets:\n  TOKEN: hunter2-secret\nnum_nodes: 0\nworkdir: ./hunter2-secret\n")
+    with pytest.raises(UserError) as info:
+        load_task(path)
+    assert len(info.value.message.split("\n")) == 2 and "hunter2-secret" not in info.value.message
 
 
 def test_missing_file(tmp_path: Path) -> None:

@@ -379,3 +379,17 @@ def nested_destinations(dests: Iterable[str], workdir: str = "~/" + WORKDIR_NAME
         if rel and rel not in out and not rel.startswith(".."):
             out.append(rel)
     return out
+
+
+def ignored_by_git(root: Path) -> list[str] | None:
+    """What git itself reports ignored in `root` (untracked; relative to it, a directory ignored whole as one
+    entry ending in '/'), as SkyPilot leaves it out of a bucket upload; None outside a git work tree or
+    without git, [] when git ignores `root` whole (SkyPilot then keeps everything)."""
+    probe = _git(root, "rev-parse", "--is-inside-work-tree")
+    if probe is None or probe.returncode != 0 or probe.stdout.strip() != b"true":
+        return None
+    listed = _git(root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory")
+    if listed is None or listed.returncode != 0:
+        return None
+    paths = _lines0(listed)
+    return [] if "./" in paths else paths

@@ -19,8 +19,9 @@ from typing import Mapping
 
 from gpuctl.jobplane import joblogs
 from gpuctl.managed.store import ManagedJob, Store, supervisor_log, write_secrets
+from gpuctl.spec.request import PORTABLE_NAME_MAX
 
-MAX_CLUSTER_NAME = 40
+MAX_CLUSTER_NAME = PORTABLE_NAME_MAX  # every provider takes it (AWS: 32)
 CLAIM_GRACE_S = 60.0
 
 

@@ -1,8 +1,9 @@
 """cluster.yaml: SkyPilot's task YAML as a typed, validated model.
 
 `load_task` composes the YAML with a loader that remembers every key's line,
-validates it with the pydantic models below and turns the first problem into
-one `UserError` line that names the file, the line and the dotted field:
+validates it with the pydantic models below and turns each problem into one
+`UserError` line that names the file, the line and the dotted field (several
+problems: one line each, in file order, the further ones indented):
 
     cluster.yaml:7: resources.accelerators: 'A100:x' is not a valid accelerator; write NAME:COUNT such as A100:8
 
@@ -19,7 +20,12 @@ says what it will not do:
   give "1.1" and "True".
 - Bucket file_mounts (`/data: s3://bucket/prefix`, copied; or the storage
   object `{source, name, mode, store}`) become `Task.bucket_mounts`; only S3 is
-  supported, other stores are named as unsupported.
+  supported, other stores are named as unsupported. `name:` with a local
+  directory as `source:` is a bucket made and filled from it at apply
+  (`BucketMount.upload`; jobplane/bucketupload.py).
+- A relative file_mounts destination is SkyPilot's: a local file's lands in the
+  workdir (~/gpuctl_workdir, where run starts), a bucket's in the home
+  (nodepaths.on_node); `..` out of the home, or into a reserved place, is refused.
 - `image_id: docker:IMAGE` is `Task.container_image`: setup and run go inside it.
 - A git `workdir: {url, ref}` is `Task.workdir_git`, cloned on the controller
   at apply (gitworkdir.py) and synced like a local workdir.
@@ -34,7 +40,7 @@ says what it will not do:
   `Resources.IGNORED_FIELDS` (kept verbatim in `.ignored`: `service`,
   `resources.autostop`, `resources.job_recovery`, ...).
 - Refused with a "not supported by gpuctl" line: other clouds and Kubernetes,
-  non-S3 buckets, uploading local files to a bucket, managed secrets (`secrets:NAME`, `managed_secrets`), `volumes`,
+  non-S3 buckets, a list of storage sources, managed secrets (`secrets:NAME`, `managed_secrets`), `volumes`,
   and pipelines (several YAML documents in one file).
 - A key given twice in one mapping is an error (YAML would keep the last silently).
 
@@ -48,7 +54,7 @@ The package, one job a module (each imports only those listed above it):
 - fields.py: the value parsers (accelerators, quantities, ports, variables, buckets).
 - models.py: `Task`, `Resources`, `GitWorkdir`.
 - compose.py: YAML composed with the line of every key.
-- messages.py: a validation error as one `FILE:LINE: FIELD: MESSAGE` line.
+- messages.py: a validation error as `FILE:LINE: FIELD: MESSAGE` lines, one per problem.
 - loader.py: `load_task`, the command line's overrides, warnings.
 - request.py: what to provision, from a task.
 """

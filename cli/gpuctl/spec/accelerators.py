@@ -13,13 +13,15 @@ from typing import Iterable
 
 KNOWN_ACCELERATORS = (
     # NVIDIA data-centre GPUs
-    "B200", "B300", "GB200", "GB300", "H100", "H100-MEGA", "H200", "H800", "H20", "GH200", "A100", "A100-80GB",
-    "A800", "A10", "A10G", "A16", "A30", "A40", "L4", "L20", "L40", "L40S", "T4", "T4g", "V100", "V100-32GB", "P100",
-    "P4", "P40", "K80", "M60",
+    "B200", "B300", "GB200", "GB300", "H100", "H100-MEGA", "H100-NVL", "H100-NVLINK", "H100-SXM", "H200",
+    "H200-SXM", "H800", "H20", "GH200", "A100", "A100-40GB", "A100-80GB", "A100-80GB-SXM", "A800", "A10", "A10G",
+    "A16", "A30", "A40", "L4", "L20", "L40", "L40S", "T4", "T4g", "V100", "V100-32GB", "P100", "P4", "P40", "K80",
+    "M60",
     # NVIDIA workstation and consumer GPUs
-    "RTX6000", "RTX6000-Ada", "RTXPRO6000", "RTXA4000", "RTXA4500", "RTXA5000", "RTXA6000", "A4000", "A5000",
-    "A6000", "A2", "GTX1080Ti", "RTX2080", "RTX2080Ti", "RTX3060", "RTX3070", "RTX3080", "RTX3080Ti", "RTX3090",
-    "RTX3090Ti", "RTX4070", "RTX4080", "RTX4090", "RTX5080", "RTX5090",
+    "RTX6000", "RTX6000-Ada", "RTXPRO6000", "RTX4000-Ada", "RTXA2000", "RTXA4000", "RTXA4500", "RTXA5000",
+    "RTXA6000", "A4000", "A5000", "A6000", "A2", "M4000", "P4000", "GTX1080Ti", "RTX2080", "RTX2080Ti", "RTX3060",
+    "RTX3070", "RTX3080", "RTX3080Ti", "RTX3090", "RTX3090Ti", "RTX4060", "RTX4070", "RTX4080", "RTX4090",
+    "RTX5060", "RTX5070", "RTX5080", "RTX5090",
     # AMD, Intel, AWS silicon, TPUs
     "MI100", "MI210", "MI250", "MI250X", "MI300X", "MI325X", "Gaudi", "Gaudi2", "Gaudi3", "Inferentia",
     "Inferentia2", "Trainium", "Trainium2", "tpu-v2-8", "tpu-v3-8", "tpu-v4-8", "tpu-v5e-8", "tpu-v5p-8",

@@ -1,7 +1,9 @@
 """Cloud-bucket file_mounts as the job plane receives them: plain values.
 
 The spec layer turns `file_mounts: {/data: s3://bucket/prefix}` and the
-object form (`source`/`name`/`mode`/`store`) into `BucketMount`s; the node
+object form (`source`/`name`/`mode`/`store`) into `BucketMount`s; `name` with a
+local `source` directory is filled from it by the controller before the job
+(jobplane/bucketupload.py); the node
 agent fetches (COPY) or mounts (MOUNT, MOUNT_CACHED) each one on every node
 before setup (jobplane/agent/buckets.py), with rclone:
 
@@ -51,6 +53,9 @@ class BucketMount:
     mode: str = "MOUNT"  # one of MODES
     store: str = "s3"
     create: bool = False  # `name:` without `source:`: create the bucket when it does not exist
+    # `name:` with a local `source:` (create is True too): this directory (absolute, on the controller)
+    # is uploaded into the bucket before the job (jobplane/bucketupload.py); "" for none
+    upload: str = ""
 
     def url(self) -> str:
         return f"{self.store}://{self.bucket}/{self.prefix}".rstrip("/")
@@ -115,5 +120,6 @@ def payload_entries(mounts: Sequence[BucketMount]) -> list[dict[str, Any]]:
 def describe(mounts: Sequence[BucketMount]) -> list[str]:
     """One line per mount for the job's start: what goes where, and how."""
     how = {"COPY": "copied to", "MOUNT": "mounted at", "MOUNT_CACHED": "mounted (cached) at"}
-    return [f"{m.url()}{' (created if missing)' if m.create else ''}: {how.get(m.mode, m.mode)} {m.dest}"
-            for m in mounts]
+    made = {m: f" (created if missing{f', filled from {m.upload}' if m.upload else ''})" if m.create else ""
+            for m in mounts}
+    return [f"{m.url()}{made[m]}: {how.get(m.mode, m.mode)} {m.dest}" for m in mounts]

@@ -111,7 +111,7 @@ def _local_path(text: str, info: ValidationInfo, exists: Callable[[Path], bool],
         if exists(candidate):
             notes = (info.context or {}).get("notes")
             if notes is not None and len(candidates) > 1 and candidate == candidates[0] and exists(candidates[1]):
-                key = (info.field_name, *at)
+                key = ("file_mounts" if info.field_name == "bucket_mounts" else info.field_name, *at)  # as written
                 notes.append((key, f"'{text}' is {candidate}, from the current directory as in SkyPilot, not "
                               f"{candidates[1]}; run gpuctl in {info.context.get('base_dir')} for the latter"))
             return candidate
@@ -352,10 +352,19 @@ def _unset_in(text: Any, unset: Iterable[str]) -> bool:
     return isinstance(text, str) and any((m.group(1) or m.group(2)) in unset for m in _VAR_RE.finditer(text))
 
 
-def _bucket_mount(dest: str, value: Any, variables: Mapping[str, str], at: str,
-                  unset: Iterable[str] = ()) -> BucketMount:
+def _upload_dir(text: str, info: ValidationInfo, at: str) -> Path:
+    """A storage mount's local `source:`: the directory to upload, found as a file_mount source is."""
+    found = next((c for c in _local_candidates(text, info) if c.exists()), None)
+    if found is not None and not found.is_dir():
+        raise _bad(f"source '{text}' is {found}, a file; give the directory to upload into the bucket", at)
+    return _local_path(text, info, Path.is_dir, f"source '{text}' is no local directory to upload", at)
+
+
+def _bucket_mount(dest: str, value: Any, variables: Mapping[str, str], at: str, unset: Iterable[str],
+                  local_dir: Callable[[str], Path]) -> BucketMount:
     """One bucket file_mount: `s3://bucket/prefix` (copied) or SkyPilot's storage object
-    `{source, name, mode, store, persistent}`; `name` alone is a bucket to create."""
+    `{source, name, mode, store, persistent}`; `name` alone is a bucket to create, `name` with a local
+    `source` a bucket to create and fill with that directory (`local_dir` finds it) before the job."""
     if isinstance(value, str):
         if _unset_in(value, unset):
             return BucketMount(dest=dest, bucket=value, mode="COPY")
@@ -383,16 +392,19 @@ def _bucket_mount(dest: str, value: Any, variables: Mapping[str, str], at: str,
         _check_bucket_name(name, at)
         return BucketMount(dest=dest, bucket=name, mode=mode, create=True)
     if isinstance(source, list):
-        raise _bad("a list of sources uploads local files to a bucket, which gpuctl does not support; "
-                   "use one s3:// source, or local paths as plain file_mounts", at)
+        raise _bad("a list of sources is not supported by gpuctl; give one local directory (with name:) or one "
+                   "s3:// source, or write local paths as plain file_mounts", at)
     if not isinstance(source, str):
         raise _bad(f"source: expected s3://BUCKET/PATH, got {_kind(source)}", at)
     if _unset_in(source, unset):
         return BucketMount(dest=dest, bucket=source, mode=mode)
     source = _expand(source, variables)
-    if "://" not in source:
-        raise _bad(f"source {_show(source)} with a bucket name: uploading a local path to a bucket is not supported "
-                   "by gpuctl; write the local path as a plain file_mount, or give an s3:// source", at)
+    if "://" not in source:  # SkyPilot's upload: the bucket `name:` is made and filled from this directory
+        if not isinstance(name, str) or not name:
+            raise _bad(f"source {_show(source)} is a local directory: give name: BUCKET, the bucket gpuctl creates "
+                       "and uploads it to (or write it as a plain file_mount)", at)
+        _check_bucket_name(name, at)
+        return BucketMount(dest=dest, bucket=name, mode=mode, create=True, upload=str(local_dir(source)))
     bucket, prefix = _bucket_url(source, at)
     if name and name != bucket:
         raise _bad(f"name '{name}' and source's bucket '{bucket}' differ; give one of them", at)

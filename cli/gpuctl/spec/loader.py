@@ -2,7 +2,7 @@
 
 Why a module of its own: this is the one entry point from a file to a `Task`:
 compose with lines (compose.py), merge `--env`/`--secret`/`--infra`, validate
-(models.py), turn the first problem into one line (messages.py), and list the
+(models.py), turn its problems into lines, one each (messages.py), and list the
 fields read and not acted on as warnings.
 """
 
@@ -20,7 +20,7 @@ from gpuctl.common.yamlfile import read_text
 from gpuctl.spec.compose import _as_written, _compose, _line_of
 from gpuctl.spec.fields import _WHERE_FIELDS, _kind
 from gpuctl.spec.infra import CONFIG_ACTED_ON, parse_infra
-from gpuctl.spec.messages import _one_line, _redact
+from gpuctl.spec.messages import _problem_lines, _redact
 from gpuctl.spec.models import ResourcesCheck, Task
 
 SKYPILOT_IMAGE_PREFIX = "skypilot:"  # SkyPilot's own image tags (skypilot:gpu-ubuntu-2204)
@@ -79,15 +79,18 @@ def load_task(
     require_values: bool = True,
     infra_override: str | None = None,
     resources_check: ResourcesCheck | None = None,
+    text: str | None = None,
 ) -> Task:
-    """Read and validate a SkyPilot-format task YAML.
+    """Read and validate a SkyPilot-format task YAML (`text`: its text, from no file; `path` then
+    names it in messages, and relative paths resolve from the current directory).
 
     Relative `workdir` and `file_mounts` sources resolve against the YAML
     file's directory (not the current one). `env_overrides` (from `--env K=V`)
     and `secret_overrides` (from `--secret K=V`) replace or extend `envs` and
     `secrets` before validation, so they fill `null` values and are checked
     the same way. Any problem raises `UserError` with one line
-    `FILE:LINE: FIELD: MESSAGE` (`FILE:LINE:COLUMN: ...` for YAML syntax).
+    `FILE:LINE: FIELD: MESSAGE` (`FILE:LINE:COLUMN: ...` for YAML syntax); several
+    validation problems give one such line each, in file order (messages.py).
     `infra_override` (`--infra`) replaces every location in the file, the
     alternatives' too, as SkyPilot's `--infra` does.
     `resources_check(cloud, resources)`: the provider's offline word on resources
@@ -99,7 +102,7 @@ def load_task(
     """
     source = str(path)
     file = Path(path).expanduser()
-    text = read_text(file, what="task YAML file", source=source)
+    text = read_text(file, what="task YAML file", source=source) if text is None else text
 
     data, lines, texts = _compose(text, source)
     if data is None:
@@ -129,7 +132,7 @@ def load_task(
                                                   "from_yaml": True, "unset": {u.split(".", 1)[1] for u in unset},
                                                   "notes": notes, "resources_check": resources_check})
     except pydantic.ValidationError as err:
-        raise UserError(_redact(_one_line(err, source, lines), secret_values)) from None
+        raise UserError(_redact(_problem_lines(err, source, lines), secret_values)) from None
     task._where = lambda *key: f"{source}:{_line_of(lines, _as_written(lines, key))}"
     task._warnings = [f"{task.where(*key)}: {'.'.join(key)}: {text}" for key, text in notes]
     task._warnings += _warnings(task, unset, task._where)

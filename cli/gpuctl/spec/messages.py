@@ -1,9 +1,9 @@
-"""A pydantic ValidationError as the one line the user reads: `FILE:LINE: FIELD: MESSAGE`.
+"""A pydantic ValidationError as the lines the user reads: `FILE:LINE: FIELD: MESSAGE` per problem.
 
-Why a module of its own: choosing which of several problems to show (the first
-in file order), naming the field as the file spells it, guessing the field an
-unknown key meant, and keeping secret values out of every message are one rule,
-applied to every task error in one place.
+Why a module of its own: ordering several problems (file order, each named, none
+hidden behind a count), naming the field as the file spells it, guessing the
+field an unknown key meant, and keeping secret values out of every message are
+one rule, applied to every task error in one place.
 """
 
 from __future__ import annotations
@@ -62,9 +62,11 @@ def _message(error: Mapping[str, Any], loc: _Path) -> str:
     return f"{expected}, got {shown}"
 
 
-def _one_line(err: pydantic.ValidationError, source: str, lines: Mapping[_Path, int]) -> str:
-    """The first problem in file order, as `FILE:LINE: FIELD: MESSAGE`."""
-    problems = []
+def _problem_lines(err: pydantic.ValidationError, source: str, lines: Mapping[_Path, int]) -> str:
+    """Every problem as `FILE:LINE: FIELD: MESSAGE`, in file order: the first on the first line (the
+    line a single problem gives), each further one on a line of its own, indented by two spaces.
+    The first line alone still says what to fix first; the others keep nothing hidden."""
+    problems: list[tuple[int, _Path, str]] = []
     for error in err.errors(include_url=False):
         loc = tuple(str(p) for p in error["loc"]) + tuple((error.get("ctx") or {}).get("at", ()))
         if loc[:1] == ("bucket_mounts",):  # written under file_mounts
@@ -73,13 +75,12 @@ def _one_line(err: pydantic.ValidationError, source: str, lines: Mapping[_Path, 
             loc = ("workdir",) + loc[1:]
         loc = _as_written(lines, loc)
         line = next(lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines)
-        problems.append((line, loc, _message(error, loc)))
-    problems.sort(key=lambda p: p[0])
-    line, loc, message = problems[0]
-    more = len(problems) - 1
-    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    field = f"{'.'.join(loc)}: " if loc else ""
-    return f"{source}:{line}: {field}{message}{tail}"
+        problem = (line, loc, _message(error, loc))
+        if problem not in problems:  # one problem pydantic reports twice (a union's branches) is said once
+            problems.append(problem)
+    problems.sort(key=lambda p: (p[0], p[1]))
+    return "\n  ".join(f"{source}:{line}: {'.'.join(loc) + ': ' if loc else ''}{message}"
+                        for line, loc, message in problems)
 
 
 def _redact(message: str, secret_values: Iterable[str]) -> str:

@@ -17,15 +17,15 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, Strict, ValidationInfo, field_validator,
                       model_validator)
 
-from gpuctl.common.errors import UserError
 from gpuctl.spec.autostop import Autostop, AutostopError, parse_autostop
 from gpuctl.spec.recovery import JobRecovery, RecoveryError, parse_job_recovery
 from gpuctl.spec.buckets import BucketMount
 from gpuctl.spec.fields import (_CPUS_RE, _MANAGED_SECRETS, _MEMORY_RE, _RESOURCE_ALIASES, _WHERE_FIELDS, _accelerators,
                                 _aliased, _bad, _bucket_mount, _disk_size, _expand, _image_for_region, _infra_problem,
                                 _kind, _labels, _local_path, _network_tier, _number_text, _ports, _quantity,
-                                _region_from_images, _region_of, _scalar_text, _show, _variables)
+                                _region_from_images, _region_of, _scalar_text, _show, _upload_dir, _variables)
 from gpuctl.spec.infra import WHAT_IS_SUPPORTED, Infra, infra_from_legacy, parse_infra
+from gpuctl.spec import nodepaths
 from gpuctl.spec.nodepaths import destination_problem
 
 # The provider's offline word on a location's resources: (cloud, resources) -> (field, why) or None.
@@ -38,6 +38,19 @@ DOCKER_PREFIX = "docker:"
 _GIT_URL_RE = re.compile(r"^(?:(?:https?|ssh|git|file)://\S+|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s-]\S*)$")
 _GIT_REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+-]*$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")  # registry/name:tag or @sha256:...
+
+
+def _placed(dest: str, *, bucket: bool) -> tuple[str, str]:
+    """(where `dest` lands as checked, the key it is kept under): an absolute or ~ one as written both
+    times; a relative one placed by nodepaths.on_node, and kept as the canonical path it names
+    (~/gpuctl_workdir/train.py) once the checks passed."""
+    remote = nodepaths.on_node(dest, bucket=bucket)
+    if remote == dest:
+        return remote, remote
+    try:
+        return remote, nodepaths.normalize(remote)
+    except nodepaths.BadPath:
+        return remote, remote  # destination_problem says why
 
 
 class _Model(BaseModel):
@@ -386,15 +399,12 @@ class Task(_Model):
                 scheme = source.split("://", 1)[0]
                 raise _bad(f"{scheme}:// sources are not supported yet; "
                            "use a local path, or fetch the data in setup", key)
-            remote = _expand(key, variables)
-            if not remote.startswith(("/", "~")):
-                raise _bad(f"File mount destination must be an absolute path (start with \"/\" or \"~\"), "
-                           f"not '{remote}'", key)
+            remote, placed = _placed(_expand(key, variables), bucket=False)  # relative: in the workdir
             problem = destination_problem(remote)
             if problem:
                 raise _bad(problem, key)
             path = _local_path(source, info, Path.exists, f"File mount source '{source}' does not exist locally", key)
-            out[remote] = str(path)
+            out[placed] = str(path)
         return out
 
     @field_validator("bucket_mounts", mode="before")
@@ -406,15 +416,13 @@ class Task(_Model):
             if isinstance(src, BucketMount):  # a dumped task validated again
                 out[str(dest)] = src
                 continue
-            remote = _expand(str(dest), variables)
-            if not remote.startswith(("/", "~")):
-                raise _bad(f"File mount destination must be an absolute path (start with \"/\" or \"~\"), "
-                           f"not '{remote}'", dest)
-            mount = _bucket_mount(remote, src, variables, str(dest), (info.context or {}).get("unset", ()))
+            remote, placed = _placed(_expand(str(dest), variables), bucket=True)  # relative: in the home
+            mount = _bucket_mount(placed, src, variables, str(dest), (info.context or {}).get("unset", ()),
+                                  lambda source, at=str(dest): _upload_dir(source, info, at))
             problem = destination_problem(remote, mount.mode)
             if problem:
                 raise _bad(problem, dest)
-            out[remote] = mount
+            out[placed] = mount
         return out
 
     @field_validator("setup", "run", mode="before")

@@ -8,8 +8,11 @@ under a home such as /root or /home/NAME is checked as `~/...` too, since the
 controller does not know which user the nodes log in as) whether it is reserved.
 
 Reserved (`destination_problem`), for every destination, copied or mounted:
-- a place gpuctl needs, and anything in it: ~/.ssh (the cluster's login keys:
-  a file there locks gpuctl out of its own nodes), ~/.gpuctl (the agent, the
+- a place gpuctl needs, and anything in it: in ~/.ssh the files sshd and ssh
+  read (authorized_keys, config, known_hosts, rc...: a copy there locks gpuctl
+  out of its own nodes) and gpuctl's own (~/.ssh/gpuctl*: the cluster's internal
+  key, its known hosts), while another file there (a deploy key such as
+  ~/.ssh/id_rsa) is fine; ~/.gpuctl (the agent, the
   jobs' files and secrets), the login shell's startup files (~/.bashrc,
   ~/.profile...: sshd runs every gpuctl command through them), sshd's, the
   accounts', the name resolver's and the dynamic loader's configuration in /etc;
@@ -17,7 +20,7 @@ Reserved (`destination_problem`), for every destination, copied or mounted:
   (/bin, /usr/bin, /lib, /usr/lib...: python3, rsync, ssh and bash live
   there), /proc, /sys, /dev, /run, /var/run, /boot;
 - a directory the system or the user needs whole, itself (a copy into a new
-  directory below it is fine): /, the home, /etc, /usr, /tmp, /home, ...;
+  directory below it is fine): /, the home, ~/.ssh, /etc, /usr, /tmp, /home, ...;
 the workdir ~/gpuctl_workdir itself for a copy (the workdir copy and the
 file_mount would delete each other's files; a directory below it is fine, and
 the workdir copy leaves it alone), and for a MOUNT or MOUNT_CACHED the workdir,
@@ -37,7 +40,8 @@ from __future__ import annotations
 import re
 
 # The lists themselves are reserved.py's, which the node agent is built with (the same objects).
-from gpuctl.spec.reserved import RESERVED_DIRS, RESERVED_TREES, WORKDIR  # noqa: F401 - WORKDIR: nodepaths.WORKDIR
+from gpuctl.spec.reserved import (RESERVED_DIRS, RESERVED_SSH_PREFIX, RESERVED_TREES,  # noqa: F401 - nodepaths.WORKDIR
+                                  SSH_DIR_ON_NODE, WORKDIR)
 
 HOME = "~"
 MOUNT_MODES = ("MOUNT", "MOUNT_CACHED")
@@ -78,6 +82,17 @@ def normalize(dest: str) -> str:
     return ("~" if in_home else "") + ("/" + "/".join(parts) if parts else ("" if in_home else "/"))
 
 
+def on_node(dest: str, *, bucket: bool) -> str:
+    """`dest` as the nodes take it. An absolute, `~/...` or `$HOME/...` one as written; a relative one
+    (`data/x`, `./train.py`) as SkyPilot places it: a local file's below the workdir (SkyPilot's
+    ~/sky_workdir, where setup and run start; here WORKDIR, where they start too), a bucket's below
+    the home. The checks (`destination_problem`) then see the place it names, `..` included."""
+    text = dest.strip()
+    if not text or text.startswith(("/", "~")) or _HOME_VAR_RE.match(text):
+        return text
+    return f"{HOME if bucket else WORKDIR}/{text}"
+
+
 def views(path: str) -> list[str]:
     """The canonical paths a canonical destination may denote: itself, and its `~` form where
     it is under a home the nodes may log in to (/root/x is ~/x for root)."""
@@ -96,17 +111,23 @@ def destination_problem(dest: str, mode: str | None = None) -> str | None:
     try:
         path = normalize(dest)
     except BadPath as exc:
-        return str(exc)
+        return f"{dest}: {exc}"
     spelled = "" if path == (dest.rstrip("/") or "/") else f" (that is {path})"
     for view in views(path):
         for top in RESERVED_TREES:
             if within(view, top):
                 return (f"{dest}{spelled} is in {top}, which gpuctl or the system needs on every node; "
                         "choose another destination, such as /data or ~/data")
+        if view.startswith(RESERVED_SSH_PREFIX):
+            top = "/".join(view.split("/")[:3])
+            return (f"{dest}{spelled} is {'in ' if view != top else ''}{top}, and {RESERVED_SSH_PREFIX}* are gpuctl's "
+                    "own files (the cluster's internal key, its known hosts); give it another name (such as "
+                    "~/.ssh/id_deploy) or another destination, such as /data or ~/data")
         if view in RESERVED_DIRS:
             what = {"~": "the home", "/": "the filesystem root"}.get(view, view)
+            keys = "give each key its own file_mount (such as ~/.ssh/id_rsa: ~/.ssh/id_rsa), or "
             return (f"{dest}{spelled} is {what}, which the system or gpuctl needs as it is; "
-                    "give a directory of its own, such as /data or ~/data")
+                    f"{keys if view == SSH_DIR_ON_NODE else ''}give a directory of its own, such as /data or ~/data")
         if mode not in MOUNT_MODES and view == WORKDIR:
             return (f"{dest}{spelled} is {WORKDIR}, where gpuctl copies the workdir on every job: the two copies "
                     "would delete each other's files; copy it into a directory below it, such as "

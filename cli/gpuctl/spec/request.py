@@ -6,6 +6,7 @@ be read and tested without knowing SkyPilot's task format.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -49,12 +50,36 @@ class ClusterRequest:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def default_cluster_name(task_name: str | None) -> str:
+# The longest cluster name every provider takes (AWS prefixes its resource names with it: 32,
+# providers/aws/provider.py MODULE_NAME_MAX; tests/unit/test_providers.py keeps the two in step).
+# A name gpuctl makes up is never longer; one given with -c may be up to 40 where the provider allows.
+PORTABLE_NAME_MAX = 32
+_NAME_HASH_CHARS = 6
+
+
+def _cleaned(task_name: str | None) -> str:
     base = (task_name or "gpuctl").lower()
-    cleaned = "".join(c if c.isalnum() else "-" for c in base).strip("-") or "gpuctl"
-    if not cleaned[0].isalpha():
-        cleaned = "c-" + cleaned
-    return cleaned[:40].rstrip("-")
+    cleaned = "".join(c if c.isascii() and c.isalnum() else "-" for c in base).strip("-") or "gpuctl"
+    return cleaned if cleaned[0].isalpha() else "c-" + cleaned
+
+
+def default_cluster_name(task_name: str | None) -> str:
+    """The cluster a task gets without -c: its `name:` in lowercase letters, digits and '-'. One longer
+    than PORTABLE_NAME_MAX becomes a readable prefix and a short hash of the whole name (SkyPilot, too,
+    shortens a name for the cloud), so two long names that start alike stay two clusters, and one name
+    is the same cluster on every run."""
+    cleaned = _cleaned(task_name)
+    if len(cleaned) <= PORTABLE_NAME_MAX:
+        return cleaned
+    digest = hashlib.sha256(str(task_name).encode("utf-8")).hexdigest()[:_NAME_HASH_CHARS]
+    return cleaned[:PORTABLE_NAME_MAX - _NAME_HASH_CHARS - 1].rstrip("-") + "-" + digest
+
+
+def describe_cluster_name(name: str, task_name: str | None) -> str:
+    """`name` as validate shows it, saying so when it is the task's name shortened."""
+    if len(_cleaned(task_name)) <= PORTABLE_NAME_MAX or name != default_cluster_name(task_name):
+        return name
+    return f"{name} (the task's name, shortened to {PORTABLE_NAME_MAX} characters; pass -c NAME for another)"
 
 
 def check_cluster_name(name: str) -> str:

@@ -19,7 +19,7 @@ import time
 
 from gpuctl.jobplane.agent.jobdir import dest_paths, ensure_dir, read_int, read_text, remove
 from gpuctl.jobplane.protocol import CLAIM_PREFIX, MESSAGE_PREFIX
-from gpuctl.spec.reserved import RESERVED_DIRS, RESERVED_TREES, WORKDIR
+from gpuctl.spec.reserved import RESERVED_DIRS, RESERVED_SSH_PREFIX, RESERVED_TREES, WORKDIR
 
 
 def claim_destinations(token, dests, rank):
@@ -102,6 +102,9 @@ def dest_problem(dest, mode):
         if path_within(path, real_path(top)):
             return ("%s is in %s, which gpuctl or the system needs on every node; choose another destination, "
                     "such as /data or ~/data" % (shown, top))
+    if path.startswith(real_path(RESERVED_SSH_PREFIX)):  # ~/.ssh/gpuctl*: the internal key, its known hosts
+        return ("%s is one of gpuctl's own files in ~/.ssh (%s*); give it another name (such as ~/.ssh/id_deploy) "
+                "or another destination, such as /data or ~/data" % (shown, RESERVED_SSH_PREFIX))
     for top in RESERVED_DIRS:
         if path == real_path(top):
             return ("%s is %s, which the system or gpuctl needs as it is; give a directory of its own, such as "

@@ -28,7 +28,8 @@ AWS_DEFAULT_TYPES: Mapping[str, Mapping[int, str]] = {
     "A10G": {1: "g5.xlarge", 4: "g5.12xlarge", 8: "g5.48xlarge"},
     "L4": {1: "g6.xlarge", 4: "g6.12xlarge", 8: "g6.48xlarge"},
     "L40S": {1: "g6e.xlarge", 4: "g6e.12xlarge", 8: "g6e.48xlarge"},
-    "A100": {8: "p4d.24xlarge"},
+    "A100": {8: "p4d.24xlarge"},  # 40 GB each: SkyPilot's AWS catalog calls p4d's A100
+    "A100-40GB": {8: "p4d.24xlarge"},  # the same, named by its memory as A100-80GB is
     "A100-80GB": {8: "p4de.24xlarge"},
     "H100": {1: "p5.4xlarge", 8: "p5.48xlarge"},
     "H200": {8: "p5e.48xlarge"},

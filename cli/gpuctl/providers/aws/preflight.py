@@ -14,6 +14,7 @@ zones that offer the type) for the plan summary and for capacity failover.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -41,6 +42,7 @@ class InstanceTypeInfo:
     network_cards: int = 1
     accelerator: str | None = None  # GPU / Neuron device name, e.g. "H100"
     accelerator_count: int = 0
+    accelerator_gib: int = 0  # memory per device (A100: 40 on p4d, 80 on p4de); 0 when not said
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,14 @@ def parse_instance_type(raw: Mapping[str, Any]) -> InstanceTypeInfo:
     net = raw.get("NetworkInfo") or {}
     efa_supported = bool(net.get("EfaSupported"))
     efa_max = int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 0)
-    accel, count = None, 0
+    accel, count, gib = None, 0, 0
     for info_key, list_key in (("GpuInfo", "Gpus"), ("NeuronInfo", "NeuronDevices"),
                                ("InferenceAcceleratorInfo", "Accelerators")):
         devices = (raw.get(info_key) or {}).get(list_key) or []
         if devices:
             accel = str(devices[0].get("Name"))
             count = sum(int(d.get("Count") or 0) for d in devices)
+            gib = int((devices[0].get("MemoryInfo") or {}).get("SizeInMiB") or 0) // 1024
             break
     return InstanceTypeInfo(
         name=str(raw.get("InstanceType")),
@@ -75,6 +78,7 @@ def parse_instance_type(raw: Mapping[str, Any]) -> InstanceTypeInfo:
         network_cards=int(net.get("MaximumNetworkCards") or 1),
         accelerator=accel,
         accelerator_count=count,
+        accelerator_gib=gib,
     )
 
 
@@ -138,9 +142,11 @@ def check_accelerators(info: InstanceTypeInfo, accelerator: str | None, count: i
     if not accelerator:
         return
     have = f"{info.accelerator_count} x {info.accelerator}" if info.accelerator else "no accelerators"
-    name_ok = info.accelerator is not None and (
-        (canonical_accelerator(accelerator) or accelerator).lower().startswith(info.accelerator.lower())
-    )
+    name = canonical_accelerator(accelerator) or accelerator
+    name_ok = info.accelerator is not None and name.lower().startswith(info.accelerator.lower())
+    memory = re.search(r"-(\d+)GB$", name, re.IGNORECASE)  # A100-40GB, A100-80GB, V100-32GB: the memory too
+    if name_ok and memory and info.accelerator_gib and int(memory.group(1)) != info.accelerator_gib:
+        name_ok, have = False, f"{have} ({info.accelerator_gib} GB each)"
     if not name_ok or (count and count != info.accelerator_count):
         raise UserError(
             f"resources.accelerators '{accelerator}:{count}': instance type {info.name} has {have}; "
