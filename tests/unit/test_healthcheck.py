@@ -460,3 +460,71 @@ def test_what_stops_a_check_before_any_fabric_question() -> None:
     wrong[0][-1] = mark("result", size_bytes=64 << 20, time_us=100.0, iters=20, wrong=True)
     assert command.analyze(inventory(), wrong, socket_ok, opts, job_id=5).problem.startswith(  # type: ignore[union-attr]
         "check: the all_reduce returned wrong sums")
+
+
+def test_what_nodes_print_reaches_the_verdict_printable_and_numbers_only_as_numbers() -> None:
+    """A broken or hostile node (issue 34, item 14): escapes in NCCL's lines and in the probe's
+    records, sizes and times that are no numbers. The lines pass the job plane's border (the
+    CollectingRunner keeps them printable, and every record's strings), the non-numbers are not
+    measured, and nothing gpuctl prints or writes of it holds a control character."""
+    import re
+
+    from gpuctl.healthcheck import collect, pairs
+    from gpuctl.jobplane.events import Event
+
+    control = re.compile("[\x00-\x1f\x7f-\x9f]")
+    opts = command.parse_options(sizes="1M,64M", expect_fabric=None, min_busbw=None)
+    got = torch_lines("nccl", 2, {1 << 20: 10.0})
+    got[0] += [mark("result", size_bytes="64M\x1b[2J", time_us=5.0), mark("result", size_bytes=64 << 20, time_us="nan")]
+    got[1][0] = mark("rank", rank="1\x1b", world_size="two", node_rank=[1], backend="nccl", host="\x1b]0;T\x07nodeB")
+    got[0] += SOCKET_NODE.format(host="nodeA", r=0, o=1).replace("Socket", "Sock\x1b]0;T\x07et\r").split("\n")
+    got[1] += lines(SOCKET_NODE.format(host="node\x1b[31mB", r=1, o=0))
+    runner = collect.CollectingRunner.__new__(collect.CollectingRunner)
+    runner.lines = {0: [], 1: []}
+    for rank, texts in got.items():
+        for text in texts:
+            assert runner.output_text(Event("O", rank, stage="run", text=text)) == text  # shown and logged as is
+    report = command.analyze(inventory(), runner.lines, EFA_EXPECTED, opts, job_id=6)
+    assert report.ranks == 2 and [r.size_bytes for r in report.results] == [1 << 20]
+    assert report.problem == "check: 1 of 2 size(s) measured; its output: `gpuctl logs train 6`"
+    assert report.transport.startswith("mixed: NET/Sock\\x1b]0;T\\x07et\\r"), report.transport
+    said = [*report.text(), report.problem, json.dumps(report.document(), ensure_ascii=False)]
+    assert not [s for s in said if control.search(s)], said
+    # a problem the probe reports, in the line `check` fails with
+    bad = {0: [mark("problem", text="no torch \x1b]0;owned\x07here")], 1: []}
+    runner.lines = {0: [], 1: []}
+    runner.output_text(Event("O", 0, stage="run", text=bad[0][0]))
+    assert command.analyze(inventory(), runner.lines, EFA_EXPECTED, opts, job_id=7).problem == \
+        "check: rank 0 (head): no torch \\x1b]0;owned\\x07here"
+    # --pairs: a record whose numbers are none is no result, never a crash
+    recs = [{"kind": "pair", "nodes": [0, 1], "ranks": "2\x1b", "size_bytes": 1 << 26, "time_us": 10.0},
+            {"kind": "pair", "nodes": ["1", "x"], "size_bytes": 1 << 26, "time_us": 10.0},
+            {"kind": "pair", "nodes": [1, 2], "size_bytes": 1 << 26, "time_us": float("inf")},
+            {"kind": "pair", "nodes": [2, 0], "size_bytes": 1 << 26, "time_us": "12.5"}]
+    assert [p.busbw_gbps > 0 for p in pairs.results(3, recs)] == [False, False, True]
+
+
+def test_a_failed_probe_job_says_what_its_failing_rank_said() -> None:
+    """`check` on nodes that cannot run its probe (exit code 126: a Python they may not execute) names
+    the reason the failing rank printed, not only its exit code."""
+    from types import SimpleNamespace
+
+    from gpuctl.common.errors import JobFailed
+    from gpuctl.healthcheck import collect
+
+    job = SimpleNamespace(job_id=4, name="check", failed_rank=1)
+
+    class Runner:
+        inv = SimpleNamespace(cluster="c")
+        lines = {0: ["ok"], 1: ["starting", "bash: line 1: /home/me/.venv/bin/python3: Permission denied", "  "]}
+
+        def run(self, spec, **kw):
+            raise JobFailed("job 4 failed: rank 1 (worker1, 10.0.0.3) failed first with exit code 126")
+
+    registry = SimpleNamespace(jobs=lambda cluster: [job])
+    job_id, failure = collect.run_probe_job(Runner(), SimpleNamespace(name="check"), registry)  # type: ignore[arg-type]
+    assert job_id == 4 and failure == ("job 4 failed: rank 1 (worker1, 10.0.0.3) failed first with exit code 126; "
+                                       "rank 1 said: bash: line 1: /home/me/.venv/bin/python3: Permission denied")
+    Runner.lines = {1: []}
+    assert collect.run_probe_job(Runner(), SimpleNamespace(name="check"), registry)[1].endswith(  # type: ignore[arg-type]
+        "exit code 126")

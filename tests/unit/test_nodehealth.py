@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -372,3 +373,95 @@ def test_the_gate_checks_only_nodes_not_yet_seen_fit(tmp_path: Path, monkeypatch
     with pytest.raises(JobFailed):  # unhealthy last time: checked again
         healthcli.gate(inv, registry=None, reporter=quiet, wanted=None)
     assert ran == ["healthy", "unhealthy", "unhealthy"]
+
+
+# -- what a node prints never acts on the controller's terminal (issue 34, item 14) ------------
+
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def strings(value: object) -> list[str]:
+    """Every string of a document, keys too."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in strings(k) + strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in strings(v)]
+    return []
+
+
+def test_escape_sequences_from_nvidia_smi_reach_no_line_or_file_of_gpuctls(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU index holding `ESC]0;TITLE BEL`, a colour code and a \\r in its name, and an Xid line
+    with escapes: the probe names the GPU by its place and says its index is no number; the
+    controller's table, error line, health.json and `status` carry no control character."""
+    rows = H100_CSV.splitlines()
+    rows[0] = rows[0].replace("0, GPU-", "0\x1b]0;TITLE\x07, GPU-", 1).replace("H100 80GB HBM3", "H100\x1b[31m\r", 1)
+    rows[3] = rows[3].replace("HBM3, 0,", "HBM3, 2,", 1)  # GPU 3: ECC errors, so the node is unhealthy
+    csv = tmp_path / "q.csv"
+    csv.write_bytes(("\n".join(rows) + "\n").encode())
+    xid = tmp_path / "dmesg.txt"
+    xid.write_bytes(b"[ 9.0] NVRM: Xid (PCI:0000:18:00): 79, pid=1, \x1b]0;pwned\x07 GPU has fallen off the bus\n")
+    doc = run_probe(tmp_path, monkeypatch, f'case "$1" in --query-gpu=*) cat {csv};; *) exit 3;; esac\n',
+                    "--expect-gpus", "8")
+    (tmp_path / "bin" / "dmesg").write_text(f"#!/bin/sh\ncat {xid}\n")
+    out: list[str] = []
+    monkeypatch.setattr(nodehealth.sys.stdout, "write", out.append)
+    nodehealth.main(["--root", str(tmp_path), "--level", "0", "--path", str(tmp_path), "--expect-gpus", "8"])
+    line = "".join(out)
+    doc = json.loads(line.split(" ", 1)[1])
+    assert ("gpu_index", "monitor", "GPU #0") in actions(doc["findings"])
+    assert ("ecc", "reset", "GPU 3") in actions(doc["findings"])
+    assert ("xid", "reboot", "GPU #0") in actions(doc["findings"])  # its bus id still finds the GPU
+    assert doc["gpus"] == 8 and doc["verdict"] == "unhealthy"
+    assert not CONTROL.search(line.rstrip("\n"))  # JSON quotes what the tools printed
+    assert "GPU index '0\\x1b]0;TITLE\\x07', not a number" in next(f["text"] for f in doc["findings"]
+                                                                    if f["check"] == "gpu_index")
+
+    # A node that prints raw escapes itself (an older probe, or a hostile node), and a GPU count
+    # that is no number: what the controller reads, shows and keeps is printable all the same.
+    raw = dict(doc, gpus="8\x1b[2J", action="\x1b[31mreset",
+               findings=[{"check": "ecc\r", "action": "reset", "device": "GPU \x1b]0;TITLE\x07",
+                          "text": "red \x1b[31m\rhidden\x9b"}, {"check": "x", "action": "format the disk", "text": 7}],
+               checks={"gpus\x1b": "read\x07"})
+    from gpuctl.healthcheck import collect
+    from gpuctl.jobplane.events import Event
+
+    runner = collect.CollectingRunner.__new__(collect.CollectingRunner)
+    runner.lines = {0: [], 1: [], 2: []}
+    for rank, text in ((0, line.rstrip("\n")), (1, f"{health.MARK} {json.dumps(raw)}")):
+        runner.output_text(Event("O", rank, stage="run", text=text))
+    report = health.analyze(inventory(), runner.lines, job_id=9, now=1.0)
+    head, worker1 = report.nodes[0], report.nodes[1]
+    assert worker1["gpus"] == 0 and worker1["action"] == "reset"  # not one of ours: its findings' worst
+    assert worker1["findings"][0] == {"check": "ecc\\r", "action": "reset", "device": "GPU \\x1b]0;TITLE\\x07",
+                                      "text": "red \\x1b[31m\\rhidden\\x9b"}
+    assert worker1["findings"][1] == {"check": "x", "action": "monitor", "device": None, "text": "7"}
+    assert worker1["findings"][2]["text"] == "the probe's GPU count (8\\x1b[2J) is not a number"
+    assert worker1["checks"] == {"gpus\\x1b": "read\\x07"}
+    assert ("gpu_index", "monitor", "GPU #0") in actions(head["findings"])
+    health.save(tmp_path, report)
+    saved = (tmp_path / health.HEALTH_FILE).read_text()
+    assert not CONTROL.search(saved.replace("\n", ""))
+    said = [*report.text(), report.problem or "", *(health.status_text(e)
+                                                    for e in health.last_verdicts(tmp_path, inventory()).values())]
+    assert not [s for s in said if CONTROL.search(s)], said
+    assert "worker1 (reset: GPU \\x1b]0;TITLE\\x07: red \\x1b[31m\\rhidden\\x9b)" in (report.problem or "")
+
+
+def test_a_record_an_older_gpuctl_kept_is_read_printable(tmp_path: Path) -> None:
+    """health.json written before these checks may hold a node's escapes: `status` reads it clean."""
+    inv = inventory()
+    entry = {"name": "head", "rank": 0, "node_id": "i-0", "verdict": "unhealthy", "action": "reset", "gpus": 8,
+             "findings": [{"check": "ecc", "action": "reset", "device": "GPU \x1b]0;T\x07", "text": "bad"}]}
+    (tmp_path / health.HEALTH_FILE).write_text(json.dumps({"checked_at": 1.0, "nodes": [entry]}))
+    seen = health.last_verdicts(tmp_path, inv)
+    assert health.status_text(seen[0]) == "health unhealthy (reset: GPU \\x1b]0;T\\x07: bad)"
+
+
+def test_a_dcgm_gpu_id_that_is_no_number_names_no_device() -> None:
+    found = nodehealth.dcgm_findings({"tests": [{"name": "Memory", "status": "Fail", "gpu_id": "1\x1b[2J"},
+                                                {"name": "PCIe", "status": "Warn", "gpu_id": "3"},
+                                                {"name": "SM", "status": "Fail", "gpu_id": -1}]})
+    assert actions(found) == [("dcgm", "isolate", "GPU ?"), ("dcgm", "monitor", "GPU 3"), ("dcgm", "isolate", "GPU ?")]

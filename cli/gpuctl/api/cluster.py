@@ -75,6 +75,8 @@ class RemoteError(JobFailed):
 class _CallRunner(JobRunner):
     """A JobRunner that takes the call's marker lines out of the output and keeps the outcome."""
 
+    live_partials = False  # a marker line caught mid-write must never show: lines are judged whole
+
     def __init__(self, inv: Inventory, *, reporter: Reporter, registry: Registry, collector: wire.Collector) -> None:
         super().__init__(inv, reporter=reporter, registry=registry)
         self.collector = collector

@@ -3,6 +3,8 @@
 On a terminal, stages show a rich spinner and a coloured tick; otherwise (CI,
 pipes, log files) each stage is a plain `==> ` line, so logs stay greppable.
 Rank lines may arrive from many threads at once: one lock keeps each line whole.
+On a terminal a rank's unfinished line stays open (ranklines.py: a prompt, a
+progress bar redrawn in place) until anything else is printed, which ends it first.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, TextIO
+from typing import Any, Callable, Hashable, Iterator, TextIO
 
 from rich.console import Console
 from rich.text import Text
@@ -50,7 +52,10 @@ class Reporter:
                                force_terminal=False if self.plain else None)
         self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
         self._lock = threading.Lock()
+        self._open: Hashable | None = None  # the rank line the cursor is at the end of (a terminal only)
+        self._open_cols = 0  # its width on the screen
         self.phases: list[dict[str, object]] = []  # phase(): [{phase, seconds, controller_cpu_s}]
+        self._status: Any = None  # a stage's live line on a terminal, while it runs
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -78,13 +83,31 @@ class Reporter:
             yield StepProgress(lambda text: self._write(f"    {text}"), every_tenth=True)
             self._write(f"    {title}: done in {time.monotonic() - start:.1f}s")
             return
+        with self._lock:
+            self._end_open()
         with self.console.status(title) as status:
+            self._status = status
             try:
                 yield StepProgress(lambda text: status.update(f"{title}: {text}"))
             except BaseException:
                 self.console.print(Text("✗ ", style="bold red") + Text(title))
                 raise
+            finally:
+                self._status = None
         self.console.print(Text("✓ ", style="bold green") + Text(f"{title} ({time.monotonic() - start:.1f}s)"))
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The running stage's live line stopped while the user is asked something at the terminal
+        (it would redraw over the question and the answer being typed), and started again after."""
+        status = self._status
+        if status is not None:
+            status.stop()
+        try:
+            yield
+        finally:
+            if status is not None:
+                status.start()
 
     @contextmanager
     def quiet_stage(self, title: str) -> Iterator[Callable[[str | None], None]]:
@@ -97,6 +120,8 @@ class Reporter:
             for text in said:
                 self._write(f"==> {text} ({time.monotonic() - start:.1f}s)")
             return
+        with self._lock:
+            self._end_open()
         with self.console.status(title):
             try:
                 yield lambda text: said.extend([text] if text else [])
@@ -111,6 +136,7 @@ class Reporter:
             self._write(message)
         else:
             with self._lock:
+                self._end_open()
                 self.console.print(Text(message))
 
     def rank_line(self, prefix: str, rank: int, line: str) -> None:
@@ -118,18 +144,61 @@ class Reporter:
         if self.plain:
             self._write(f"{prefix} {line}", exact=True)
             return
-        shown = line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # a terminal shows text
         with self._lock:
-            style = _RANK_STYLES[rank % len(_RANK_STYLES)]
-            self.console.print(Text(prefix, style=style) + Text(" " + shown))
+            self._end_open()
+            self.console.print(_prefixed(prefix, rank, line))
+
+    def rank_open(self, key: Hashable, prefix: str, rank: int, text: str, *, redraw: bool) -> None:
+        """A rank's unfinished line (ranklines.py; `key`: its rank and stage): `text` appended to it,
+        or, `redraw`, its whole state after a \\r. On a terminal the line stays open, and a redraw
+        rewrites it in place (cut to one row, so that \\r reaches its start) while it is the last
+        line printed; elsewhere each is a prefixed line of its own."""
+        if self.plain:
+            self._write(f"{prefix} {text}", exact=True)
+            return
+        with self._lock:
+            width = self.console.width
+            if redraw:
+                line = _prefixed(prefix, rank, text)
+                line.truncate(max(width - 1, 1), overflow="ellipsis")
+                if self._open == key and self._open_cols < width:
+                    self.stream.write("\r\x1b[K")  # back to the start of the line, and clear it
+                else:
+                    self._end_open()
+                self._open_cols = 0
+            elif self._open == key:
+                line = Text(_shown(text))
+            else:
+                self._end_open()
+                line, self._open_cols = _prefixed(prefix, rank, text), 0
+            self.console.print(line, end="")
+            self._open, self._open_cols = key, self._open_cols + line.cell_len
+
+    def rank_close(self, key: Hashable) -> None:
+        """The rank's line ended (its newline came, or its stage ended)."""
+        with self._lock:
+            if self._open == key:
+                self._end_open()
+
+    def is_open(self, key: Hashable) -> bool:
+        return self._open == key
 
     def error(self, message: str) -> None:
         with self._lock:
+            self._end_open()
             self.err.print(Text(message, style="bold red"))
+
+    def _end_open(self) -> None:
+        """End the open rank line (the lock held): whatever is printed next starts a line of its own."""
+        if self._open is not None:
+            self._open = None
+            self.stream.write("\n")
+            self.stream.flush()
 
     def _write(self, line: str, exact: bool = False) -> None:
         """`exact`: bytes that are not UTF-8 (surrogate-escaped) go out as the rank wrote them."""
         with self._lock:
+            self._end_open()
             try:
                 self.stream.write(line + "\n")
             except UnicodeEncodeError:
@@ -143,3 +212,12 @@ class Reporter:
                     self.stream.flush()
                     buffer.write(data)
             self.stream.flush()
+
+
+def _shown(text: str) -> str:
+    """A rank's text as a terminal shows it: bytes that are not UTF-8 (surrogate-escaped) as U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _prefixed(prefix: str, rank: int, text: str) -> Text:
+    return Text(prefix, style=_RANK_STYLES[rank % len(_RANK_STYLES)]) + Text(" " + _shown(text))

@@ -20,7 +20,9 @@ cluster's kind is the one every pair of nodes shares: the nodes' kind when
 they all agree, else `socket` (a socket node, or nodes of different fabrics,
 cannot do RDMA with each other, so NCCL ends up on TCP between them).
 
-Pure but for reading and writing those files; the controller's only inputs are
+Every string a node reported is made printable where it is read (`_node_entry`, and
+`load_fabric` for a file an older gpuctl wrote): `gpuctl status` and prepare's warnings
+print them. Pure but for reading and writing those files; the controller's only inputs are
 what it passes the probe (`probe_settings`): the instance type, which the node
 may not know, and the static cloud defaults it writes only where detection
 cannot see (the provider's fabric_env hook).
@@ -33,6 +35,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from gpuctl.common.safetext import clean, whole_number
 from gpuctl.providers import get_provider
 from gpuctl.provision.inventory import Inventory
 
@@ -69,7 +72,7 @@ def _node_entry(node_rank: int, name: str, raw: Any) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("kind") not in KINDS:
         return {"rank": node_rank, "name": name, "kind": "socket", "interface": None, "devices": [],
                 "active_ports": [], "env": {}, "warnings": ["the fabric probe gave no result"]}
-    data = {k: v for k, v in data.items() if k != "changed"}
+    data = {k: v for k, v in clean(data).items() if k != "changed"}
     return {**data, "rank": node_rank, "name": name}
 
 
@@ -92,7 +95,7 @@ def load_fabric(cluster_dir: Path) -> dict[str, Any] | None:
         data = json.loads((Path(cluster_dir) / FABRIC_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("nodes"), list) else None
+    return clean(data) if isinstance(data, dict) and isinstance(data.get("nodes"), list) else None
 
 
 def record(cluster_dir: Path, inv: Inventory, raw: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -133,8 +136,8 @@ def node_line(node: Mapping[str, Any]) -> str:
         shown = ",".join(active[:2]) + (",…" if len(active) > 2 else "")
         ports = sum(len(d.get("ports") or []) for d in devices)
         text = f"{kind} {shown}{iface} {len(active)}/{ports} ports active"
-        if kind == "roce" and node.get("gid_index") is not None:
-            text += f" gid {node['gid_index']}"
+        if kind == "roce" and whole_number(node.get("gid_index")) is not None:
+            text += f" gid {whole_number(node.get('gid_index'))}"
     else:
         text = f"socket{iface}"
     warnings = [w for w in node.get("warnings") or [] if isinstance(w, str)]

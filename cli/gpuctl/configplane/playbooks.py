@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable, Mapping
 import yaml
 
 from gpuctl.common.paths import ansible_dir
+from gpuctl.common.safetext import printable
 from gpuctl.common.yamlfile import load_yaml
 from gpuctl.provision import ssh
 
@@ -195,12 +196,12 @@ def build_result(events: Iterable[Mapping[str, Any]], *, ranks: Mapping[str, int
         res = data.get("res") or {}
         task = str(data.get("task") or "")
         if kind in ("runner_on_failed", "runner_on_async_failed") and host and not data.get("ignore_errors"):
-            code, msg = _failure_message(res, task)
-            failures[host] = HostFailure(host=host, rank=ranks.get(host), rc=code, message=msg)
+            code, msg = _failure_message(res, task)  # a node's stderr: printable, it lands in our error line
+            failures[host] = HostFailure(host=host, rank=ranks.get(host), rc=code, message=printable(msg))
         elif kind == "runner_on_unreachable" and host and not data.get("ignore_unreachable"):
             items = [r for r in res.get("results") or [] if isinstance(r, Mapping) and r.get("unreachable")]
             msg = (items[0] if items else res).get("msg") or "unreachable"
-            unreachable[host] = _tail(str(msg), lines=2)
+            unreachable[host] = printable(_tail(str(msg), lines=2))
         elif kind == "playbook_on_stats":
             stats = data
     # Hosts the stats count as failed but whose event we did not see (e.g. events dropped).
@@ -215,7 +216,7 @@ def build_result(events: Iterable[Mapping[str, Any]], *, ranks: Mapping[str, int
     error = None
     if status != "successful" or (rc not in (0, None)):
         if not failures and not unreachable:
-            error = f"ansible-playbook {status} (rc {rc})" + (f": {stdout_tail}" if stdout_tail else "")
+            error = f"ansible-playbook {status} (rc {rc})" + (f": {printable(stdout_tail)}" if stdout_tail else "")
     ok = status == "successful" and rc in (0, None) and not failures and not unreachable
     changed = [h for h, n in (stats.get("changed") or {}).items() if n]
     order = sorted(failures.values(), key=lambda f: (f.rank is None, f.rank if f.rank is not None else 0, f.host))

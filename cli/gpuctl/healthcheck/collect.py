@@ -1,6 +1,10 @@
 """What both checks' jobs share: a JobRunner that keeps every rank's run-stage lines, and the
 probe's `MARK {json}` records read back from them (the probes run on the nodes: they print, the
-controller judges)."""
+controller judges).
+
+This is where node data enters the checks: the lines are kept printable (common/safetext.py:
+an escape sequence in nvidia-smi's or NCCL's output never reaches a table, an error line or
+health.json), and so is every string of a record once its JSON is read."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import json
 from typing import Any, Sequence
 
 from gpuctl.common.console import Reporter
+from gpuctl.common.safetext import clean, printable
 from gpuctl.common.errors import JobFailed
 from gpuctl.jobplane.events import Event
 from gpuctl.jobplane.protocol import STAGE_RUN
@@ -17,7 +22,10 @@ from gpuctl.state.registry import Registry
 
 
 class CollectingRunner(JobRunner):
-    """A JobRunner that keeps every rank's run-stage lines in `lines`, by rank."""
+    """A JobRunner that keeps every rank's run-stage lines in `lines`, by rank (printable), and shows
+    them only whole (its print_line judges whole lines)."""
+
+    live_partials = False
 
     def __init__(self, inv: Inventory, *, reporter: Reporter, registry: Registry) -> None:
         super().__init__(inv, reporter=reporter, registry=registry)
@@ -25,7 +33,7 @@ class CollectingRunner(JobRunner):
 
     def output_text(self, event: Event) -> str | None:
         if event.stage == STAGE_RUN and event.rank in self.lines:
-            self.lines[event.rank].append(event.text)
+            self.lines[event.rank].append(printable(event.text))
         return event.text
 
 
@@ -36,7 +44,15 @@ def run_probe_job(runner: JobRunner, spec: JobSpec, registry: Registry) -> tuple
         return runner.run(spec, run_setup=False, sync_file_mounts=True, detach=False).job_id, None
     except JobFailed as exc:
         jobs = registry.jobs(runner.inv.cluster)
-        return (jobs[-1].job_id if jobs and jobs[-1].name == spec.name else None), exc.message
+        job = jobs[-1] if jobs and jobs[-1].name == spec.name else None
+        return (job.job_id if job else None), exc.message + _said_by_failed_rank(runner, job)
+
+
+def _said_by_failed_rank(runner: JobRunner, job: Any) -> str:
+    """The failing rank's last line (`python3: Permission denied`): an exit code alone is no reason."""
+    lines = getattr(runner, "lines", {}).get(getattr(job, "failed_rank", None)) or []
+    last = next((line.strip() for line in reversed(lines) if line.strip()), None)
+    return f"; rank {job.failed_rank} said: {last[:300]}" if last else ""
 
 
 def markers(lines: Sequence[str], mark: str) -> list[dict[str, Any]]:
@@ -51,5 +67,5 @@ def markers(lines: Sequence[str], mark: str) -> list[dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(rec, dict):
-            found.append(rec)
+            found.append(clean(rec))
     return found

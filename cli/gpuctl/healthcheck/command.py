@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir
+from gpuctl.common.safetext import finite_number, whole_number
 from gpuctl.healthcheck import bandwidth, collect, fabriccheck, nccllog, ncclperf, pairs
 from gpuctl.jobplane.runner import JobSpec
 from gpuctl.providers import get_provider
@@ -96,15 +97,15 @@ def probe_files() -> dict[str, Path]:
 class _CheckRunner(collect.CollectingRunner):
     """Keeps every rank's lines and shows only what a person needs."""
 
-    def print_line(self, node: Node, line: str) -> None:
+    def print_line(self, node: Node, line: str, **how: Any) -> None:
         if MARK in line and node.rank == 0:  # each size as it completes: the table waits for all of them
             for rec in markers([line]):
-                if rec.get("kind") == "result" and isinstance(rec.get("size_bytes"), int):
+                if rec.get("kind") == "result" and _measured(rec):
                     self.reporter.info(f"  all_reduce {bandwidth.human_size(rec['size_bytes'])}: "
-                                       f"{float(rec.get('time_us') or 0) / 1000:.2f} ms on rank 0")
+                                       f"{rec['time_us'] / 1000:.2f} ms on rank 0")
         if MARK in line or " NCCL INFO " in line:  # in the job's logs (`gpuctl logs`), not on the screen
             return
-        super().print_line(node, line)
+        super().print_line(node, line, **how)
 
 
 # -- the verdict -------------------------------------------------------------------------
@@ -175,6 +176,16 @@ def markers(lines: Sequence[str]) -> list[dict[str, Any]]:
     return collect.markers(lines, MARK)
 
 
+def _measured(rec: dict[str, Any]) -> bool:
+    """Whether a `result` record holds a size and a time that are numbers (then made ones): a node's
+    record is read, never trusted."""
+    size, time_us = whole_number(rec.get("size_bytes"), minimum=1), finite_number(rec.get("time_us"))
+    if size is None or time_us is None or time_us < 0:
+        return False
+    rec["size_bytes"], rec["time_us"] = size, time_us
+    return True
+
+
 def analyze(inv: Inventory, lines: Mapping[int, Sequence[str]], expected: fabriccheck.Expected, options: Options, *,
             job_id: int | None, failure: str | None = None) -> Report:
     """What the job's lines say: method, ranks, transport per process, bandwidth, and the first problem."""
@@ -182,11 +193,12 @@ def analyze(inv: Inventory, lines: Mapping[int, Sequence[str]], expected: fabric
     report = Report(inv.cluster, job_id, len(inv.nodes), expected, min_busbw=options.min_busbw,
                     names={n.rank: n.name for n in inv.nodes})
     recs = {rank: markers(lines.get(rank, ())) for rank in by_rank}
-    problems = [(rank, r["text"]) for rank, rs in sorted(recs.items()) for r in rs if r.get("kind") == "problem"]
+    problems = [(rank, str(r.get("text") or "the probe gave no reason")) for rank, rs in sorted(recs.items())
+                for r in rs if r.get("kind") == "problem"]
     if options.pairs:
         found = [r for rs in recs.values() for r in rs if r.get("kind") == "pair"]
         report.method, report.backend = "pairs", next((r.get("backend") for r in found), None)
-        report.ranks = max((int(r.get("ranks") or 0) for r in found), default=0)
+        report.ranks = max((whole_number(r.get("ranks")) or 0 for r in found), default=0)
         report.pairs = pairs.results(len(inv.nodes), found)
         logs = f"`gpuctl logs {inv.cluster} {job_id}`" if job_id is not None else f"`gpuctl logs {inv.cluster}`"
         report.problem = pairs.problem(inv.cluster, report.pairs, report.names) or (
@@ -205,11 +217,10 @@ def analyze(inv: Inventory, lines: Mapping[int, Sequence[str]], expected: fabric
         wrong = [r for r in rows if r.wrong not in ("0", "N/A", "")]
         procs = [(None, p) for p in nccllog.parse(head_lines)]
     else:
-        report.ranks = max((int(r.get("world_size") or 0) for r in ranks_info), default=0)
+        report.ranks = max((whole_number(r.get("world_size")) or 0 for r in ranks_info), default=0)
         report.backend = next((r.get("backend") for r in ranks_info), None)
-        results = [r for r in head if r.get("kind") == "result"]
-        report.results = [bandwidth.measurement(int(r["size_bytes"]), float(r["time_us"]), report.ranks)
-                          for r in results]
+        results = [r for r in head if r.get("kind") == "result" and _measured(r)]  # a size without: not measured
+        report.results = [bandwidth.measurement(r["size_bytes"], r["time_us"], report.ranks) for r in results]
         wrong = [r for r in results if r.get("wrong")]
         if report.backend == "nccl":
             procs = [(rank, p) for rank in sorted(by_rank) for p in nccllog.parse(lines.get(rank, ()))]
@@ -218,11 +229,13 @@ def analyze(inv: Inventory, lines: Mapping[int, Sequence[str]], expected: fabric
 
     if report.backend == "gloo":
         report.transport, report.transport_kind = "socket (gloo)", "socket"
-        for r in sorted(ranks_info, key=lambda r: r.get("rank", 0)):
-            node = by_rank.get(r.get("node_rank"))
-            report.per_rank.append({"node": node.name if node else None, "node_rank": r.get("node_rank"),
-                                    "nccl_rank": r.get("rank"), "host": r.get("host"), "transport": "socket (gloo)",
-                                    "kind": "socket", "expected": expected.for_rank(r.get("node_rank"))})
+        for r in sorted(ranks_info, key=lambda r: whole_number(r.get("rank")) or 0):
+            node_rank = whole_number(r.get("node_rank"))
+            node = by_rank.get(node_rank) if node_rank is not None else None
+            report.per_rank.append({"node": node.name if node else None, "node_rank": node_rank,
+                                    "nccl_rank": whole_number(r.get("rank")), "host": r.get("host"),
+                                    "transport": "socket (gloo)", "kind": "socket",
+                                    "expected": expected.for_rank(node_rank)})
     elif procs:
         for node_rank, proc in procs:
             node = by_rank.get(node_rank) if node_rank is not None else None

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir
+from gpuctl.common.safetext import clean, printable, whole_number
 from gpuctl.healthcheck import collect
 from gpuctl.jobplane.runner import JobSpec
 from gpuctl.providers import get_provider
@@ -170,12 +171,35 @@ def analyze(inv: Inventory, lines: Mapping[int, Sequence[str]], *, job_id: int |
             entry = {"verdict": "unhealthy", "action": "reboot", "gpus": 0, "findings": findings, "checks": {}}
         else:
             report.answered += 1
-            entry = {"verdict": doc["verdict"], "action": doc.get("action"), "gpus": int(doc.get("gpus") or 0),
-                     "findings": [f for f in doc.get("findings") or [] if isinstance(f, dict)],
-                     "checks": doc.get("checks") or {}}
+            entry = node_entry(doc)
         report.nodes.append({"name": node.name, "rank": node.rank, "node_id": node.node_id,
                              "address": node.address, **entry})
     return report
+
+
+def node_entry(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A node's entry from its probe's document (strings already printable: collect.markers), its
+    fields checked: a GPU count that is not a whole number counts none and is a finding, a finding
+    of no known action is watched (monitor), a node action unknown is its findings' most severe,
+    and anything but text where text goes is made text."""
+    findings = [_finding(f) for f in doc.get("findings") or [] if isinstance(f, dict)]
+    gpus = whole_number(doc.get("gpus") or 0)
+    if gpus is None:
+        findings.append({"check": "probe", "action": "monitor", "device": None,
+                         "text": f"the probe's GPU count ({printable(str(doc.get('gpus')))}) is not a number"})
+    action = doc.get("action")
+    if action not in ACTIONS:  # none, or not one of ours: the most severe of its findings'
+        action = next((a for a in ACTIONS if any(f["action"] == a for f in findings)), None)
+    checks = doc.get("checks")
+    return {"verdict": doc["verdict"], "action": action, "gpus": gpus or 0,
+            "findings": findings,
+            "checks": {str(k): str(v) for k, v in checks.items()} if isinstance(checks, dict) else {}}
+
+
+def _finding(raw: Mapping[str, Any]) -> dict[str, Any]:
+    action, device = raw.get("action"), raw.get("device")
+    return {"check": str(raw.get("check") or "probe"), "action": action if action in ACTIONS else "monitor",
+            "device": device if isinstance(device, str) and device else None, "text": str(raw.get("text") or "")}
 
 
 # -- the record ----------------------------------------------------------------------------------
@@ -199,7 +223,8 @@ def last_verdicts(cdir: Path, inv: Inventory) -> dict[int, dict[str, Any]]:
         return {}
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         return {}
-    by_id = {n.get("node_id"): n for n in doc["nodes"] if isinstance(n, dict) and n.get("verdict") in VERDICTS}
+    # Cleaned again: a record an older gpuctl wrote may hold a node's escape sequences.
+    by_id = {n.get("node_id"): clean(n) for n in doc["nodes"] if isinstance(n, dict) and n.get("verdict") in VERDICTS}
     return {node.rank: {**by_id[node.node_id], "checked_at": doc.get("checked_at")}
             for node in inv.nodes if node.node_id in by_id}
 
@@ -226,9 +251,9 @@ def status_doc(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:
 class _HealthRunner(collect.CollectingRunner):
     """Keeps every rank's lines; the probe's document stays off the screen."""
 
-    def print_line(self, node: Node, line: str) -> None:
+    def print_line(self, node: Node, line: str, **how: Any) -> None:
         if MARK not in line:
-            super().print_line(node, line)
+            super().print_line(node, line, **how)
 
 
 def run_health(inv: Inventory, *, registry: Registry, reporter: Reporter, level: int = 1,

@@ -8,6 +8,7 @@ PATH, so a fake `nvidia-smi` can stand in for a GPU:
   gpu_count   `nvidia-smi --query-gpu=... --format=csv` (`nvidia-smi -q -x` where a driver knows
               other field names) against the GPUs the cluster was made with
   ecc, row_remap, retired_pages, pcie, throttle, persistence   per GPU, from the same query
+  gpu_index   a GPU index that is not a number (the GPU is then named by its place: GPU #N)
   xid         `NVRM: Xid (PCI:...): NN, ...` lines of this boot's kernel log (dmesg, else
               journalctl -k -b), each given the action of NVIDIA's Xid catalogue
   nvlink      `nvidia-smi nvlink -s`: a link listed inactive
@@ -143,7 +144,7 @@ def parse_query_csv(text, names=None):
     """`--query-gpu=... --format=csv,noheader,nounits` lines -> one dict per GPU, keyed by our names."""
     names = names or [ours for ours, _ in QUERY_FIELDS]
     gpus = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # a \r or other break inside a cell is the cell's (splitlines would cut it)
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(",")]
@@ -267,8 +268,11 @@ def gpu_findings(gpus, expected):
     out = []
     if expected and len(gpus) < expected:
         out.append(finding("gpu_count", "reboot", "%d of %d GPUs visible to nvidia-smi" % (len(gpus), expected)))
-    for gpu in gpus:
-        dev = "GPU %s" % gpu.get("index")
+    for place, gpu in enumerate(gpus):
+        dev = gpu_device(gpu.get("index"), place)
+        if dev.startswith("GPU #"):
+            out.append(finding("gpu_index", "monitor", "nvidia-smi gave GPU index %s, not a number"
+                               % ascii(gpu.get("index")), dev))
         said = " ".join(str(v) for k, v in sorted(gpu.items()) if k not in ("uuid", "bus_id", "name")).lower()
         if "gpu is lost" in said:
             out.append(finding("gpu_state", "reboot", "nvidia-smi says the GPU is lost", dev))
@@ -304,6 +308,14 @@ def gpu_findings(gpus, expected):
     return out
 
 
+def gpu_device(index, place):
+    """"GPU 3" for an index that is a whole number; else "GPU #place" (its place in nvidia-smi's
+    list): a tool's text never names a device in our findings unchecked."""
+    if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+        return "GPU %d" % index
+    return "GPU #%d" % place
+
+
 def xid_action(xid, text):
     """The catalogue's (action, meaning); Xid 154 says its own: "... Node Reboot Required", "GPU Reset
     Required", "Drain and Reset"."""
@@ -316,11 +328,10 @@ def xid_action(xid, text):
 
 def xid_findings(xids, gpus):
     """One finding per Xid number and GPU, with the catalogue's action and how often it occurred."""
-    by_bus = {_bus_key(g.get("bus_id") or ""): g.get("index") for g in gpus}
+    by_bus = {_bus_key(g.get("bus_id") or ""): gpu_device(g.get("index"), place) for place, g in enumerate(gpus)}
     seen = {}
     for bus, xid, rest in xids:
-        index = by_bus.get(_bus_key(bus))
-        dev = "GPU %s" % index if index is not None else "PCI %s" % bus
+        dev = by_bus.get(_bus_key(bus)) or "PCI %s" % bus
         key = (dev, xid)
         seen[key] = (seen[key][0] + 1, seen[key][1]) if key in seen else (1, rest)
     out = []
@@ -439,7 +450,11 @@ def dcgm_findings(document):
 
 def _dcgm_device(node):
     gpu = node.get("gpu_id", node.get("gpu"))
-    return None if gpu is None else "GPU %s" % gpu
+    if isinstance(gpu, str) and re.match(r"[0-9]+\Z", gpu):
+        gpu = int(gpu)
+    if gpu is None:
+        return None
+    return "GPU %d" % gpu if isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0 else "GPU ?"
 
 
 def disk_findings(paths):

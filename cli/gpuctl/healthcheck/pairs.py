@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from gpuctl.common.safetext import finite_number, whole_number
 from gpuctl.healthcheck import bandwidth
 
 SLOW_RATIO = 0.5
@@ -42,23 +43,26 @@ def results(nnodes: int, records: Sequence[Mapping[str, Any]]) -> list[Pair]:
     """One Pair per ring pair from the probe's `pair` records: at the largest size each measured,
     its fastest pass (what ran beside it can only slow a pair down); a pair without a record gave
     no result (bus bandwidth 0)."""
-    best: dict[tuple[int, int], Mapping[str, Any]] = {}
-    for rec in records:
-        try:
-            key = (int(rec["nodes"][0]), int(rec["nodes"][1]))
-            size, time_us = int(rec["size_bytes"]), float(rec["time_us"])
-        except (KeyError, TypeError, ValueError, IndexError):
+    best: dict[tuple[int, int], tuple[int, float, int, bool]] = {}
+    for rec in records:  # a node's record: its numbers are taken only when they are numbers
+        nodes = rec.get("nodes")
+        first, second = (whole_number(n) for n in nodes[:2]) if isinstance(nodes, list) and len(nodes) >= 2 \
+            else (None, None)
+        size, time_us = whole_number(rec.get("size_bytes"), minimum=1), finite_number(rec.get("time_us"))
+        ranks = whole_number(rec.get("ranks") or 2, minimum=1)
+        if first is None or second is None or size is None or time_us is None or time_us < 0 or ranks is None:
             continue
-        if key not in best or (size, -time_us) > (int(best[key]["size_bytes"]), -float(best[key]["time_us"])):
-            best[key] = rec
+        key = (first, second)
+        if key not in best or (size, -time_us) > (best[key][0], -best[key][1]):
+            best[key] = (size, time_us, ranks, bool(rec.get("wrong")))
     found = []
     for key in ring(nnodes):
-        rec = best.get(key)
-        if rec is None:
+        if key not in best:
             found.append(Pair(key))
             continue
-        measured = bandwidth.measurement(int(rec["size_bytes"]), float(rec["time_us"]), int(rec.get("ranks") or 2))
-        found.append(Pair(key, measured.size_bytes, measured.time_us, measured.busbw_gbps, bool(rec.get("wrong"))))
+        size, time_us, ranks, wrong = best[key]
+        measured = bandwidth.measurement(size, time_us, ranks)
+        found.append(Pair(key, measured.size_bytes, measured.time_us, measured.busbw_gbps, wrong))
     return found
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from gpuctl.common.safetext import printable
 from gpuctl.jobplane import protocol
 from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, Outcome, parse_event
 from gpuctl.jobplane.stream import LineSplitter
@@ -57,6 +58,7 @@ class Session:
     proc: subprocess.Popen[bytes] | None = None
     stderr: bytearray = field(default_factory=bytearray)
     lines: LineJoiner = field(default_factory=LineJoiner)  # across reconnections: a line may span them
+    on_idle: Callable[[], None] | None = None  # after each read, and 4 times a second while none comes
 
     # -- connections ----------------------------------------------------------
     def _start(self, command: str, stdin_data: bytes | None) -> None:
@@ -101,7 +103,7 @@ class Session:
             assert self.proc is not None
             rc = self.proc.returncode
             reason = self.stderr.decode(errors="replace").strip().splitlines()
-            why = reason[-1] if reason else f"ssh exit code {rc}"
+            why = printable(reason[-1]) if reason else f"ssh exit code {rc}"  # the head's stderr: in our error line
             if not self.header_seen:
                 if rc in _AGENT_MISSING:
                     raise AgentMissing(why)
@@ -126,7 +128,7 @@ class Session:
                 if stop():
                     self.close()
                     return False
-                for key, _ in sel.select(timeout=0.5):
+                for key, _ in sel.select(timeout=0.25):
                     try:
                         data = os.read(key.fd, 65536)
                     except BlockingIOError:
@@ -152,6 +154,8 @@ class Session:
                     if splitter.header_seen:
                         self.header_seen = True
                         self.offset = splitter.offset
+                if self.on_idle is not None:  # a progress bar's held update shows even if the rank goes quiet
+                    self.on_idle()
         finally:
             sel.close()
         self.proc.wait()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from gpuctl.common.safetext import printable
 from gpuctl.jobplane import payload, protocol
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
@@ -68,7 +69,7 @@ def install_through_head(head: Node, workers: Sequence[Node], *, bundle: Mapping
         except (ValueError, KeyError, TypeError):
             continue  # not a result line (a login banner): the worker stays unreported
         outcome = PeerResult(ok=bool(data.get("ok")), result=dict(data.get("result") or {}),
-                             error=str(data.get("error") or ""), unreachable=bool(data.get("unreachable")))
+                             error=printable(str(data.get("error") or "")), unreachable=bool(data.get("unreachable")))
         outcomes[node.name] = outcome
         if on_result is not None:
             on_result(node, outcome)
@@ -78,7 +79,7 @@ def install_through_head(head: Node, workers: Sequence[Node], *, bundle: Mapping
     missing = [n for n in workers if n.name not in outcomes]
     if missing:
         lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-        why = f"the head ({head.name}) did not install it: " + (lines[-1] if lines else f"exit code {code}")
+        why = f"the head ({head.name}) did not install it: " + (printable(lines[-1]) if lines else f"exit code {code}")
         for node in missing:
             outcomes[node.name] = PeerResult(ok=False, result={}, error=why, unreachable=True)
     return outcomes

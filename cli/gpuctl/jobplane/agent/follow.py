@@ -1,10 +1,11 @@
-"""A stage's log as it grows: as the bytes themselves (follow, attach) or as O/o events (a job's ranks).
+"""A stage's log as it grows: as the bytes themselves (follow, attach) or as O/o/u events (a job's ranks).
 
 `follow_stage` prints a log from an offset until the stage ended, then the
 SENTINEL line (the controller's stream.py reads it; `attach` follows the
 coordinator's events.log this way). `LocalStage` reads a running stage's log
-into O/o events of at most OUT_PIECE bytes for the relay; `ev` writes every
-other event. `LineReader` reads lines from a pipe without blocking.
+into O/o events of at most OUT_PIECE bytes for the relay, and a line left
+unfinished for SHOW_AFTER_S (a prompt, a progress bar redrawn with \\r) into a
+`u` event at once; `ev` writes every other event. `LineReader` reads lines from a pipe without blocking.
 """
 
 import os
@@ -15,15 +16,18 @@ import time
 from gpuctl.jobplane.agent.containers import stage_container
 from gpuctl.jobplane.agent.jobdir import Stage
 from gpuctl.jobplane.agent.procs import kill_all, killpg, stage_processes
-from gpuctl.jobplane.protocol import EV_EXIT, EV_OUTPUT, EV_PIECE, EXIT_UNKNOWN, OFFSET_HEADER, OUT_PIECE, SENTINEL
+from gpuctl.jobplane.protocol import (
+    EV_EXIT, EV_OUTPUT, EV_PIECE, EV_SHOWN, EXIT_UNKNOWN, OFFSET_HEADER, OUT_PIECE, SENTINEL, SHOW_AFTER_S,
+)
 
 
 POLL_S = 0.15
 CHUNK = 65536
-# How a rank's output starts on the wire: the end of a line, a piece of one (out_events).
+# How a rank's output starts on the wire: the end of a line, a piece of one, a piece to show now (out_events).
 LINE_HEAD = (EV_OUTPUT + " ").encode()
 PIECE_HEAD = (EV_PIECE + " ").encode()
-OUTPUT_HEADS = (LINE_HEAD, PIECE_HEAD)
+SHOWN_HEAD = (EV_SHOWN + " ").encode()
+OUTPUT_HEADS = (LINE_HEAD, PIECE_HEAD, SHOWN_HEAD)
 
 
 class Out(object):
@@ -135,14 +139,15 @@ def ev(*fields):
     return (" ".join(str(f) for f in fields).replace("\n", " ") + "\n").encode("utf-8", "replace")
 
 
-def out_events(head, line, ended):
+def out_events(head, line, ended, shown=False):
     """A rank's `line` (bytes, no newline) as O/o events of at most OUT_PIECE bytes: `head` is
-    b"RANK STAGE "; the last is O if the line `ended` with its newline, else o (more follows)."""
+    b"RANK STAGE "; the last is O if the line `ended` with its newline, else o (more follows),
+    or u when it is to be `shown` now (the rank left the line unfinished)."""
     frames = []
     while len(line) > OUT_PIECE:
         frames.append(PIECE_HEAD + head + line[:OUT_PIECE] + b"\n")
         line = line[OUT_PIECE:]
-    frames.append((LINE_HEAD if ended else PIECE_HEAD) + head + line + b"\n")
+    frames.append((LINE_HEAD if ended else SHOWN_HEAD if shown else PIECE_HEAD) + head + line + b"\n")
     return b"".join(frames)
 
 
@@ -173,12 +178,20 @@ class LineReader(object):
 
 
 class LocalStage(object):
-    """A stage started on this node: its log is read as it grows into O/o events (out_events)."""
+    """A stage started on this node: its log is read as it grows into O/o/u events (out_events).
+
+    The start of a line whose newline has not come yet is held, so a line read in
+    two chunks still goes out whole; held for SHOW_AFTER_S, it goes out as a `u`
+    event (the rank waits mid-line: a prompt, `echo -n`, a progress bar redrawn
+    with \\r). A rank that streams lines never waits that long mid-line: its
+    output costs one clock reading per chunk read, nothing per line.
+    """
 
     def __init__(self, st):
         self.st = st
         self.fh = open(st.log, "rb")
         self.buf = b""  # the start of a line whose newline has not come yet (< OUT_PIECE bytes)
+        self.held_at = None  # when `buf` began to wait
         self.lost_since = None
         self.done = False
 
@@ -188,6 +201,9 @@ class LocalStage(object):
         while chunk:
             self._lines(chunk, emit, head)
             chunk = self.fh.read(CHUNK)
+        if self.buf and time.time() - self.held_at >= SHOW_AFTER_S:
+            emit(out_events(head, self.buf, False, shown=True))
+            self.buf, self.held_at = b"", None
         code = self.st.exit_code()
         if code is None and not self.st.supervisor_alive():
             self.lost_since = self.lost_since or time.time()
@@ -216,6 +232,8 @@ class LocalStage(object):
     def _lines(self, data, emit, head):
         parts = (self.buf + data).split(b"\n")
         rest = parts.pop()
+        if parts or not self.buf:  # a line began to wait now
+            self.held_at = time.time()
         frames = [out_events(head, line, True) for line in parts]
         if len(rest) >= OUT_PIECE:  # a long line goes out in pieces as it comes, never held whole
             cut = len(rest) - len(rest) % OUT_PIECE
