@@ -80,7 +80,8 @@ def status_line(fields: Mapping[str, Any]) -> str:
 
 
 def _row(seg: Segment, records: set[str], now: float) -> dict[str, Any]:
-    status = {"down": "DOWN", "autodown": "AUTODOWNED", "stopped": "STOPPED", "resized": "RESIZED"}.get(
+    status = {"down": "DOWN", "autodown": "AUTODOWNED", "stopped": "STOPPED", "stop": "STOPPED",
+              "resized": "RESIZED"}.get(
         seg.ended_how or "", "UP")
     if status == "UP" and seg.cluster not in records:
         status = "GONE"  # taken down by another state dir or runner: its end was not seen here

@@ -151,6 +151,7 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
         again = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
         assert again.returncode == 0, again.stdout + again.stderr
         assert sorted(i["InstanceId"] for i in running(moto, name)) == ids
+        check_stop_and_start(moto, name, env, _isolated_state, tmp_path, ids)
         check_replace(moto, name, env, _isolated_state / "clusters" / name)
         # a CI runner that never saw the cluster takes it down: the Terraform state and the
         # rendered root (with the endpoint it was made with) come from the state bucket
@@ -160,6 +161,92 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
     assert running(moto, name) == []
     assert len(instances(moto, name)) == 5  # terminated, not forgotten by moto (the first of ranks 1 and 2 too)
     assert [v for v in ec2(moto).describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []
+
+
+STOP_KEYS = {"schema", "command", "ok", "cluster", "status", "stopped_at", "cancelled"}
+START_KEYS = {"schema", "command", "ok", "cluster", "status", "started", "nodes", "autostop"}
+
+
+def error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    return next((ln for ln in proc.stderr.splitlines() if ln.startswith("error:")), "")
+
+
+def node_states_in_terraform(moto: MotoServer, name: str) -> list[str]:
+    """The nodes' states in Terraform's state, which lives in the state bucket (its S3 backend)."""
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    key = next(o["Key"] for o in s3.list_objects_v2(Bucket="gpuctl-team-state")["Contents"]
+               if o["Key"].endswith(f"clusters/{name}/terraform.tfstate"))
+    tfstate = json.loads(s3.get_object(Bucket="gpuctl-team-state", Key=key)["Body"].read())
+    return [i["attributes"]["state"] for r in tfstate["resources"] if r["type"] == "aws_ec2_instance_state"
+            for i in r["instances"]]
+
+
+def states(moto: MotoServer, name: str) -> dict[str, str]:
+    return {i["InstanceId"]: i["State"]["Name"] for i in instances(moto, name)
+            if i["State"]["Name"] != "terminated"}
+
+
+def check_stop_and_start(moto: MotoServer, name: str, env: dict[str, str], state: Path, tmp_path: Path,
+                         ids: list[str]) -> None:
+    """`gpuctl stop` / `start` (issue 34.9), on this cluster (shared state, as a CI runner has it):
+    refused without consent while a job runs, then every node stopped through Terraform (its state
+    says so), the job CANCELLED, status STOPPED with its cost frozen, what needs the nodes refused in
+    one line; `start` without the task file brings the same instances back."""
+    import time
+
+    registry = Registry(path=state / "state.db", remote=None)
+    job = registry.new_job(name, name="train", num_nodes=3)  # a job the registry says still runs
+    registry.update_job(name, job.job_id, status="RUNNING", started_at=time.time())
+    asked = gpuctl("stop", name, env=env, cwd=tmp_path)  # no terminal to ask on and no -y: refused
+    assert asked.returncode == 2 and error_line(asked) == (
+        f"error: jobs still run (cluster '{name}': job(s) {job.job_id}) and stopping ends them; wait for them "
+        f"(`gpuctl queue NAME`), or stop anyway with `gpuctl stop {name} -y`"), asked.stderr
+    assert states(moto, name) == {i: "running" for i in ids}
+    before = time.time()
+    stop = gpuctl("stop", name, "-y", "-o", "json", env=env, cwd=tmp_path)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    doc = json.loads(stop.stdout)
+    assert set(doc) == STOP_KEYS, doc
+    assert (doc["ok"], doc["cluster"], doc["status"], doc["cancelled"]) == (True, name, "STOPPED", [job.job_id])
+    assert before <= doc["stopped_at"] <= time.time()
+    assert states(moto, name) == {i: "stopped" for i in ids}  # the same instances, stopped, not terminated
+    assert node_states_in_terraform(moto, name) == ["stopped"] * 3  # Terraform's state says so
+    ended = registry.job(name, job.job_id)
+    assert (ended.status, ended.detail) == ("CANCELLED", "ended by `gpuctl stop`: the cluster was stopped")
+    assert registry.cluster(name).status == "STOPPED" and registry.history(name)[-1].ended_how == "stop"
+    shown = json.loads(gpuctl("status", name, "-o", "json", env=env, cwd=tmp_path).stdout)["clusters"][0]
+    assert (shown["status"], shown["stopped_at"], shown["per_hour"]) == ("STOPPED", doc["stopped_at"], None)
+    time.sleep(1.5)
+    later = json.loads(gpuctl("status", name, "-o", "json", env=env, cwd=tmp_path).stdout)["clusters"][0]
+    assert later["cost_so_far"] == shown["cost_so_far"] and later["age_s"] == shown["age_s"]  # frozen
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc["stopped_at"]))
+    assert (f"  stopped at {stamp} (`gpuctl stop`); its disks still bill: `gpuctl start {name}` brings it back, "
+            f"`gpuctl down {name}` removes it") in gpuctl("status", name, env=env, cwd=tmp_path).stdout.splitlines()
+    for argv in (["exec", name, "--", "true"], ["ssh", name], ["check", name, "--health"],
+                 ["replace", name, "worker1", "--no-health-check"]):
+        refused = gpuctl(*argv, env=env, cwd=tmp_path)
+        assert refused.returncode == 2 and error_line(refused) == \
+            f"error: cluster '{name}' is stopped; `gpuctl start {name}` brings it back", (argv, refused.stderr)
+    again = gpuctl("stop", name, env=env, cwd=tmp_path)
+    assert again.returncode == 0 and f"Cluster '{name}' is already stopped." in again.stdout, again.stderr
+    # start, without the task file: the same instances; moto's nodes never answer ssh, which it says
+    start = gpuctl("start", name, env={**env, "GPUCTL_WAIT_TIMEOUT": "1"}, cwd=tmp_path)
+    assert start.returncode == 1, start.stdout + start.stderr
+    assert error_line(start).startswith(f"error: cluster '{name}' is running again, but head (") and \
+        error_line(start).endswith(f"did not answer ssh within 1 s (GPUCTL_WAIT_TIMEOUT); `gpuctl status {name} "
+                                   f"--refresh` shows each node, `gpuctl stop {name}` stops it again"), start.stderr
+    assert states(moto, name) == {i: "running" for i in ids}
+    assert node_states_in_terraform(moto, name) == ["running"] * 3
+    assert registry.cluster(name).status == "UP" and registry.history(name)[-1].ended_how is None  # counting again
+    assert not (state / "clusters" / name / "stopped.json").exists()
+    up = gpuctl("start", name, "-o", "json", env=env, cwd=tmp_path)
+    assert up.returncode == 0 and "is already up" in up.stderr, up.stderr
+    doc = json.loads(up.stdout)
+    assert set(doc) == START_KEYS and (doc["status"], doc["started"]) == ("UP", False), doc
+    assert sorted(n["node_id"] for n in doc["nodes"]) == ids
+    report = json.loads(gpuctl("cost-report", "-o", "json", env=env, cwd=tmp_path).stdout)
+    assert [r["status"] for r in report["clusters"] if r["name"] == name][-2:] == ["STOPPED", "UP"]
 
 
 def rank_of(instance: dict) -> int:

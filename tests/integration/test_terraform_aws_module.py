@@ -32,14 +32,14 @@ EXAMPLES = sorted(p.name for p in (MODULE / "examples").iterdir() if p.is_dir())
 # run blocks per test file; change together with the file.
 EXPECTED_RUNS = {
     "efa_layout": 10,
-    "lifecycle": 6,
+    "lifecycle": 8,
     "market": 4,
     "network": 9,
     "nodes": 6,
     "output_shapes": 6,
     "placement": 5,
     "security": 7,
-    "validations": 29,
+    "validations": 30,
 }
 
 TIMEOUT = 300
@@ -131,6 +131,11 @@ MESSAGE_CASES = {
         'vpc_cidr = "10.0.0.0/28"',
         "",
         "vpc_cidr 10.0.0.0/28 is too small for a private and a public subnet",
+    ),
+    "spot_nodes_stopped": (
+        'market = "spot"\n    instance_state = "stopped"',
+        "",
+        "Spot nodes cannot be stopped (a one-time spot request ends when its instance stops)",
     ),
     "bastion_without_ssh_cidrs": (
         'bastion = { enabled = true, ami_id = "ami-0fedcba9876543210" }',

@@ -223,6 +223,16 @@ class Provider(Protocol):
         """The price of one node of this (recorded) request, or a Price that says why there is none."""
         ...
 
+    def stop_problem(self, request: Mapping[str, Any]) -> str | None:
+        """Why this (recorded) cluster's nodes cannot be stopped and kept (`gpuctl stop`), saying what to do
+        instead; None: they can, by applying the root with power_inputs(running=False)."""
+        ...
+
+    def power_inputs(self, running: bool) -> dict[str, Any]:
+        """The module inputs that keep every node running, or stopped with its disks (`gpuctl stop` /
+        `gpuctl start`), set on the cluster's root as last written."""
+        ...
+
     def node_states(self, node_ids: list[str], region: str | None) -> dict[str, tuple[str, float | None]]:
         """{node id: (running | stopped | terminated | ..., when it got there or None)} as the cloud says,
         for a cluster that may have stopped or removed itself; {} when it cannot be asked."""
@@ -350,6 +360,13 @@ class BaseProvider:
     def power_off(self, cluster_dir: Path, ranks: list[int], ssh_user: str, request: Mapping[str, Any],
                   *, down: bool) -> PowerOff:
         raise UserError(self.autostop_problem(request, down=down) or f"{self.name}: no power-off plan")
+
+    def stop_problem(self, request: Mapping[str, Any]) -> str | None:
+        name = request.get("name") or "NAME"
+        return f"gpuctl cannot stop {self.name} nodes and keep them; `gpuctl down {name}` removes the cluster"
+
+    def power_inputs(self, running: bool) -> dict[str, Any]:
+        return {}
 
     def removed_itself(self, cluster_dir: Path, *, finished: bool = True) -> float | None:
         return None

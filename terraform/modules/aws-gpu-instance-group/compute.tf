@@ -115,6 +115,11 @@ resource "aws_launch_template" "node" {
     }
 
     precondition {
+      condition     = var.instance_state == "running" || var.market != "spot"
+      error_message = "Spot nodes cannot be stopped (a one-time spot request ends when its instance stops): keep instance_state = \"running\", or destroy the nodes."
+    }
+
+    precondition {
       condition     = var.market != "spot" || var.capacity_reservation_id == null
       error_message = "Spot instances cannot launch into a capacity reservation: drop capacity_reservation_id, or use market = \"on-demand\" or \"capacity-block\"."
     }
@@ -208,13 +213,14 @@ resource "aws_instance" "node" {
   }
 }
 
-# Running, always: a node that stopped itself (gpuctl's autostop shuts it down) is started again by
-# the next apply, as SkyPilot's `sky start` would; a terminated one is made again by aws_instance.
+# As instance_state says, running unless `gpuctl stop` asked otherwise: a node that stopped itself
+# (gpuctl's autostop shuts it down) is started again by the next apply, as SkyPilot's `sky start`
+# would; a terminated one is made again by aws_instance.
 resource "aws_ec2_instance_state" "node" {
   count = var.node_count
 
   instance_id = aws_instance.node[count.index].id
-  state       = "running"
+  state       = var.instance_state
 }
 
 resource "aws_eip" "node" {

@@ -284,6 +284,18 @@ variable "shutdown_behavior" {
   }
 }
 
+variable "instance_state" {
+  description = "The state every node is kept in: \"running\", or \"stopped\" (`gpuctl stop`): the instances stop and keep their EBS volumes, which still bill; their private addresses stay, a public IP that is not an Elastic IP is released and the next start brings a new one. Spot nodes (one-time requests) cannot be stopped. The bastion keeps running either way, so its address and pinned host key stay."
+  type        = string
+  default     = "running"
+  nullable    = false
+
+  validation {
+    condition     = contains(["running", "stopped"], var.instance_state)
+    error_message = "instance_state must be \"running\" or \"stopped\"."
+  }
+}
+
 variable "capacity_reservation_id" {
   description = "Capacity reservation (cr-...) to launch into: an On-Demand Capacity Reservation or a Capacity Block. Its Availability Zone must be the subnet's."
   type        = string

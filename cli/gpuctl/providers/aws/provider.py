@@ -418,6 +418,17 @@ class AwsProvider(BaseProvider):
                     "or autostop.down: true")
         return None
 
+    def stop_problem(self, request: Mapping[str, Any]) -> str | None:
+        if request.get("use_spot"):
+            return ("spot nodes cannot be stopped (a one-time spot request ends when its instance stops); "
+                    f"`gpuctl down {request.get('name') or 'NAME'}` removes the cluster")
+        return None
+
+    def power_inputs(self, running: bool) -> dict[str, Any]:
+        """The module's instance_state: the instances stop (EBS volumes, private addresses and host keys
+        kept) and start again as the same nodes."""
+        return {"instance_state": "running" if running else "stopped"}
+
     def power_off(self, cluster_dir: Path, ranks: list[int], ssh_user: str, request: Mapping[str, Any],
                   *, down: bool) -> PowerOff:
         """Each node shuts itself down; the instance's shutdown behaviour (the module's

@@ -588,6 +588,13 @@ class LocalProvider(BaseProvider):
     def autostop_problem(self, request: Mapping[str, Any], *, down: bool) -> str | None:
         return None
 
+    def stop_problem(self, request: Mapping[str, Any]) -> str | None:
+        """Local nodes are processes and namespaces on this machine: stopped, nothing of them is kept
+        that a start could bring back (autostop removes them for that reason)."""
+        name = request.get("name") or "NAME"
+        return (f"local nodes cannot be stopped and kept (they are processes on this machine); "
+                f"`gpuctl down {name}` removes them and `gpuctl apply` makes them again")
+
     def price(self, request: Mapping[str, Any]) -> Price:
         return Price(source="local nodes: no cloud bill", free=True)
 

@@ -8,7 +8,7 @@ hosts as they were (after removing the job containers from them, which is why
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 from gpuctl.common.errors import UserError
 from gpuctl.providers.base import BaseProvider
@@ -27,6 +27,10 @@ class SshProvider(BaseProvider):
     def check(self, req: ClusterRequest) -> None:
         if req.inventory_path is None:
             raise UserError("resources.infra 'ssh' needs an inventory path: infra: ssh/path/to/inventory.yml")
+
+    def stop_problem(self, request: Mapping[str, Any]) -> str | None:
+        return (f"gpuctl did not make these hosts, so it does not stop them: stop them yourself; "
+                f"`gpuctl down {request.get('name') or 'NAME'}` forgets the cluster")
 
     def task_warnings(self, task: "Task", req: ClusterRequest) -> list[str]:
         """An accelerator name not in the catalogue: likely a typo, but the hosts' GPUs may be newer

@@ -134,3 +134,34 @@ run "every_node_is_kept_running" {
     error_message = "each node is kept running: an apply starts a node that stopped itself (autostop)"
   }
 }
+
+run "stop_keeps_nodes_and_disks" {
+  variables {
+    instance_state = "stopped"
+  }
+
+  assert {
+    condition     = [for n in aws_instance.node : n.id] == ["i-0a1b2c3d4e5f60718", "i-0a1b2c3d4e5f60718"]
+    error_message = "stopping the cluster (gpuctl stop) must keep the same instances, and so their volumes"
+  }
+
+  assert {
+    condition     = alltrue([for s in aws_ec2_instance_state.node : s.state == "stopped"])
+    error_message = "every node is stopped"
+  }
+}
+
+run "start_brings_the_same_nodes_back" {
+  command = plan
+
+  assert {
+    condition     = [for n in aws_instance.node : n.id] == ["i-0a1b2c3d4e5f60718", "i-0a1b2c3d4e5f60718"]
+    error_message = "starting a stopped cluster (gpuctl start, apply) must not replace its nodes"
+  }
+
+  assert {
+    condition     = alltrue([for s in aws_ec2_instance_state.node : s.state == "running"])
+    error_message = "each node is running again"
+  }
+}
+

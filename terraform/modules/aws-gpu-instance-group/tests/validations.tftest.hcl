@@ -43,9 +43,10 @@ run "malformed_ids" {
     extra_security_group_ids = ["default"]
     iam_instance_profile     = "arn:aws:iam::111122223333:instance-profile/reader"
     shutdown_behavior        = "hibernate"
+    instance_state           = "hibernated"
   }
 
-  expect_failures = [var.subnet_id, var.ami_id, var.capacity_reservation_id, var.extra_security_group_ids, var.iam_instance_profile, var.shutdown_behavior]
+  expect_failures = [var.subnet_id, var.ami_id, var.capacity_reservation_id, var.extra_security_group_ids, var.iam_instance_profile, var.shutdown_behavior, var.instance_state]
 }
 
 run "malformed_network" {
@@ -231,6 +232,17 @@ run "spot_into_a_reservation" {
   variables {
     market                  = "spot"
     capacity_reservation_id = "cr-0123456789abcdef0"
+  }
+
+  expect_failures = [aws_launch_template.node]
+}
+
+run "spot_nodes_stopped" {
+  command = plan
+
+  variables {
+    market         = "spot"
+    instance_state = "stopped"
   }
 
   expect_failures = [aws_launch_template.node]
