@@ -154,8 +154,10 @@ class Watched:
     def __init__(self, argv: list[str], env: dict[str, str], trigger: Callable[[str], bool]) -> None:
         self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
+        self.started = time.time()
         self.out: list[str] = []
         self.err: list[str] = []
+        self.stamps: list[tuple[float, str]] = []  # every stdout line with the time.time() it was read at
         self.seen = threading.Event()
         self.readers = [threading.Thread(target=self._pump, args=(self.proc.stdout, self.out, trigger), daemon=True),
                         threading.Thread(target=self._pump, args=(self.proc.stderr, self.err, None), daemon=True)]
@@ -165,8 +167,21 @@ class Watched:
     def _pump(self, stream, sink: list[str], trigger: Callable[[str], bool] | None) -> None:
         for line in iter(stream.readline, ""):
             sink.append(line.rstrip("\n"))
+            if sink is self.out:
+                self.stamps.append((time.time(), line.rstrip("\n")))
             if trigger is not None and trigger(line):
                 self.seen.set()
+
+    def result(self, timeout: float) -> Result:
+        """Wait for gpuctl to end; what it printed, as run_gpuctl gives it."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"gpuctl still runs after {timeout:.0f} s\n" + self.text)
+        for t in self.readers:
+            t.join(timeout=10)
+        return Result(list(map(str, self.proc.args)), self.proc.returncode, list(self.stamps),
+                      [(0.0, line) for line in self.err], self.started, time.time())
 
     def interrupt(self, timeout: float) -> float:
         """SIGINT to the group; seconds until gpuctl exited (fails the test past `timeout`)."""
@@ -383,6 +398,11 @@ class Cluster:
             row = db.execute("SELECT token FROM jobs WHERE cluster=? AND job_id=?", (self.name, int(job))).fetchone()
         assert row is not None and row[0], f"job {job} of {self.name} has no token in {self.state_dir}"
         return f"{job}-{row[0]}"
+
+    def logs_dir(self, job: int | str) -> Path:
+        """Where gpuctl keeps job `job`'s logs on this machine (outside the cluster directory: they
+        outlive the cluster): `logs/<cluster>/<id>-<token>` in the state dir."""
+        return self.state_dir / "logs" / self.name / self.node_job(job)
 
     def nodes(self) -> list[NodeInfo]:
         data = yaml.safe_load((self.cdir / "inventory.yml").read_text())

@@ -97,14 +97,43 @@ def _attempts(job: Any) -> list[int]:
     return [k for k in range(1, job.attempt + 1) if attempt_log(job.id, k).exists()]
 
 
-def follow_logs(store: Any, job_id: int, *, attempt: int | None, follow: bool, out: Any = None) -> Any:
+class Progress:
+    """The supervisor's log (provisioning, preparing, recoveries, teardown) shown as it grows, whole
+    lines only, while its job is followed: without it a follower sees nothing until ranks print
+    (as SkyPilot streams its controller's provisioning)."""
+
+    def __init__(self, job_id: int, out: Any, *, from_start: bool) -> None:
+        from gpuctl.managed.store import supervisor_log
+
+        self.path = supervisor_log(job_id)
+        self.out = out
+        self.offset = 0 if from_start or not self.path.exists() else self.path.stat().st_size
+
+    def show(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        whole = data[:data.rfind(b"\n") + 1]
+        if whole:
+            self.offset += len(whole)
+            self.out.write(whole.decode(errors="replace"))
+            self.out.flush()
+
+
+def follow_logs(store: Any, job_id: int, *, attempt: int | None, follow: bool, out: Any = None,
+                progress: Progress | None = None) -> Any:
     """Print the attempts' output in order with a banner each (or one attempt's), following the
-    newest until the job ends."""
+    newest until the job ends; with `progress`, the supervisor's new lines as they come too."""
     from gpuctl.managed.store import attempt_log
 
     out = out or sys.stdout
     shown, offset = 0, 0
     while True:
+        if progress is not None:
+            progress.show()
         job = store.get(job_id)
         events = store.events(job_id)
         for k in ([attempt] if attempt is not None else _attempts(job)):
@@ -121,6 +150,8 @@ def follow_logs(store: Any, job_id: int, *, attempt: int | None, follow: bool, o
             out.write(data.decode(errors="replace"))
             out.flush()
         if not follow or job.terminal or (attempt is not None and job.attempt > attempt):
+            if progress is not None:
+                progress.show()  # how it ended: the teardown's lines
             return job
         time.sleep(FOLLOW_POLL_S)
 
@@ -185,7 +216,8 @@ def launch_(file: Path = typer.Argument(..., metavar="FILE", help="Task YAML in 
             output.emit("jobs launch", {"ok": True, "job": job_document(store.get(job.id), [])})
         return
     try:
-        final = follow_logs(store, job.id, attempt=None, follow=True)
+        final = follow_logs(store, job.id, attempt=None, follow=True,
+                            progress=Progress(job.id, sys.stderr, from_start=True))
     except KeyboardInterrupt:
         typer.echo(f"\nStopped following; managed job {job.id} goes on. Follow again: gpuctl jobs logs {job.id}; "
                    f"cancel it: gpuctl jobs cancel {job.id}", err=True)
@@ -256,8 +288,10 @@ def logs_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id (
     if supervisor:
         typer.echo(supervisor_log(job_id).read_text(errors="replace"), nl=False)
         return
+    live = not no_follow and not job.terminal  # what the supervisor does from now on, while following
     try:
-        final = follow_logs(store, job_id, attempt=attempt, follow=not no_follow)
+        final = follow_logs(store, job_id, attempt=attempt, follow=not no_follow,
+                            progress=Progress(job_id, sys.stderr, from_start=False) if live else None)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     if final.terminal:

@@ -149,17 +149,22 @@ EXAMPLES = {
     ),
     'exec': (
         "gpuctl exec demo 'echo hi from $(hostname)'",
+        'gpuctl exec demo -d python train.py --lr 1e-3   (as sky exec: gpuctl\'s options first)',
         'gpuctl exec demo train.yaml',
         'gpuctl exec demo --num-nodes 1 -- nvidia-smi',
     ),
     'queue': (
+        'gpuctl queue   (every cluster\'s jobs)',
         'gpuctl queue demo',
         'gpuctl queue demo -o json',
     ),
     'logs': (
         'gpuctl logs demo',
+        'gpuctl logs demo 3 --tail 100',
         'gpuctl logs demo 3 --rank 1 --no-follow',
+        'gpuctl logs demo 3 --by-rank   (grouped; default: in the order the lines came)',
         'gpuctl logs demo --status   (exit 100: failed)',
+        'gpuctl logs demo --purge   (remove the logs kept after `down`)',
     ),
     'cancel': (
         'gpuctl cancel demo 3',
@@ -199,7 +204,15 @@ EXAMPLES = {
     'down': (
         'gpuctl down demo',
         'gpuctl down demo train-2 -o json',
-        'gpuctl down -a -y',
+        'gpuctl down -a   (asks first, naming the clusters; -y: does not ask)',
+    ),
+    'stop': (
+        'gpuctl stop demo',
+        'gpuctl stop demo train-2 -y -o json   (cancels jobs that still run)',
+    ),
+    'start': (
+        'gpuctl start demo',
+        'gpuctl start demo -o json',
     ),
     'autostop': (
         'gpuctl autostop demo -i 10',
@@ -239,6 +252,8 @@ EXAMPLES = {
     'launch': (
         'gpuctl launch cluster.yaml',
         'gpuctl launch cluster.yaml -c demo --infra local',
+        "gpuctl launch 'echo hi'   (a new 1-node local cluster, as sky launch 'echo hi')",
+        'gpuctl launch -c demo --num-nodes 2 --infra local python train.py --lr 1e-3',
     ),
 }
 

@@ -39,6 +39,7 @@ USAGE_ERRORS = {
     "dashes-after-apply": (["apply", "x.yaml", "--", "echo"], ["apply", "--"]),
     "dashes-after-queue": (["queue", "c", "--", "x"], ["queue", "--"]),
     "exec-dashes-without-name": (["exec", "--", "true"], ["NAME"]),
+    "logs-tail-negative": (["logs", "c", "--tail", "-1"], ["--tail"]),
 }
 
 
@@ -103,7 +104,7 @@ def test_every_help_page_has_examples_and_plain_argument_names(tmp_path: Path):
             arguments = page.stdout[page.stdout.index("Arguments:"):page.stdout.index("Options:")]
             assert "<str>" not in arguments and "<int>" not in arguments and "[required]" not in arguments, arguments
     assert run("exec", "--help", cwd=tmp_path).stdout.startswith(
-        "Usage: gpuctl exec [OPTIONS] NAME [FILE|COMMAND] [-- COMMAND...]")
+        "Usage: gpuctl exec [OPTIONS] NAME [FILE|COMMAND...] [-- COMMAND...]")
     assert run("ssh", "--help", cwd=tmp_path).stdout.startswith("Usage: gpuctl ssh [OPTIONS] NAME [NODE] [-- COMMAND...]")
 
 
@@ -163,7 +164,7 @@ def test_validate_json_document(tmp_path: Path):
 JSON_ERRORS = {
     "unknown-cluster": (["status", "nosuch", "-o", "json"], 2, "cluster 'nosuch' not found"),
     "missing-file": (["validate", "nope.yaml", "--output=json"], 2, "nope.yaml"),
-    "usage-error": (["queue", "-o", "json"], 2, "NAME"),
+    "usage-error": (["cancel", "-o", "json"], 2, "NAME"),
     "logs-without-status": (["logs", "c", "-o", "json"], 2, "--status"),
     "exec-unknown-cluster": (["exec", "nosuch", "-o", "json", "--", "true"], 2, "cluster 'nosuch' not found"),
     "cancel-unknown-cluster": (["cancel", "nosuch", "-o", "json"], 2, "cluster 'nosuch' not found"),

@@ -15,6 +15,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -25,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e import REPO, Cluster, NodeInfo, Result, files_containing, needs_local_nodes, pids_matching
+from e2e import (REPO, Cluster, NodeInfo, Result, Watched, files_containing, gpuctl_env, needs_local_nodes,
+                 pids_matching, queue_rows)
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -53,6 +55,8 @@ file_mounts:
   {dir_mount}: ./mount-src/dir
   ~/gpuctl_workdir/data: ./mount-src/dir
   ~/gpuctl_workdir/conf/settings.txt: ./mount-src/a.txt
+  ./relative/skypilot.txt: ./mount-src/a.txt
+  ~/.ssh/id_e2e_deploy: ./mount-src/a.txt
 envs:
   E2E_FROM_YAML: from-yaml
   E2E_OVERRIDDEN: yaml-value
@@ -162,9 +166,13 @@ class Prepared:
     @classmethod
     def make(cls, tmp_path_factory: pytest.TempPathFactory, name: str, num_nodes: int, gpus: int) -> "Prepared":
         root = tmp_path_factory.mktemp(name)
-        # outside ~ (nodes share this machine's filesystem there), in a directory that does not exist
-        # yet: the node's login user (not root) makes it with sudo, as on a cloud image
-        dir_mount = Path(tempfile.gettempdir()) / f"gpuctl-e2e-{uuid.uuid4().hex[:12]}" / "mounted-dir"
+        # outside ~ (nodes share this machine's filesystem there), two levels that do not exist yet
+        # below a directory only root may write (as /opt): the node's login user (not root) makes
+        # them with sudo, as on a cloud image
+        base = Path(tempfile.gettempdir()) / f"gpuctl-e2e-{uuid.uuid4().hex[:12]}"
+        base.mkdir(mode=0o755)
+        base.chmod(0o755)
+        dir_mount = base / "opt" / "mounted-dir"
         project = root / "project"
         project.mkdir()
         yaml_path = _write_project(project, name=name, num_nodes=num_nodes, gpus=gpus, dir_mount=dir_mount)
@@ -197,7 +205,7 @@ class Prepared:
 
     def teardown(self) -> None:
         self.cluster.down_quietly()
-        shutil.rmtree(self.dir_mount.parent, ignore_errors=True)
+        shutil.rmtree(self.dir_mount.parent.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -346,10 +354,15 @@ def check_synced(job: EnvJob) -> None:
         assert read("~/gpuctl_workdir/data/top.txt") == "dir mount top\n"
         assert read("~/gpuctl_workdir/conf/settings.txt") == "single file mount\n"
         assert read("~/mounted/a.txt") == "single file mount\n"
+        # SkyPilot's relative destination (in the directory run starts in), a deploy key of your own in ~/.ssh
+        assert read("~/gpuctl_workdir/relative/skypilot.txt") == "single file mount\n"
+        assert read("~/.ssh/id_e2e_deploy") == "single file mount\n"
         assert read(f"{job.dir_mount}/top.txt") == "dir mount top\n"
         assert read(f"{job.dir_mount}/inner/deeper.txt") == "dir mount deeper\n"
     # made with sudo by the login user (not root), as SkyPilot makes absolute destinations: theirs
     assert job.dir_mount.owner() == job.nodes[0].user != "root", job.dir_mount
+    # and the level made above it is root's, passable by that user whatever the session's umask
+    assert job.dir_mount.parent.owner() == "root" and job.dir_mount.parent.stat().st_mode & 0o777 == 0o755
 
 
 def check_down(job: EnvJob) -> None:
@@ -448,6 +461,7 @@ def test_exec_keeps_mounts_inside_the_workdir_and_what_jobs_wrote_in_ignored_pla
         assert read("~/gpuctl_workdir/data/top.txt") == "dir mount top\n"
         assert read("~/gpuctl_workdir/data/inner/deeper.txt") == "dir mount deeper\n"
         assert read("~/gpuctl_workdir/conf/settings.txt") == "single file mount\n"
+        assert read("~/gpuctl_workdir/relative/skypilot.txt") == "single file mount\n"  # a relative destination
         assert read("~/gpuctl_workdir/sub/out/step9.ckpt") == "mine\n"
         assert read("~/gpuctl_workdir/x2.info") == "mine\n"
         assert not cluster.exists_on(node, "~/gpuctl_workdir/stray.txt"), node.name
@@ -488,8 +502,121 @@ def test_ddp_example_on_two_nodes(two: EnvJob):
     assert "hostname of the client socket cannot be retrieved" not in res.stdout + res.stderr, res.describe()
 
 
-def test_two_nodes_down_leaves_nothing(two: EnvJob):
+# -- SkyPilot habits: exec's words, queue of every cluster, logs in the order printed ---------------
+
+# Each rank prints two lines a second apart, rank 1 half a second after rank 0: the order they came
+# in is head, worker1, head, worker1; grouped by rank it is head, head, worker1, worker1.
+ORDERED = ('if [ "$GPUCTL_NODE_RANK" = 0 ]; then echo order-1; sleep 1.6; echo order-3; '
+           'else sleep 0.8; echo order-2; sleep 1.6; echo order-4; fi')
+ORDERED_LINES = ["(head, rank=0) order-1", "(worker1, rank=1) order-2", "(head, rank=0) order-3",
+                 "(worker1, rank=1) order-4"]
+
+
+def _job_of(res: Result, word: str = "running") -> str:
+    m = re.search(rf"^Job (\d+) {word}\b", res.stdout, re.M)
+    assert m, f"no 'Job N {word}' line\n" + res.describe()
+    return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def ordered(two: EnvJob) -> str:
+    """The job of ORDERED (run as one quoted command string); its id."""
+    res = two.cluster.gpuctl("exec", two.cluster.name, ORDERED).check()
+    assert [line for line in res.stdout.splitlines() if "order-" in line] == ORDERED_LINES, res.describe()
+    return _job_of(res)
+
+
+def test_exec_takes_unquoted_words_as_sky_exec_does(two: EnvJob):
+    """`gpuctl exec NAME echo ... --lr 1e-3`: the words after the command's first are its own (joined
+    with spaces, so `$VAR` expands on the node, as with `sky exec`); gpuctl's options go before."""
+    name = two.cluster.name
+    one = two.cluster.gpuctl("exec", name, "--num-nodes", "1", "echo", "words", "--lr", "1e-3", "on",
+                             "$GPUCTL_NODE_RANK").check()
+    assert [line for line in one.stdout.splitlines() if line.startswith("(")] == ["(head, rank=0) words --lr 1e-3 on 0"]
+    both = two.cluster.gpuctl("exec", name, "echo", "hi", "from", "$(hostname)").check()
+    lines = [line for line in both.stdout.splitlines() if line.startswith("(")]
+    assert lines and sorted(line.split(")")[0] for line in lines) == ["(head, rank=0", "(worker1, rank=1"], lines
+    rows = queue_rows(two.cluster.gpuctl("queue", name).check().stdout)
+    assert rows[-1][1:3] == ["echo hi from $(hostname)", "SUCCEEDED"], rows
+
+
+def test_logs_after_the_fact_in_the_order_printed_by_rank_and_tail(two: EnvJob, ordered: str):
+    name = two.cluster.name
+
+    def shown(*args: str) -> list[str]:
+        res = two.cluster.gpuctl("logs", name, ordered, *args).check()
+        return [line for line in res.stdout.splitlines() if "order-" in line]
+
+    assert shown("--no-follow") == ORDERED_LINES
+    assert shown() == ORDERED_LINES  # an ended job: its saved copy
+    assert shown("--by-rank") == [ORDERED_LINES[i] for i in (0, 2, 1, 3)]
+    assert shown("--tail", "2") == ORDERED_LINES[2:]
+    assert shown("--rank", "1", "--tail", "1") == ORDERED_LINES[3:]
+    saved = two.cluster.logs_dir(ordered)
+    assert saved.stat().st_mode & 0o777 == 0o700 and (saved / "order").stat().st_mode & 0o777 == 0o600
+    assert not str(saved).startswith(str(two.cluster.cdir))  # outside the cluster directory: kept after down
+
+
+def test_logs_tail_of_a_running_job_then_follows_it(two: EnvJob):
+    """`logs --tail 2` of a running job: its last two lines so far, then the rest as it comes (the job
+    goes on only once the follower showed t-3, so following is what brings t-4 and t-5)."""
+    name, head = two.cluster.name, two.nodes[0]
+    script = ("for i in 1 2 3; do echo t-$i; done; for _ in $(seq 600); do [ -e ~/tail-go ] && break; sleep 0.2; "
+              "done; echo t-4; echo t-5")
+    job = _job_of(two.cluster.gpuctl("exec", name, "-d", "--num-nodes", "1", script).check(), "detached")
+    refused = two.cluster.gpuctl("logs", name, job, "--by-rank")
+    assert refused.returncode == 2 and f"--by-rank: job {job} is RUNNING" in refused.stderr, refused.describe()
+    follower = Watched([sys.executable, "-m", "gpuctl", "logs", name, job, "--tail", "2"],
+                       gpuctl_env(two.cluster.state_dir), lambda line: line.rstrip("\n").endswith("t-3"))
+    try:
+        assert follower.seen.wait(60), follower.text
+        assert follower.proc.poll() is None, follower.text  # still following
+        two.cluster.ssh(head, "touch ~/tail-go")
+        follower.proc.wait(timeout=60)
+    finally:
+        follower.close()
+    assert follower.proc.returncode == 0, follower.text
+    assert [line for line in follower.out if line.startswith("(")] == [f"(head, rank=0) t-{i}" for i in (2, 3, 4, 5)], \
+        follower.text
+
+
+def test_queue_without_a_name_lists_every_clusters_jobs(two: EnvJob, ordered: str):
+    name = two.cluster.name
+    text = two.cluster.gpuctl("queue").check().stdout
+    assert text.splitlines()[0] == f"Cluster {name} (UP, 2 node(s))", text
+    assert queue_rows("\n".join(text.splitlines()[1:])) == queue_rows(two.cluster.gpuctl("queue", name).check().stdout)
+    every = json.loads(two.cluster.gpuctl("queue", "-o", "json").check().stdout)
+    one = json.loads(two.cluster.gpuctl("queue", name, "-o", "json").check().stdout)
+    assert [c["cluster"] for c in every["clusters"]] == [name] and every["clusters"][0]["jobs"] == one["jobs"]
+    assert ordered in {str(j["id"]) for j in one["jobs"]}
+
+
+def test_two_nodes_down_leaves_nothing(two: EnvJob, ordered: str):
+    name = two.cluster.name
+    asked = two.cluster.gpuctl("down", "-a")  # no terminal here: refused, nothing torn down
+    assert asked.returncode == 2 and f"down -a would tear down 1 cluster(s) ({name})" in asked.stderr, asked.describe()
     check_down(two)
+    # its jobs and logs stay readable (as SkyPilot keeps ~/sky_logs) ...
+    kept = two.cluster.gpuctl("queue", name).check()
+    rows = {row[0]: row for row in queue_rows(kept.stdout)}
+    assert rows[ordered][2] == "SUCCEEDED" and f"Cluster '{name}' is gone" in kept.stderr, kept.describe()
+    logs = two.cluster.gpuctl("logs", name, ordered).check()
+    assert [line for line in logs.stdout.splitlines() if "order-" in line] == ORDERED_LINES
+    # ... also once a cluster of that name is made again, from a command (no YAML), whose jobs number on
+    again = two.cluster.gpuctl("launch", "-c", name, "--num-nodes", "2", "--infra", "local", "echo", "again",
+                               "$GPUCTL_NODE_RANK").check()
+    assert f"is no task file: running it as a command on cluster '{name}'" in again.stderr, again.describe()
+    assert sorted(line for line in again.stdout.splitlines() if "again" in line) == \
+        ["(head, rank=0) again 0", "(worker1, rank=1) again 1"]
+    assert int(_job_of(again)) == max(int(i) for i in rows) + 1
+    logs = two.cluster.gpuctl("logs", name, ordered).check()
+    assert [line for line in logs.stdout.splitlines() if "order-" in line] == ORDERED_LINES
+    footprint = two.cluster.footprint()
+    two.cluster.gpuctl("down", "-a", "-y").check()
+    footprint.assert_gone()
+    purged = two.cluster.gpuctl("logs", name, "--purge").check()
+    assert "and its" in purged.stdout and not (two.cluster.state_dir / "logs" / name).exists(), purged.describe()
+    assert two.cluster.gpuctl("queue", name).returncode == 2
 
 
 # -- the 3-node cluster ----------------------------------------------------------------

@@ -215,8 +215,8 @@ def test_full_disk_while_logs_are_saved_keeps_the_outcome(ft, tmp_path: Path):
     one clear line, the job runs to its end, its outcome is recorded, nothing is corrupted,
     and `gpuctl logs` reads the whole output from the head."""
     cluster, _, _, _ = ft
-    jobs_dir = cluster.cdir / "jobs"
-    jobs_dir.mkdir(exist_ok=True)
+    jobs_dir = cluster.state_dir / "logs" / NAME  # where the cluster's job logs are kept
+    jobs_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(jobs_dir)], check=True)
     try:
         script = 'for i in $(seq 1 20000); do echo "line $i of a job whose logs no longer fit"; done'

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import pytest
 
-from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, run_gpuctl, wait_for
+from e2e import Cluster, needs_local_nodes, run_gpuctl, wait_for
 
 from gpuctl.managed.store import Store
 
@@ -195,8 +195,16 @@ def test_user_errors_follow_max_restarts_and_recover_on_exit_codes(mj: Managed) 
     # attempt 1: rank 1 exits 33 (listed: restarted, not counted); attempts 2 and 3: rank 0 exits 1
     task = mj.task(2, steps=8, recovery="{max_restarts_on_errors: 1, recover_on_exit_codes: [33]}",
                    envs={"FAIL_1_1": "33", "FAIL_2_0": "1", "FAIL_3_0": "1"})
-    job_id = mj.launch(task)
+    # followed, as a user runs it: the supervisor's progress on stderr as it comes, not silence
+    res = mj.gpuctl("jobs", "launch", str(task), timeout=300)
+    (job_id,) = [j.id for j in mj.store.all()]
     final = mj.wait_status(job_id, ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "FAILED_SUPERVISOR"), 240)
+    assert res.returncode == 1 and f"Managed job {job_id} FAILED" in res.stderr, res.describe()
+    said = {what: next((t for t, line in res.stderr_lines if what in line), None)
+            for what in ("Provisioning 2 local node(s)", "attempt 1 ended", "taking its cluster down")}
+    assert all(said.values()), res.describe()
+    first_rank_line = next(t for t, line in res.stdout_lines if "resumes at step" in line)
+    assert said["Provisioning 2 local node(s)"] < first_rank_line, res.describe()  # shown live, before any rank ran
     doc = mj.doc(job_id)
     assert final.status == "FAILED" and doc["exit_code"] == 1 and doc["failed_rank"] == 0, mj.supervisor_log(job_id)
     assert doc["attempt"] == 3 and doc["restarts_on_errors"] == 1 and doc["recoveries"] == 0

@@ -227,3 +227,18 @@ def test_job_ids_are_unique_across_runners(store: S3Store, tmp_path: Path) -> No
     assert [j["job_id"] for j in sync.get_jobs(store, "c1", cdir)] == [2]
     sync.delete_cluster(store, "c1")
     assert store.list(store.key("clusters") + "/") == {}
+
+
+def test_a_cluster_another_runner_took_down_keeps_its_jobs_here_ended(store: S3Store, tmp_path: Path) -> None:
+    remote = remotestate.Remote(store.settings, store)
+    here, there = Registry(tmp_path / "a.db", remote=remote), Registry(tmp_path / "b.db", remote=remote)
+    here.upsert_cluster("c1", cloud="local", region=None, zone=None, num_nodes=1, status="UP",
+                        request={"state": remote.where("c1")})
+    job = here.new_job("c1", name="a", num_nodes=1)
+    there.forget("c1")  # `gpuctl down c1` on the other runner
+    assert not here.adopt("c1")
+    assert here.cluster("c1") is None
+    assert [(j.job_id, j.status) for j in here.jobs("c1")] == [(job.job_id, "CANCELLED")]
+    assert store.list(store.key("clusters") + "/") == {}  # the bucket forgets the cluster, its jobs too
+    here.upsert_cluster("c1", cloud="local", region=None, zone=None, num_nodes=1, status="UP", request={})
+    assert here.new_job("c1", name="b", num_nodes=1).job_id == job.job_id + 1

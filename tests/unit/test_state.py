@@ -108,3 +108,28 @@ def test_a_schema_1_database_keeps_its_jobs_and_gains_tokens(tmp_path: Path):
     assert reg.job("c1", 2).node_job == new.node_job  # type: ignore[union-attr]
     with sqlite3.connect(path) as check:
         assert check.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (str(SCHEMA_VERSION),)
+
+
+def test_down_keeps_the_jobs_ended_and_a_new_cluster_of_the_name_numbers_on(tmp_path: Path):
+    """`forget` (down) drops the cluster, not its jobs: they index its kept logs, so `queue`/`logs` read
+    them after, and the next cluster of that name never reuses their ids."""
+    reg = Registry(tmp_path / "s.db", remote=None)
+    reg.upsert_cluster("c1", cloud="local", region=None, zone=None, num_nodes=2, status="UP", request={})
+    done, running = reg.new_job("c1", name="a", num_nodes=2), reg.new_job("c1", name="b", num_nodes=2)
+    reg.update_job("c1", done.job_id, status="SUCCEEDED", returncodes={0: 0, 1: 0}, ended_at=5.0)
+    reg.update_job("c1", running.job_id, status="RUNNING")
+    other = reg.new_job("c2", name="x", num_nodes=1)  # another cluster's job: untouched
+    reg.forget("c1")
+    assert reg.cluster("c1") is None
+    kept = {j.job_id: j for j in reg.jobs("c1")}
+    assert (kept[1].status, kept[1].ended_at, kept[1].detail) == ("SUCCEEDED", 5.0, None)
+    assert kept[2].status == "CANCELLED" and kept[2].ended_at and kept[2].detail == "its cluster was torn down"
+    assert reg.job("c2", other.job_id).status == "PENDING"
+    reg.upsert_cluster("c1", cloud="local", region=None, zone=None, num_nodes=1, status="UP", request={})
+    made = reg.cluster("c1").created_at
+    new = reg.new_job("c1", name="again", num_nodes=1)
+    assert new.job_id == 3 and new.token not in (done.token, running.token)
+    assert [j.job_id for j in reg.jobs("c1")] == [1, 2, 3]
+    assert [j.job_id for j in reg.jobs("c1", since=made)] == [3]  # status's "last job": this cluster's
+    reg.remove_jobs("c1")  # `logs c1 --purge` of a cluster that is gone
+    assert reg.jobs("c1") == [] and reg.jobs("c2") != []

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from gpuctl.common.console import Reporter
+from gpuctl.common.ranklines import RankLines
 from gpuctl.common.errors import UserError
-from gpuctl.jobplane import client, joblogs, protocol, stream
-from gpuctl.jobplane.events import Outcome, decode
+from gpuctl.jobplane import client, joblogs, protocol
+from gpuctl.jobplane.events import Outcome
 from gpuctl.jobplane.runner import JobRunner, describe_codes
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory, Node
@@ -122,9 +124,26 @@ def _refresh_from_nodes(runner: JobRunner, job: JobRecord) -> None:
         runner.record_outcome(job.job_id, "FAILED" if failed else "SUCCEEDED", codes, failed + stopped)
 
 
-def follow_job(runner: JobRunner, job: JobRecord, nodes: Sequence[Node]) -> JobRecord:
-    """Stream a running job's output (every line so far, then live) until it ends; its final record."""
-    outcome = runner.attach(job.job_id, job_nodes(runner.inv, job), echo=True, ranks=[n.rank for n in nodes])
+def follow_job(runner: JobRunner, job: JobRecord, nodes: Sequence[Node], *, tail: int | None = None) -> JobRecord:
+    """Stream a running job's output (every line so far, or with `tail` the last `tail` lines so
+    far in the order they came, then live) until it ends; its final record."""
+    inv, ranks = runner.inv, [n.rank for n in nodes]
+    offset, ended = 0, None
+    if tail is not None:
+        # The head's events.log so far (one call): its last lines printed, the rest followed from
+        # where it ended. Nothing is saved meanwhile: the job's watcher saves its logs.
+        read = joblogs.read_head(inv, job.node_job, control_dir=runner.control_dir)
+        if read is not None:
+            offset, ended = read.offset, read.outcome
+            for line in deque((li for li in read.lines if li.rank in ranks), maxlen=tail) if tail > 0 else ():
+                runner.print_line(runner.by_rank[line.rank], line.text, stage=line.stage or protocol.STAGE_RUN,
+                                  eol=line.eol)
+    # a job's watcher saves its logs: a second writer of the same files would garble them
+    watched = joblogs.is_watched(job.cluster, job.job_id)
+    outcome = ended or runner.attach(job.job_id, job_nodes(inv, job), echo=True, ranks=ranks, offset=offset,
+                                     save=offset == 0 and not watched)
+    if offset and not joblogs.is_watched(job.cluster, job.job_id):  # nobody saved it: the head's copy
+        joblogs.fetch(inv, job.job_id, job.node_job, control_dir=runner.control_dir)
     latest = wait_until(runner.registry, job, lambda j: j.status in TERMINAL_JOB_STATES,
                         timeout=10 if joblogs.is_watched(job.cluster, job.job_id) else 0)
     if latest.status not in TERMINAL_JOB_STATES:
@@ -144,18 +163,19 @@ def wait_until(registry: Registry, job: JobRecord, done: Callable[[JobRecord], b
         time.sleep(0.2)
 
 
-def print_saved_logs(reporter: Reporter, inv: Inventory, job: JobRecord, ranks: Sequence[int]) -> bool:
-    """Print the copied-back logs of a finished job; False if none were saved."""
-    found = False
-    by_rank = {n.rank: n for n in inv.nodes}
-    for stage in joblogs.STAGES:
-        for rank in ranks:
-            path = joblogs.local_log(inv.cluster, job.job_id, stage, rank)
-            if not path.exists():
-                continue
-            found = True
-            prefix = stream.format_prefix(by_rank[rank]) if rank in by_rank else f"(rank={rank})"
-            with open(path, "rb") as fh:  # lines end at \n only: a \r is the rank's own byte
-                for raw in fh:
-                    reporter.rank_line(prefix, rank, decode(raw[:-1] if raw.endswith(b"\n") else raw))
-    return found
+def print_saved_logs(reporter: Reporter, inv: Inventory | None, job: JobRecord, ranks: Sequence[int], *,
+                     by_rank: bool = False, tail: int | None = None) -> bool:
+    """Print the saved logs of a job (`inv`: its cluster's inventory, None once the cluster is
+    gone): in the order the lines came, or grouped by rank; only the last `tail` lines with it.
+    False if none were saved."""
+    directory = joblogs.saved_dir(job.cluster, job.job_id, job.node_job)
+    if directory is None:
+        return False
+    names = joblogs.saved_names(directory)
+    for node in inv.nodes if inv is not None else ():
+        names.setdefault(node.rank, node.name)
+    shown = RankLines(reporter, interval=0, in_place=0)  # every \r redraw: a line of its own off a terminal
+    for line in joblogs.read_saved(directory, set(ranks), by_rank=by_rank, tail=tail):
+        prefix = f"({names[line.rank]}, rank={line.rank})" if line.rank in names else f"(rank={line.rank})"
+        shown.line(line.rank, line.stage, prefix, line.text)
+    return True

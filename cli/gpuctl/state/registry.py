@@ -20,7 +20,9 @@ The Registry is the one place that keeps the state dir and the bucket in step
 (remotestate.sync is the bucket's layout): besides the rows' write-through,
 `adopt` brings a cluster's directory, record and jobs down before a command
 acts, `publish` leaves its directory there after one changed it, and `forget`
-drops it on both sides. Each is a no-op with local state.
+drops it on both sides. Each is a no-op with local state. A cluster's job rows
+outlive it here (`forget`, `adopt` of a cluster another runner took down): they
+index its kept logs, and job ids go on from them when the name is used again.
 """
 
 from __future__ import annotations
@@ -109,8 +111,9 @@ class ClusterRecord:
 @dataclass(frozen=True)
 class Segment:
     """A stretch of a cluster's life at one size and price (`cost-report`): from an apply that made
-    or resized it to the next such apply, its `down`, its autodown or its autostop (the compute no
-    longer bills; a stopped cluster's disks do). Kept after the cluster goes."""
+    or resized it to the next such apply, its `down`, its autodown, its autostop or `gpuctl stop` (the
+    compute no longer bills; a stopped cluster's disks do; `gpuctl start` opens the next). Kept after
+    the cluster goes."""
 
     cluster: str
     cloud: str
@@ -122,7 +125,7 @@ class Segment:
     price_source: str | None
     started_at: float
     ended_at: float | None
-    ended_how: str | None  # down | autodown | stopped | resized; None while it runs
+    ended_how: str | None  # down | autodown | stopped (autostop) | stop (gpuctl stop) | resized; None while it runs
 
     def cost(self, now: float) -> float | None:
         """Estimated USD so far (or in all, once ended); None when the price is unknown."""
@@ -293,14 +296,25 @@ class Registry:
             row = db.execute("SELECT * FROM jobs WHERE cluster=? AND job_id=?", (cluster, job_id)).fetchone()
         return _job(row) if row else None
 
-    def jobs(self, cluster: str) -> list[JobRecord]:
+    def jobs(self, cluster: str, *, since: float | None = None) -> list[JobRecord]:
+        """The cluster's jobs by id; with `since`, only those submitted from then on (the jobs of a
+        cluster made then, not of an earlier one of the same name)."""
         with self._connect() as db:
-            rows = db.execute("SELECT * FROM jobs WHERE cluster=? ORDER BY job_id", (cluster,)).fetchall()
+            rows = db.execute("SELECT * FROM jobs WHERE cluster=? AND submitted_at>=? ORDER BY job_id",
+                              (cluster, since if since is not None else float("-inf"))).fetchall()
         return [_job(r) for r in rows]
 
     def remove_jobs(self, cluster: str) -> None:
         with self._connect() as db:
             db.execute("DELETE FROM jobs WHERE cluster=?", (cluster,))
+
+    def end_jobs(self, cluster: str, why: str) -> None:
+        """The cluster is gone: its jobs not yet ended are CANCELLED, here only (its rows stay, with
+        their logs, for `queue` and `logs`; the bucket's go with the cluster)."""
+        with self._connect() as db:
+            db.execute(f"UPDATE jobs SET status='CANCELLED', ended_at=?, detail=COALESCE(detail, ?) WHERE cluster=? "
+                       f"AND status NOT IN ({','.join('?' * len(TERMINAL_JOB_STATES))})",
+                       (time.time(), why, cluster, *TERMINAL_JOB_STATES))
 
     # history: what each cluster cost while it lived (cost-report), this state dir's own
     def open_segment(self, name: str, *, cloud: str, region: str | None, instance_type: str | None,
@@ -348,7 +362,7 @@ class Registry:
         if record is None:
             known = self.cluster(name)
             if known is not None and known.request.get("state") == remote.where(name):
-                self.remove_jobs(name)
+                self.end_jobs(name, "its cluster was torn down")
                 self.remove_cluster(name)
             return False
         sync.pull_files(remote.store, name, cluster_dir(name))
@@ -374,10 +388,12 @@ class Registry:
         sync.push_files(self.remote.store, name, cluster_dir(name))
 
     def forget(self, name: str) -> None:
-        """Drop a cluster's record and jobs, here and in the state bucket."""
+        """Drop a cluster's record, here and in the state bucket (its job rows there too). Here its job
+        rows stay, ended, as its logs do (joblogs): `queue NAME` and `logs NAME JOB` read them after
+        `down`, and a new cluster of the same name numbers its jobs on from them."""
         if self.remote is not None:
             sync.delete_cluster(self.remote.store, name)
-        self.remove_jobs(name)
+        self.end_jobs(name, "its cluster was torn down")
         self.remove_cluster(name)
 
 

@@ -13,8 +13,9 @@ Paths inside the cluster directory differ between runners, so text files carry
 the directory as `@GPUCTL_CLUSTER_DIR@` in the bucket and get the runner's own
 on the way down — except the rendered Terraform root, which keeps the paths it
 was made with (local nodes stay where they are; providers.local.nodes_dir). What is machine-local stays out: ssh control sockets (cm/),
-ansible-runner's private data (runner/), job logs (jobs/: `gpuctl logs` reads
-them from the head), local nodes' homes (nodes/), Terraform's plugin cache.
+ansible-runner's private data (runner/), jobs' watchers (jobs/; a job's logs are kept outside
+the cluster directory, in the state dir's logs/, and `gpuctl logs` reads a job from the head
+where this runner has none), local nodes' homes (nodes/), Terraform's plugin cache.
 `.sync.json` remembers each file's hash as last synced, so a command moves only
 what changed.
 """
