@@ -19,7 +19,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from e2e import Cluster, NodeInfo, needs_local_nodes
+from e2e import Cluster, NodeInfo, gpuctl_env, needs_local_nodes
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -48,6 +48,11 @@ class Bringup:
                  "~/.gpuctl/prepared ~/.gpuctl/fabric.env ~/.ssh/gpuctl_cluster ~/.ssh/gpuctl_known_hosts ~/.ssh/config")
         return self.cluster.ssh(node, f"for f in {files}; do stat -c '%a %n' $f; sha256sum < $f; done; "
                                       "grep -c gpuctl-internal- ~/.ssh/authorized_keys").stdout
+
+    def node_ids(self) -> list[str]:
+        """The nodes' ids in rank order, as the inventory records them."""
+        hosts = yaml.safe_load((self.cluster.cdir / "inventory.yml").read_text())["all"]["children"]["gpuctl_nodes"]["hosts"]
+        return [h["gpuctl_node_id"] for h in sorted(hosts.values(), key=lambda h: h["gpuctl_rank"])]
 
     def records(self) -> dict[str, str]:
         return json.loads((self.cluster.cdir / "prepared.json").read_text())
@@ -159,3 +164,65 @@ def test_a_worker_the_head_cannot_log_in_to_is_prepared_directly(bu: Bringup):
     assert "worker1" in played and "head" not in played, played  # then the prepare play, on worker1 alone
     assert f"(worker1, rank=1) {NAME}-1" in res.stdout.splitlines(), res.describe()
     assert bu.cluster.ssh(head, "ssh worker1 hostname").stdout.strip() == f"{NAME}-1"  # authorized again
+
+
+def test_a_smaller_apply_never_removes_a_node_unasked(bu: Bringup):
+    """Issue 34.3: re-applying the YAML (num_nodes 2) on the grown cluster (3) is refused in one line,
+    exit 2, nothing changed, and never under a running job, even with -y; on a terminal it asks; -y
+    removes worker2 alone."""
+    nodes = bu.node_ids()
+    assert len(nodes) == 3
+    cluster_json = (bu.cluster.cdir / "cluster.json").read_text()
+    job = bu.cluster.gpuctl("exec", NAME, "-d", "--", "sleep", "300").check()
+    job_id = job.stderr.split("Job ")[1].split()[0] if "Job " in job.stderr else job.stdout.split("Job ")[1].split()[0]
+    under_job = bu.cluster.gpuctl("apply", bu.task(2), "-y")
+    assert under_job.returncode == 2, under_job.describe()
+    assert (f"error: this apply would remove worker2 (rank 2) of cluster '{NAME}', which has 3 node(s) where the "
+            f"task asks for 2, where job {job_id} (RUNNING) runs: it would be killed; wait for it to end or cancel "
+            f"it (gpuctl cancel {NAME} {job_id}), then apply again; nothing was changed") in under_job.stderr
+    assert "Traceback" not in under_job.stderr
+    bu.cluster.gpuctl("cancel", NAME, job_id).check()
+    refused = bu.cluster.gpuctl("apply", bu.task(2))  # no terminal: nobody to ask
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
+        "keep them with --num-nodes 3, agree with -y, or give the task another cluster name (-c NAME); nothing was "
+        "changed"), refused.describe()
+    assert (bu.cluster.cdir / "cluster.json").read_text() == cluster_json
+    assert bu.node_ids() == nodes
+    # at a terminal it asks, and no (the default) changes nothing
+    asked = _at_a_terminal(bu, ["apply", bu.task(2)], answer=b"\n")
+    assert "Go on? [y/N]" in asked and "not confirmed; nothing was changed" in asked, asked
+    assert bu.node_ids() == nodes
+    shrunk = bu.cluster.gpuctl("apply", bu.task(2), "-y").check()
+    assert bu.node_ids() == nodes[:2], shrunk.describe()
+
+
+def _at_a_terminal(bu: Bringup, argv: list[str], answer: bytes) -> str:
+    """gpuctl with a terminal for stdin and stderr, `answer` typed at it; what the terminal showed."""
+    import sys
+
+    master, slave = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", *argv], env=gpuctl_env(bu.cluster.state_dir),
+                            stdin=slave, stdout=subprocess.PIPE, stderr=slave, start_new_session=True)
+    os.close(slave)
+    seen = b""
+    try:
+        while b"[y/N]" not in seen:
+            chunk = os.read(master, 65536)
+            if not chunk:
+                break
+            seen += chunk
+        os.write(master, answer)
+        proc.wait(timeout=120)
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    return seen.decode(errors="replace")

@@ -23,7 +23,7 @@ import pytest
 from e2e import pids_with_env, running
 from mototest import free_port
 
-from gpuctl.common.errors import ProvisionError
+from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.providers.local import provider as local_provider
 from gpuctl.provision import provisioner
@@ -246,7 +246,21 @@ def test_three_nodes_then_scale_down_keeps_ranks(cleanup_clusters: list[str]) ->
     envs = node_envs(req.name)
     many_sessions(inv.nodes[2])
 
-    smaller = provisioner.provision(ClusterRequest(name="it-three", num_nodes=2, cloud="local"))
+    # A smaller count never removes a node unasked: one line, and nothing changed (root, request, nodes)
+    root_text = (cluster_dir(req.name) / "terraform" / "main.tf.json").read_text()
+    request_text = (cluster_dir(req.name) / "cluster.json").read_text()
+    with pytest.raises(UserError, match=r"^this apply would remove worker2 \(rank 2\) of cluster 'it-three', which "
+                                        r"has 3 node\(s\) where the task asks for 2; keep them with --num-nodes 3, "
+                                        r"agree with -y, .*nothing was changed$"):
+        provisioner.provision(ClusterRequest(name="it-three", num_nodes=2, cloud="local"))
+    assert (cluster_dir(req.name) / "terraform" / "main.tf.json").read_text() == root_text
+    assert (cluster_dir(req.name) / "cluster.json").read_text() == request_text
+    assert not list((cluster_dir(req.name) / "terraform").glob("*.tfplan"))
+    ssh(inv.nodes[2], "true")
+    told: list[provisioner.Doomed] = []
+    smaller = provisioner.provision(ClusterRequest(name="it-three", num_nodes=2, cloud="local"),
+                                    on_destroy=told.append)
+    assert [(d.have, d.want, [n.name for n in d.removed], d.replaced) for d in told] == [(3, 2, ["worker2"], ())]
     assert [(n.rank, n.node_id) for n in smaller.nodes] == [(n.rank, n.node_id) for n in inv.nodes[:2]]
     assert envs[2]["LN_NETNS"] not in netns_list() and not Path(envs[2]["LN_DIR"]).exists()
     ssh(smaller.nodes[1], "true")

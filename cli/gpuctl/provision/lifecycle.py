@@ -15,13 +15,15 @@ after a crash, carries on from it.
 
 from __future__ import annotations
 
+import json
+import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from gpuctl.common.console import Reporter
-from gpuctl.common.errors import ClusterNotFound
+from gpuctl.common.errors import ClusterNotFound, UserError
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.providers import get_provider, price_quote
 from gpuctl.provision import ssh, sshconfig
@@ -29,6 +31,9 @@ from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.request import ClusterRequest, check_cluster_name
 from gpuctl.state.lock import HeldLock, cluster_lock
 from gpuctl.state.registry import STOPPED, Registry
+
+if TYPE_CHECKING:
+    from gpuctl.provision.provisioner import Doomed
 
 
 @contextmanager
@@ -45,8 +50,11 @@ def _changing(name: str, command: str, reporter: Reporter, registry: Registry) -
 
 
 def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, workdir: Path | None = None,
-             container_image: str | None = None) -> Inventory:
+             container_image: str | None = None, on_destroy: Callable[[Doomed], None] | None = None) -> Inventory:
     """Provision (or reuse: Terraform changes nothing) the cluster `req` describes; its inventory.
+
+    Nodes of an existing cluster that the apply would destroy (a smaller num_nodes, a setting that
+    replaces them) go to `on_destroy` first, which refuses by raising; by default they are refused.
 
     The registry's INIT row is written only once the request passed every check and
     the provider's preflight (provision's `on_start`): a refused request leaves the
@@ -57,8 +65,9 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
     shared = {"state": registry.remote.where(req.name)} if registry.remote is not None else {}
     provisioner.check_request(req)  # before the lock: a bad request waits for nothing
     known = registry.cluster(req.name)
-    if known is not None and known.status == STOPPED:
-        reporter.info(f"Cluster '{req.name}' stopped itself (autostop): starting its nodes again")
+    was_stopped = known is not None and known.status == STOPPED
+    if was_stopped:
+        reporter.info(f"Cluster '{req.name}' is stopped: starting its nodes again")
     started = False
 
     def record_start(prepared: ClusterRequest) -> None:
@@ -75,16 +84,21 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
             reporter.info(f"Cluster '{req.name}' took itself down (autodown): clearing its state to make it again")
             provisioner.destroy(req.name)
             registry.close_segment(req.name, "autodown", at=removed)
+            registry.end_jobs(req.name, "its cluster took itself down (autodown) before gpuctl saw the job end")
             registry.remove_cluster(req.name)  # its age starts again; its jobs and history stay
         try:
             inv = provisioner.provision(
                 req, on_progress=reporter.info, on_start=record_start,
+                on_destroy=on_destroy or provisioner.refuse_destroy,
                 on_count=lambda done, total: step.update(f"{done} of {total} resource(s) made", done, total))
         except BaseException:
             if started:
                 registry.publish(req.name)  # a half-made cluster: the next runner can still take it down
                 registry.set_cluster_status(req.name, "INIT")
             raise
+        if was_stopped:  # the outputs were read before the nodes started: their public addresses are new
+            inv = provisioner.refresh_inventory(req.name, on_progress=reporter.info)
+        (cluster_dir(req.name) / STOP_FILE).unlink(missing_ok=True)
         registry.publish(req.name)
         registry.upsert_cluster(req.name, cloud=req.cloud, region=inv.region, zone=inv.zone,
                                 num_nodes=len(inv.nodes), status="UP",
@@ -128,6 +142,10 @@ def replace_nodes(name: str, ranks: Sequence[int], *, reporter: Reporter, regist
         before = provisioner.load_inventory_of(name) if provisioner.cluster_exists(name) else None
         if before is None:
             raise ClusterNotFound(name, why=" (or never came up)", hint="; apply it first")
+        record = registry.cluster(name)
+        if ranks and record is not None and record.status == STOPPED:
+            raise UserError(f"cluster '{name}' is stopped; `gpuctl start {name}` brings its nodes back, then "
+                            "replace what is still broken")
         if not ranks:
             return before  # nothing lost: nothing to change, the record included
         old = [n for n in before.nodes if n.rank in set(ranks)]
@@ -145,6 +163,74 @@ def replace_nodes(name: str, ranks: Sequence[int], *, reporter: Reporter, regist
     ssh.close_masters(old, ssh.control_dir_for(cluster_dir(name) / "cm"))
     for node in (n for n in inv.nodes if n.rank in set(ranks)):
         reporter.info(f"  {node.name:<10} rank={node.rank:<3} {node.address:<16} made again ({node.node_id})")
+    return inv
+
+
+STOP_FILE = "stopped.json"  # in the cluster's directory while `gpuctl stop` keeps it stopped: {"stopped_at"}
+
+
+def stopped_at(name: str) -> float | None:
+    """When `gpuctl stop` stopped the cluster, or None (it runs, or it stopped itself: autostop)."""
+    try:
+        return float(json.loads((cluster_dir(name) / STOP_FILE).read_text())["stopped_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def stop_cluster(name: str, *, reporter: Reporter, registry: Registry) -> float:
+    """Stop every node of an UP cluster, its disks kept (provisioner.set_power); when it stopped.
+
+    Under the cluster's lock. The registry says STOPPED only once Terraform stopped every node
+    (a failed stop leaves it UP, billing as it may still be), the cost history stops counting,
+    and the ssh masters to the nodes are told to exit. The caller ends the cluster's jobs first."""
+    from gpuctl.provision import provisioner
+
+    with _changing(name, "gpuctl stop", reporter, registry), \
+            reporter.stage(f"Stopping cluster '{name}'", phase="provision") as step:
+        try:
+            provisioner.set_power(name, running=False, on_progress=reporter.info,
+                                  on_count=lambda done, total: step.update(f"{done} of {total} node(s) stopped",
+                                                                           done, total))
+        finally:
+            registry.publish(name)  # the Terraform state as far as it got
+        when = time.time()
+        marker = cluster_dir(name) / STOP_FILE
+        marker.with_suffix(".tmp").write_text(json.dumps({"stopped_at": when}) + "\n")
+        marker.with_suffix(".tmp").replace(marker)
+        registry.set_cluster_status(name, STOPPED)
+        registry.close_segment(name, "stop", at=when)
+        registry.publish(name)
+    ssh.exit_masters(cluster_dir(name) / "cm")  # their connections went with the nodes
+    return when
+
+
+def start_cluster(name: str, *, reporter: Reporter, registry: Registry) -> Inventory:
+    """Start a stopped cluster's nodes again, the same instances and disks (provisioner.set_power);
+    its inventory, with the nodes' new public addresses.
+
+    Under the cluster's lock. The registry says UP, and the history counts again, before Terraform
+    starts anything: a start that fails half-way leaves nodes that may bill, so they are counted
+    (`gpuctl stop` stops them again). The ssh config is written again and the host keys stay those
+    pinned before (same disks, same keys: a different one is refused at first contact). Whether the
+    nodes answer ssh yet is the caller's to wait for."""
+    from gpuctl.provision import provisioner
+
+    with _changing(name, "gpuctl start", reporter, registry), \
+            reporter.stage(f"Starting cluster '{name}'", phase="provision") as step:
+        (cluster_dir(name) / STOP_FILE).unlink(missing_ok=True)
+        registry.set_cluster_status(name, "UP")
+        record = registry.cluster(name)
+        if record is not None:
+            _record_segment(registry, provisioner.request_from_dict(record.request), num_nodes=record.num_nodes,
+                            region=record.region)
+        try:
+            inv = provisioner.set_power(name, running=True, on_progress=reporter.info,
+                                        on_count=lambda done, total: step.update(
+                                            f"{done} of {total} node(s) started", done, total))
+        finally:
+            registry.publish(name)
+    write_ssh_config(inv)
+    _trust_host_keys(inv)
     return inv
 
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from gpuctl.common.errors import ClusterNotFound, ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
@@ -150,10 +150,61 @@ def _cluster_and_provider(req: ClusterRequest) -> tuple[Path, Provider]:
     return cdir, provider
 
 
+class DoomedNode(NamedTuple):
+    """A node an apply would destroy: its rank and name (`node 5` where the inventory does not know it)."""
+
+    rank: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Doomed:
+    """Nodes of an existing cluster that an apply would destroy, known before anything changes:
+    those a smaller num_nodes drops, and those a changed setting makes Terraform replace."""
+
+    cluster: str
+    have: int  # nodes the cluster has
+    want: int  # nodes the request asks for
+    removed: tuple[DoomedNode, ...]  # dropped by the smaller count
+    replaced: tuple[DoomedNode, ...]  # made again (their disks and whatever ran there lost)
+
+    @property
+    def nodes(self) -> tuple[DoomedNode, ...]:
+        return self.removed + self.replaced
+
+    def describe(self) -> str:
+        """`this apply would remove worker2 of cluster 'x' (num_nodes 2; it has 3)`, and what it replaces."""
+        parts = []
+        if self.removed:
+            parts.append(f"remove {_names(self.removed)} of cluster '{self.cluster}', which has {self.have} "
+                         f"node(s) where the task asks for {self.want}")
+        if self.replaced:
+            parts.append(f"replace {_names(self.replaced)} of cluster '{self.cluster}' (a changed setting that "
+                         "cannot change in place: their disks and what runs there are lost)")
+        return f"this apply would {' and '.join(parts)}"
+
+    def refusal(self) -> str:
+        """The line that refuses it, saying how to go on."""
+        keep = f"keep them with --num-nodes {self.have}, " if self.removed and not self.replaced else ""
+        return (f"{self.describe()}; {keep}agree with -y, or give the task another cluster name (-c NAME); "
+                "nothing was changed")
+
+
+def _names(nodes: Sequence[DoomedNode]) -> str:
+    """Every node, in one line (a refusal names all it spares)."""
+    return ", ".join(f"{n.name} (rank {n.rank})" for n in nodes)
+
+
+def refuse_destroy(doomed: Doomed) -> None:
+    """provision's default: an apply never destroys nodes unasked."""
+    raise UserError(doomed.refusal())
+
+
 def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
               on_start: Callable[[ClusterRequest], None] = _no_start,
               on_count: Callable[[int, int], None] | None = None,
-              replace_ranks: Sequence[int] = ()) -> Inventory:
+              replace_ranks: Sequence[int] = (),
+              on_destroy: Callable[[Doomed], None] = refuse_destroy) -> Inventory:
     """Create or update the cluster so it matches `req`; return its inventory.
 
     Re-applying the same request changes nothing; a changed num_nodes adds or
@@ -167,6 +218,11 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     last written, not rendered anew: settings changed since (an ingress CIDR,
     a moved endpoint) are `gpuctl apply`'s to bring, not a side effect of
     replacing one node; and a failed replacement never moves to another zone.
+
+    An existing cluster is planned first (`terraform plan -out`): nodes the plan would destroy (a
+    smaller num_nodes, a setting that forces a replacement) go to `on_destroy` before anything is
+    written or changed, and it refuses by raising (the default: UserError); then exactly that plan
+    is applied, or nothing when it changes nothing.
     """
     cdir, provider = _cluster_and_provider(req)
     if not provider.provisions:
@@ -181,28 +237,41 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     if replace_ranks:
         addresses = _replacement_addresses(provider, root, req, cdir, replace_ranks)
         key_path, public_key = ensure_cluster_key(cdir)
-    else:
+    plan_file: Path | None = None
+    planned = False  # an existing cluster's apply: planned first, then that plan applied (or none)
+    if not replace_ranks:
         req = provider.prepare(req)
         created = not cdir.exists()
+        previous_root = root.root_file.read_text() if root.root_file.is_file() else None
         try:
             cdir.mkdir(parents=True, exist_ok=True)
             key_path, public_key = ensure_cluster_key(cdir)
             root.write(root_config(provider, req, cdir, public_key, remote))
+            if root.has_state():
+                on_progress(f"terraform init ({root.workdir})")
+                root.init()
+                plan_file, planned = _checked_plan(provider, root, req, on_destroy), True
         except BaseException:
             if created:  # nothing was provisioned: leave no half-made cluster behind
                 shutil.rmtree(cdir, ignore_errors=True)
+            elif previous_root is not None:  # refused or failed before any change: the root as it was
+                root.root_file.write_text(previous_root)
             raise
         on_start(req)
         _write_request(cdir, req)
-    on_progress(f"terraform init ({root.workdir})")
-    root.init()
+    if not planned:
+        on_progress(f"terraform init ({root.workdir})")
+        root.init()
     for line in [] if addresses else provider.describe(req):
         on_progress(line)
     while True:
         on_progress(f"terraform apply: replacing {', '.join(addresses)}" if addresses else
                     f"terraform apply: {req.num_nodes} {provider.name} node(s)")
         try:
-            changed = root.apply(on_count, replace=addresses)  # on_count(done, total): resources made so far
+            if planned and plan_file is None:
+                changed = False  # planned, and nothing to change: no apply at all
+            else:  # on_count(done, total): resources made so far
+                changed = root.apply(on_count, replace=addresses, plan_file=plan_file)
             break
         except ProvisionError as exc:
             if addresses:
@@ -215,12 +284,19 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
             if nxt is None:
                 raise
             root.destroy()  # what the failed attempt made (a subnet, some nodes): the retry starts clean
+            plan_file, planned = None, False
             req = nxt
             root.write(root_config(provider, req, cdir, public_key, remote))
             _write_request(cdir, req)
     on_progress("terraform apply: done" if changed else "terraform apply: no changes, reusing the existing nodes")
-    outputs = root.outputs()
+    inv = _inventory_from_outputs(root, req, cdir, key_path)
+    on_progress(f"inventory: {cdir / INVENTORY_FILE}")
+    return inv
 
+
+def _inventory_from_outputs(root: TerraformRoot, req: ClusterRequest, cdir: Path, key_path: Path) -> Inventory:
+    """The root's outputs as the cluster's inventory, written; every node that was there keeps its rank."""
+    outputs = root.outputs()
     inv_path = cdir / INVENTORY_FILE
     previous = None
     if inv_path.is_file():
@@ -236,8 +312,94 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     except (ValueError, KeyError, TypeError) as exc:
         raise ProvisionError(f"terraform outputs of cluster '{req.name}' break the module contract: {exc}") from None
     write_inventory(inv, inv_path)
-    on_progress(f"inventory: {inv_path}")
     return inv
+
+
+def set_power(name: str, *, running: bool, on_progress: Progress = _quiet,
+              on_count: Callable[[int, int], None] | None = None) -> Inventory:
+    """Stop every node of the cluster, its disks kept (`gpuctl stop`), or start the same nodes again
+    (`gpuctl start`); the inventory.
+
+    The root is applied as it was last written (as replace_nodes does) with the provider's
+    power_inputs, so the Terraform state says what the nodes are. Once started, the state is
+    refreshed (a node's public address is new after a stop) and the inventory written from it, each
+    node at its rank; stopped, the inventory stays as it was. UserError for a stop of nodes gpuctl
+    cannot stop and keep (provider.stop_problem), and for a cluster that never came up. The caller
+    holds the cluster's lock (lifecycle.stop_cluster / start_cluster)."""
+    check_cluster_name(name)
+    cdir = cluster_dir(name)
+    request = _read_request(cdir)
+    before = load_inventory_of(name) if request is not None else None
+    if request is None or before is None:
+        raise ClusterNotFound(name, why=" (or never came up)")
+    provider = get_provider(str(request.get("cloud")))
+    problem = None if running else provider.stop_problem(request)
+    if problem:
+        raise UserError(f"cluster '{name}': {problem}")
+    root = TerraformRoot(cdir / "terraform")
+    if not root.root_file.is_file():
+        raise ClusterNotFound(name, why=" (it has no Terraform root: it never came up)")
+    _refresh_module_source(root, provider, request, cdir)
+    config = root.read()
+    config["module"][MODULE_NAME].update(provider.power_inputs(running))
+    root.write(config)
+    on_progress(f"terraform init ({root.workdir})")
+    root.init()
+    on_progress(f"terraform apply: {'starting' if running else 'stopping'} {len(before.nodes)} node(s)")
+    root.apply(on_count)
+    if not running:
+        return before
+    return refresh_inventory(name, on_progress=on_progress)
+
+
+def refresh_inventory(name: str, *, on_progress: Progress = _quiet) -> Inventory:
+    """Read the cluster's resources again (`terraform apply -refresh-only`, nothing changed) and write
+    its inventory from them: after nodes started, whose public addresses changed while stopped."""
+    cdir = cluster_dir(name)
+    request = _read_request(cdir)
+    if request is None:
+        raise ClusterNotFound(name, why=" (or never came up)")
+    root = TerraformRoot(cdir / "terraform")
+    on_progress("terraform apply -refresh-only: the nodes' addresses as they are now")
+    root.refresh()
+    req = request_from_dict(request)
+    inv = _inventory_from_outputs(root, req, cdir, ensure_cluster_key(cdir)[0])
+    on_progress(f"inventory: {cdir / INVENTORY_FILE}")
+    return inv
+
+
+def _checked_plan(provider: Provider, root: TerraformRoot, req: ClusterRequest,
+                  on_destroy: Callable[[Doomed], None]) -> Path | None:
+    """Plan an existing cluster's apply into a file; hand the nodes it would destroy to on_destroy
+    first. The plan file, or None when the plan changes nothing."""
+    plan_file = root.workdir / "gpuctl.tfplan"
+    changes = root.plan_to(plan_file)
+    if not changes:
+        return None
+    index = {a: i for i, a in enumerate(provider.node_addresses(range(MAX_NODE_INDEX)))} \
+        if provider.node_resource else {}
+    doomed = {index[c.address]: c for c in changes if c.destroys and c.address in index}
+    if doomed:
+        inv = load_inventory_of(req.name)
+        order = _state_node_ids(root)
+        by_id = {n.node_id: n for n in inv.nodes} if inv is not None else {}
+
+        def node_at(i: int) -> DoomedNode:  # one the inventory does not know is doomed all the same
+            node = by_id.get(order[i]) if i < len(order) else None
+            return DoomedNode(node.rank, node.name) if node is not None else DoomedNode(i, f"node {i}")
+
+        have = len(inv.nodes) if inv is not None else len(order)
+        removed = tuple(node_at(i) for i, c in sorted(doomed.items()) if c.action == "delete")
+        replaced = tuple(node_at(i) for i, c in sorted(doomed.items()) if c.action == "replace")
+        try:
+            on_destroy(Doomed(req.name, have, req.num_nodes, removed, replaced))
+        except BaseException:
+            plan_file.unlink(missing_ok=True)
+            raise
+    return plan_file
+
+
+MAX_NODE_INDEX = 1024  # more nodes than any provider makes in one cluster
 
 
 def replace_nodes(name: str, ranks: Sequence[int], *, on_progress: Progress = _quiet,

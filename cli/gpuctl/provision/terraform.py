@@ -64,6 +64,28 @@ class PlanSummary:
         return lines
 
 
+@dataclass(frozen=True)
+class PlannedChange:
+    """One resource change of a plan, as Terraform's JSON stream says it (`planned_change`)."""
+
+    address: str  # module.cluster.aws_instance.node[2]
+    action: str  # create, update, delete, replace, move, read
+
+    @property
+    def destroys(self) -> bool:
+        return self.action in ("delete", "replace")
+
+
+def planned_changes(stdout: str) -> list[PlannedChange]:
+    """Every `planned_change` of a `terraform plan -json` run, in its order."""
+    changes = []
+    for msg in _json_messages(stdout):
+        change = msg.get("change") if msg.get("type") == "planned_change" else None
+        if isinstance(change, dict) and isinstance(change.get("resource"), dict):
+            changes.append(PlannedChange(str(change["resource"].get("addr", "")), str(change.get("action", ""))))
+    return changes
+
+
 class TerraformRoot:
     """One root module directory (`clusters/<name>/terraform/`) and its local state."""
 
@@ -93,11 +115,11 @@ class TerraformRoot:
         return json.loads(self.root_file.read_text())
 
     def has_state(self) -> bool:
-        """Whether the local state records any resource (something may exist)."""
-        state = self.workdir / "terraform.tfstate"
+        """Whether the state records any resource (something may exist): the local state, or a
+        remote backend's last snapshot (snapshot_state)."""
         try:
-            return bool(json.loads(state.read_text()).get("resources"))
-        except (OSError, ValueError):
+            return bool(json.loads(self.state_file().read_text()).get("resources"))
+        except (OSError, ValueError, AttributeError):
             return False
 
     @property
@@ -134,21 +156,47 @@ class TerraformRoot:
             raise ProvisionError(f"terraform plan in {self.workdir} printed no change summary (exit code {rc})")
         return summary
 
-    def apply(self, on_count: Callable[[int, int], None] | None = None, replace: Sequence[str] = ()) -> bool:
+    def plan_to(self, plan_file: Path) -> list[PlannedChange]:
+        """`terraform plan -out=PLAN_FILE`: the changes apply(plan_file=) would make, and nothing
+        else, so a caller may refuse some before any is made; [] (and no file) when there are none."""
+        plan_file.unlink(missing_ok=True)
+        rc, out, _ = self._run(
+            "plan", ok=(0, 2), input=False, no_color=IsFlagged, json=IsFlagged, detailed_exitcode=IsFlagged,
+            lock_timeout=self.lock_timeout, out=str(plan_file),
+        )
+        if rc == 0:
+            plan_file.unlink(missing_ok=True)
+            return []
+        return planned_changes(out)
+
+    def apply(self, on_count: Callable[[int, int], None] | None = None, replace: Sequence[str] = (),
+              plan_file: Path | None = None) -> bool:
         """`terraform apply`; True when something was created, changed or destroyed. `on_count(done,
         total)` as each resource's change completes (Terraform's JSON stream: planned_change, then
         apply_complete), for a live "12 of 64" while nodes are made. `replace`: resource addresses
         (`module.cluster.aws_instance.node[1]`) rebuilt even though nothing about them changed
-        (`-replace=ADDR` each): a lost node made again, what depends on it with it."""
-        if on_count is None:
-            _, out, _ = self._run(
-                "apply", input=False, no_color=IsFlagged, json=IsFlagged,
-                auto_approve=IsFlagged, lock_timeout=self.lock_timeout, replace=list(replace),
-            )
-        else:
-            out = self._stream_apply(on_count, replace)
+        (`-replace=ADDR` each): a lost node made again, what depends on it with it. `plan_file`:
+        apply exactly that saved plan (plan_to), which is then removed."""
+        try:
+            if on_count is None:
+                options: dict[str, Any] = {"replace": list(replace)} if plan_file is None else {}
+                if plan_file is None:
+                    options["auto_approve"] = IsFlagged
+                _, out, _ = self._run("apply", *([str(plan_file)] if plan_file else []), input=False,
+                                      no_color=IsFlagged, json=IsFlagged, lock_timeout=self.lock_timeout, **options)
+            else:
+                out = self._stream_apply(on_count, replace, plan_file)
+        finally:
+            if plan_file is not None:
+                plan_file.unlink(missing_ok=True)
         counts = _change_summary(out, operation="apply")
         return bool(counts and any(counts.get(k) for k in ("add", "change", "remove")))
+
+    def refresh(self) -> None:
+        """`terraform apply -refresh-only`: the state, and so the outputs, as the cloud has it now,
+        nothing changed; for nodes that just started, whose public addresses are new."""
+        self._run("apply", input=False, no_color=IsFlagged, json=IsFlagged, auto_approve=IsFlagged,
+                  refresh_only=IsFlagged, lock_timeout=self.lock_timeout, log_as="refresh")
 
     def outputs(self) -> dict[str, Any]:
         """`terraform output -json`, as output name -> value.
@@ -178,8 +226,10 @@ class TerraformRoot:
             raise UserError("terraform is not on PATH; install Terraform >= 1.5 and try again")
         return found
 
-    def _run(self, command: str, *args: str, ok: Iterable[int] = (0,), **options: Any) -> tuple[int, str, str]:
-        """Run one terraform command in the workdir; raise ProvisionError on failure."""
+    def _run(self, command: str, *args: str, ok: Iterable[int] = (0,), log_as: str | None = None,
+             **options: Any) -> tuple[int, str, str]:
+        """Run one terraform command in the workdir; raise ProvisionError on failure. Its log is
+        logs/COMMAND.log, or logs/LOG_AS.log."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         tf = Terraform(working_dir=str(self.workdir), terraform_bin_path=self._binary())
         try:
@@ -189,9 +239,9 @@ class TerraformRoot:
         except OSError as exc:
             raise UserError(f"could not run terraform ({exc.strerror or exc}); check that it is installed") from None
         out, err = out or "", err or ""
-        self._log(command, rc, out, err)
+        self._log(log_as or command, rc, out, err)
         if rc not in tuple(ok):
-            raise self._failure(command, rc, out, err)
+            raise self._failure(log_as or command, rc, out, err)
         return rc, out, err
 
     def _failure(self, command: str, rc: int, out: str, err: str) -> ProvisionError:
@@ -202,11 +252,12 @@ class TerraformRoot:
         return ProvisionError(f"terraform {command} failed in {self.workdir}:\n  {detail}",
                               insufficient_capacity=capacity)
 
-    def _stream_apply(self, on_count: Callable[[int, int], None], replace: Sequence[str] = ()) -> str:
+    def _stream_apply(self, on_count: Callable[[int, int], None], replace: Sequence[str] = (),
+                      plan_file: Path | None = None) -> str:
         """`terraform apply -json`, read as it runs; its stdout. Failures as _run reports them."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = [self._binary(), "apply", "-input=false", "-no-color", "-json", "-auto-approve",
-                f"-lock-timeout={self.lock_timeout}", *(f"-replace={a}" for a in replace)]
+        argv = [self._binary(), "apply", "-input=false", "-no-color", "-json", f"-lock-timeout={self.lock_timeout}"]
+        argv += [str(plan_file)] if plan_file is not None else ["-auto-approve", *(f"-replace={a}" for a in replace)]
         lines: list[str] = []
         planned = done = 0
         with tempfile.TemporaryFile(mode="w+") as err_file:
