@@ -290,11 +290,11 @@ def test_output_round_trips_through_the_head_byte_for_byte(node_home: Path, tmp_
     events, outcome, err = submit(node_home, payload("20", 'cat "$HOME/out.bin"'))
     assert outcome is not None and outcome.status == "SUCCEEDED", err
     assert rank_bytes(events) == data
-    assert [e.kind for e in events if e.kind not in "Oo"] == ["P", "H", "P", "S", "P", "X", "D"]
+    assert [e.kind for e in events if e.kind not in "Oou"] == ["P", "H", "P", "S", "P", "X", "D"]
     log = node_home / ".gpuctl" / "jobs" / "20" / "events.log"
     assert max(map(len, log.read_bytes().split(b"\n"))) <= PIECE + 64  # no hop holds a longer event
 
-    writer = joblogs.LogWriter("c", 20)  # what _JobView saves from the joined events
+    writer = joblogs.LogWriter("c", 20)  # what JobView saves from the joined events
     joiner = LineJoiner()
     for whole in (w for e in events for w in joiner.feed(e)):
         if whole.kind == "O":
@@ -637,3 +637,51 @@ def test_a_wave_waits_for_every_push_to_a_rank_not_just_the_first():
     assert coord.do_sync() is True and sent[-1] == agent.RELAY_RELEASE
     reports.append([f"{agent.EV_SYNCED} 1 0 ok\n", f"{agent.EV_SYNCED} 1 23 rsync: no space left\n"])
     assert coord.do_sync() is False and coord.sync_failure == "sync failed: worker1: rsync: no space left"
+
+
+# -- destinations made through sudo -----------------------------------------------------
+
+
+def _fake_sudo(tmp_path: Path) -> dict[str, str]:
+    """PATH with a `sudo` that runs its command marked as privileged, and a `mkdir` that refuses
+    unprivileged callers (a login user other than root, below a root-owned /opt)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sudo").write_text('#!/bin/sh\n[ "$1" = -n ] && shift\nexec env FAKE_ROOT=1 "$@"\n')
+    (bin_dir / "mkdir").write_text('#!/bin/sh\n[ -n "$FAKE_ROOT" ] || { echo "mkdir: Permission denied" >&2; exit 1; }\n'
+                                   'exec /bin/mkdir "$@"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_a_destination_made_through_sudo_leaves_what_is_above_it_passable(tmp_path: Path, monkeypatch) -> None:
+    """`/opt/x/data: ./src` for a login user other than root: the directories made above the
+    destination are root's and must stay passable by that user (sudo keeps the caller's umask, 077
+    in the agent and in a hardened session), the destination itself is the user's."""
+    from gpuctl.jobplane.upload import make_dir_command
+
+    env = _fake_sudo(tmp_path)
+    dest = tmp_path / "opt" / "x" / "data"
+    # the controller's side: the shell its rsync runs on the head first
+    proc = subprocess.run(["bash", "-c", "umask 077; " + make_dir_command(str(dest))], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert [(p.stat().st_mode & 0o777) for p in (dest.parent.parent, dest.parent)] == [0o755, 0o755]
+    assert dest.is_dir() and dest.stat().st_uid == os.getuid()
+    # the agent's side, on a node that has no copy yet
+    dest2 = tmp_path / "opt2" / "y" / "data"
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", args[0])
+
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.setattr(agent.os, "makedirs", refuse)
+    monkeypatch.setattr(agent.os, "geteuid", lambda: 1000)
+    old = os.umask(0o077)
+    try:
+        agent.ensure_dir(str(dest2))
+    finally:
+        os.umask(old)
+        monkeypatch.undo()
+    assert [(p.stat().st_mode & 0o777) for p in (dest2.parent.parent, dest2.parent, dest2)] == [0o755] * 3

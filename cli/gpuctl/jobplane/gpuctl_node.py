@@ -105,9 +105,16 @@ once. Standard library only and Python >= 3.6 syntax, like the rest of the agent
 """
 
 WORKDIR = "~/gpuctl_workdir"  # payload.WORKDIR_DEST (a test keeps the two equal)
+SSH_DIR_ON_NODE = "~/.ssh"  # agent/install.py writes there (its SSH_DIR)
 # Never a destination, nor anything in them.
 RESERVED_TREES = (
-    "~/.ssh", "~/.gpuctl",
+    "~/.gpuctl",
+    # In ~/.ssh (itself in RESERVED_DIRS: a deploy key such as ~/.ssh/id_rsa may go in, nothing may replace it
+    # whole): what sshd and ssh read on every login (a copy there locks gpuctl out of its nodes or runs on each
+    # of its commands) and what gpuctl writes there (agent/install.py: the internal key, the known hosts of the
+    # cluster view, its Host entries in config, its public key in authorized_keys).
+    "~/.ssh/authorized_keys", "~/.ssh/authorized_keys2", "~/.ssh/config", "~/.ssh/known_hosts",
+    "~/.ssh/known_hosts2", "~/.ssh/rc", "~/.ssh/environment",
     # the login shell's startup files: sshd runs every command of gpuctl's through them, and one that
     # prints or exits breaks rsync and the agent for every later job (as a bad authorized_keys would)
     "~/.bashrc", "~/.bash_profile", "~/.bash_login", "~/.bash_logout", "~/.profile", "~/.zshenv", "~/.zprofile",
@@ -121,10 +128,13 @@ RESERVED_TREES = (
     "/usr/lib64", "/usr/libx32", "/usr/libexec",
     "/proc", "/sys", "/dev", "/run", "/var/run", "/boot",
 )
+# Names in ~/.ssh that start with this are gpuctl's (gpuctl_cluster, gpuctl_known_hosts, and the copies
+# written before each is renamed into place): reserved, whatever follows.
+RESERVED_SSH_PREFIX = SSH_DIR_ON_NODE + "/gpuctl"
 # Never a destination themselves; a new directory below them is fine.
 RESERVED_DIRS = (
-    "/", "~", "/etc", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/usr", "/var", "/usr/local",
-    "/usr/local/bin", "/usr/share", "/var/lib", "/var/log", "/var/tmp",
+    "/", "~", SSH_DIR_ON_NODE, "/etc", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/usr", "/var",
+    "/usr/local", "/usr/local/bin", "/usr/share", "/var/lib", "/var/log", "/var/tmp",
 )
 
 
@@ -148,7 +158,9 @@ Events (one line each, up the tree and to the controller):
   B RANK CODE MESSAGE                    RANK's cloud buckets are copied/mounted (0) or not
   S RANK STAGE                           the stage started on RANK
   O RANK STAGE BYTES                     the end of an output line (all of it, or its last piece)
-  o RANK STAGE BYTES                     a piece of an output line that goes on in the next o/O
+  o RANK STAGE BYTES                     a piece of an output line that goes on in the next o/u/O
+  u RANK STAGE BYTES                     like o, to show now: the rank left its line unfinished
+                                         (a prompt, a progress bar's `\\r` redraws)
   X RANK STAGE CODE|?                    the stage ended on RANK
   L RANK REASON                          RANK was lost (ssh to it ended)
   P PHASE                                the coordinator's phase
@@ -156,8 +168,10 @@ Events (one line each, up the tree and to the controller):
 A rank's output is cut into pieces of at most OUT_PIECE bytes, each sent as it
 is read, so no hop holds or cuts a longer event; BYTES are the rank's own bytes
 (anything but a newline, which ends the event), never read as an event. A last
-line without a newline is an `o` before the stage's X. Every other event is
-one line of text the agent wrote.
+line without a newline is an `o` before the stage's X. A line the rank leaves
+unfinished for SHOW_AFTER_S goes out as it is (`u`), so a prompt or a progress bar
+shows while the rank waits, not when its newline comes. Every other event is one
+line of text the agent wrote.
 
 Commands down the tree (one line each, on a relay's stdin):
   claim TOKEN | sync JSON | buckets TOKEN KINDS | release | start STAGE | kill GRACE STAGE... | cleanup | end
@@ -222,13 +236,15 @@ EV_BUCKETS = "B"
 EV_STARTED = "S"
 EV_OUTPUT = "O"
 EV_PIECE = "o"
+EV_SHOWN = "u"
 EV_EXIT = "X"
 EV_LOST = "L"
 EV_PHASE = "P"
 EV_DONE = "D"
-EVENT_KINDS = (EV_HELLO, EV_CLAIMS, EV_SYNCED, EV_BUCKETS, EV_STARTED, EV_OUTPUT, EV_PIECE, EV_EXIT, EV_LOST,
-               EV_PHASE, EV_DONE)
-OUT_PIECE = 65536  # at most this many bytes of a rank's output per O/o event
+EVENT_KINDS = (EV_HELLO, EV_CLAIMS, EV_SYNCED, EV_BUCKETS, EV_STARTED, EV_OUTPUT, EV_PIECE, EV_SHOWN, EV_EXIT,
+               EV_LOST, EV_PHASE, EV_DONE)
+OUT_PIECE = 65536  # at most this many bytes of a rank's output per O/o/u event
+SHOW_AFTER_S = 0.1  # a line held this long without its newline is shown as it is (u)
 # What H says of a node:
 HELLO_OK = "ok"
 HELLO_UNPREPARED = "unprepared"
@@ -287,6 +303,13 @@ def job_command(action, job, *args):
     cancel, job-status) on the head; `job` is checked as node_job_dir checks it."""
     node_job_dir(job)
     return " ".join([AGENT, action, job] + [shlex.quote(a) for a in args])
+
+
+# A file_mount's directory where the login user may not write (/opt/x/data), made through
+# `sudo -n sh -c SUDO_MKDIR gpuctl-mkdir DIR UID:GID` by the controller's rsync and by the agent:
+# umask 022, since the directories made above it are root's and the user must pass them (sudo
+# keeps the caller's umask, 077 in the agent), then the directory given to the user.
+SUDO_MKDIR = 'umask 022 && mkdir -p -- "$1" && chown -- "$2" "$1"'
 
 
 # -------------------- jobplane/agent/procs.py ----------------------------------------------------
@@ -734,8 +757,10 @@ def ensure_dir(path):
         if os.geteuid() == 0 or not shutil.which("sudo"):
             raise
     quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if subprocess.call(["sudo", "-n", "mkdir", "-p", "--", path], **quiet) != 0 or subprocess.call(
-            ["sudo", "-n", "chown", "%d:%d" % (os.getuid(), os.getgid()), "--", path], **quiet) != 0:
+    # umask 022: the directories made above it (/opt/x of /opt/x/data) are root's, and this user
+    # must pass them; sudo would keep this process's private umask
+    if subprocess.call(["sudo", "-n", "sh", "-c", SUDO_MKDIR, "gpuctl-mkdir", path,
+                        "%d:%d" % (os.getuid(), os.getgid())], **quiet) != 0:
         raise OSError(errno.EACCES, "cannot create %s (not writable, and sudo -n refused)" % path, path)
 
 
@@ -2588,22 +2613,24 @@ def cmd_fence(args):
 
 
 # -------------------- jobplane/agent/follow.py ---------------------------------------------------
-"""A stage's log as it grows: as the bytes themselves (follow, attach) or as O/o events (a job's ranks).
+"""A stage's log as it grows: as the bytes themselves (follow, attach) or as O/o/u events (a job's ranks).
 
 `follow_stage` prints a log from an offset until the stage ended, then the
 SENTINEL line (the controller's stream.py reads it; `attach` follows the
 coordinator's events.log this way). `LocalStage` reads a running stage's log
-into O/o events of at most OUT_PIECE bytes for the relay; `ev` writes every
-other event. `LineReader` reads lines from a pipe without blocking.
+into O/o events of at most OUT_PIECE bytes for the relay, and a line left
+unfinished for SHOW_AFTER_S (a prompt, a progress bar redrawn with \\r) into a
+`u` event at once; `ev` writes every other event. `LineReader` reads lines from a pipe without blocking.
 """
 
 
 POLL_S = 0.15
 CHUNK = 65536
-# How a rank's output starts on the wire: the end of a line, a piece of one (out_events).
+# How a rank's output starts on the wire: the end of a line, a piece of one, a piece to show now (out_events).
 LINE_HEAD = (EV_OUTPUT + " ").encode()
 PIECE_HEAD = (EV_PIECE + " ").encode()
-OUTPUT_HEADS = (LINE_HEAD, PIECE_HEAD)
+SHOWN_HEAD = (EV_SHOWN + " ").encode()
+OUTPUT_HEADS = (LINE_HEAD, PIECE_HEAD, SHOWN_HEAD)
 
 
 class Out(object):
@@ -2715,14 +2742,15 @@ def ev(*fields):
     return (" ".join(str(f) for f in fields).replace("\n", " ") + "\n").encode("utf-8", "replace")
 
 
-def out_events(head, line, ended):
+def out_events(head, line, ended, shown=False):
     """A rank's `line` (bytes, no newline) as O/o events of at most OUT_PIECE bytes: `head` is
-    b"RANK STAGE "; the last is O if the line `ended` with its newline, else o (more follows)."""
+    b"RANK STAGE "; the last is O if the line `ended` with its newline, else o (more follows),
+    or u when it is to be `shown` now (the rank left the line unfinished)."""
     frames = []
     while len(line) > OUT_PIECE:
         frames.append(PIECE_HEAD + head + line[:OUT_PIECE] + b"\n")
         line = line[OUT_PIECE:]
-    frames.append((LINE_HEAD if ended else PIECE_HEAD) + head + line + b"\n")
+    frames.append((LINE_HEAD if ended else SHOWN_HEAD if shown else PIECE_HEAD) + head + line + b"\n")
     return b"".join(frames)
 
 
@@ -2753,12 +2781,20 @@ class LineReader(object):
 
 
 class LocalStage(object):
-    """A stage started on this node: its log is read as it grows into O/o events (out_events)."""
+    """A stage started on this node: its log is read as it grows into O/o/u events (out_events).
+
+    The start of a line whose newline has not come yet is held, so a line read in
+    two chunks still goes out whole; held for SHOW_AFTER_S, it goes out as a `u`
+    event (the rank waits mid-line: a prompt, `echo -n`, a progress bar redrawn
+    with \\r). A rank that streams lines never waits that long mid-line: its
+    output costs one clock reading per chunk read, nothing per line.
+    """
 
     def __init__(self, st):
         self.st = st
         self.fh = open(st.log, "rb")
         self.buf = b""  # the start of a line whose newline has not come yet (< OUT_PIECE bytes)
+        self.held_at = None  # when `buf` began to wait
         self.lost_since = None
         self.done = False
 
@@ -2768,6 +2804,9 @@ class LocalStage(object):
         while chunk:
             self._lines(chunk, emit, head)
             chunk = self.fh.read(CHUNK)
+        if self.buf and time.time() - self.held_at >= SHOW_AFTER_S:
+            emit(out_events(head, self.buf, False, shown=True))
+            self.buf, self.held_at = b"", None
         code = self.st.exit_code()
         if code is None and not self.st.supervisor_alive():
             self.lost_since = self.lost_since or time.time()
@@ -2796,6 +2835,8 @@ class LocalStage(object):
     def _lines(self, data, emit, head):
         parts = (self.buf + data).split(b"\n")
         rest = parts.pop()
+        if parts or not self.buf:  # a line began to wait now
+            self.held_at = time.time()
         frames = [out_events(head, line, True) for line in parts]
         if len(rest) >= OUT_PIECE:  # a long line goes out in pieces as it comes, never held whole
             cut = len(rest) - len(rest) % OUT_PIECE
@@ -2900,6 +2941,9 @@ def dest_problem(dest, mode):
         if path_within(path, real_path(top)):
             return ("%s is in %s, which gpuctl or the system needs on every node; choose another destination, "
                     "such as /data or ~/data" % (shown, top))
+    if path.startswith(real_path(RESERVED_SSH_PREFIX)):  # ~/.ssh/gpuctl*: the internal key, its known hosts
+        return ("%s is one of gpuctl's own files in ~/.ssh (%s*); give it another name (such as ~/.ssh/id_deploy) "
+                "or another destination, such as /data or ~/data" % (shown, RESERVED_SSH_PREFIX))
     for top in RESERVED_DIRS:
         if path == real_path(top):
             return ("%s is %s, which the system or gpuctl needs as it is; give a directory of its own, such as "

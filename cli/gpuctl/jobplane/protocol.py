@@ -17,7 +17,9 @@ Events (one line each, up the tree and to the controller):
   B RANK CODE MESSAGE                    RANK's cloud buckets are copied/mounted (0) or not
   S RANK STAGE                           the stage started on RANK
   O RANK STAGE BYTES                     the end of an output line (all of it, or its last piece)
-  o RANK STAGE BYTES                     a piece of an output line that goes on in the next o/O
+  o RANK STAGE BYTES                     a piece of an output line that goes on in the next o/u/O
+  u RANK STAGE BYTES                     like o, to show now: the rank left its line unfinished
+                                         (a prompt, a progress bar's `\\r` redraws)
   X RANK STAGE CODE|?                    the stage ended on RANK
   L RANK REASON                          RANK was lost (ssh to it ended)
   P PHASE                                the coordinator's phase
@@ -25,8 +27,10 @@ Events (one line each, up the tree and to the controller):
 A rank's output is cut into pieces of at most OUT_PIECE bytes, each sent as it
 is read, so no hop holds or cuts a longer event; BYTES are the rank's own bytes
 (anything but a newline, which ends the event), never read as an event. A last
-line without a newline is an `o` before the stage's X. Every other event is
-one line of text the agent wrote.
+line without a newline is an `o` before the stage's X. A line the rank leaves
+unfinished for SHOW_AFTER_S goes out as it is (`u`), so a prompt or a progress bar
+shows while the rank waits, not when its newline comes. Every other event is one
+line of text the agent wrote.
 
 Commands down the tree (one line each, on a relay's stdin):
   claim TOKEN | sync JSON | buckets TOKEN KINDS | release | start STAGE | kill GRACE STAGE... | cleanup | end
@@ -92,13 +96,15 @@ EV_BUCKETS = "B"
 EV_STARTED = "S"
 EV_OUTPUT = "O"
 EV_PIECE = "o"
+EV_SHOWN = "u"
 EV_EXIT = "X"
 EV_LOST = "L"
 EV_PHASE = "P"
 EV_DONE = "D"
-EVENT_KINDS = (EV_HELLO, EV_CLAIMS, EV_SYNCED, EV_BUCKETS, EV_STARTED, EV_OUTPUT, EV_PIECE, EV_EXIT, EV_LOST,
-               EV_PHASE, EV_DONE)
-OUT_PIECE = 65536  # at most this many bytes of a rank's output per O/o event
+EVENT_KINDS = (EV_HELLO, EV_CLAIMS, EV_SYNCED, EV_BUCKETS, EV_STARTED, EV_OUTPUT, EV_PIECE, EV_SHOWN, EV_EXIT,
+               EV_LOST, EV_PHASE, EV_DONE)
+OUT_PIECE = 65536  # at most this many bytes of a rank's output per O/o/u event
+SHOW_AFTER_S = 0.1  # a line held this long without its newline is shown as it is (u)
 # What H says of a node:
 HELLO_OK = "ok"
 HELLO_UNPREPARED = "unprepared"
@@ -157,3 +163,10 @@ def job_command(action, job, *args):
     cancel, job-status) on the head; `job` is checked as node_job_dir checks it."""
     node_job_dir(job)
     return " ".join([AGENT, action, job] + [shlex.quote(a) for a in args])
+
+
+# A file_mount's directory where the login user may not write (/opt/x/data), made through
+# `sudo -n sh -c SUDO_MKDIR gpuctl-mkdir DIR UID:GID` by the controller's rsync and by the agent:
+# umask 022, since the directories made above it are root's and the user must pass them (sudo
+# keeps the caller's umask, 077 in the agent), then the directory given to the user.
+SUDO_MKDIR = 'umask 022 && mkdir -p -- "$1" && chown -- "$2" "$1"'

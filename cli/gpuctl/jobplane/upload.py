@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
+from gpuctl.common.safetext import printable
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.payload import WORKDIR_DEST, workdir_rsync_args
-from gpuctl.jobplane.protocol import AGENT, CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX
+from gpuctl.jobplane.protocol import AGENT, CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX, SUDO_MKDIR
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 
@@ -54,7 +55,10 @@ def make_dir_command(path: str) -> str:
     (/data for a user other than root) it is made through `sudo -n` and given to that user, as
     SkyPilot makes absolute destinations; the last mkdir says why when neither works."""
     q = shlex.quote(path)
-    via_sudo = f'{{ sudo -n mkdir -p -- {q} && sudo -n chown "$(id -u):$(id -g)" -- {q}; }} 2>/dev/null'
+    # umask 022 under sudo: the directories made above it (/opt/x of /opt/x/data) are root's, and the
+    # login user must pass them (sudo keeps the session's umask, 077 on hardened images)
+    via_sudo = (f"sudo -n sh -c {shlex.quote(SUDO_MKDIR)} gpuctl-mkdir {q} "
+                f'"$(id -u):$(id -g)" 2>/dev/null')
     return f"{{ mkdir -p -- {q} 2>/dev/null || {via_sudo} || mkdir -p -- {q}; }}"
 
 
@@ -100,8 +104,8 @@ def upload(head: Node, *, workdir: Path | None, file_mounts: Mapping[str, Path],
             err = proc.stderr.decode("utf-8", "replace")
             refused = [line for line in err.splitlines() if line.startswith(REFUSED)]
             if refused:  # the head's agent said why, in one line naming the field
-                raise UploadError(refused[-1][len(REFUSED):])
-            why = (err.strip().splitlines() or [f"rsync exit code {proc.returncode}"])[-1]
+                raise UploadError(printable(refused[-1][len(REFUSED):]))
+            why = printable((err.strip().splitlines() or [f"rsync exit code {proc.returncode}"])[-1])
             raise UploadError(f"copying {item.src} to the head ({head.ssh_host}:{item.dest}) failed: {why}")
         done.append(replace(item, changed=changed_files(proc.stdout)))
     return done

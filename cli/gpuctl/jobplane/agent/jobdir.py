@@ -14,7 +14,7 @@ import shutil
 import subprocess
 
 from gpuctl.jobplane.agent.procs import pid_alive
-from gpuctl.jobplane.protocol import NODE_JOBS_DIR
+from gpuctl.jobplane.protocol import NODE_JOBS_DIR, SUDO_MKDIR
 
 
 GPUCTL_DIR = os.path.expanduser("~/.gpuctl")
@@ -228,8 +228,10 @@ def ensure_dir(path):
         if os.geteuid() == 0 or not shutil.which("sudo"):
             raise
     quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if subprocess.call(["sudo", "-n", "mkdir", "-p", "--", path], **quiet) != 0 or subprocess.call(
-            ["sudo", "-n", "chown", "%d:%d" % (os.getuid(), os.getgid()), "--", path], **quiet) != 0:
+    # umask 022: the directories made above it (/opt/x of /opt/x/data) are root's, and this user
+    # must pass them; sudo would keep this process's private umask
+    if subprocess.call(["sudo", "-n", "sh", "-c", SUDO_MKDIR, "gpuctl-mkdir", path,
+                        "%d:%d" % (os.getuid(), os.getgid())], **quiet) != 0:
         raise OSError(errno.EACCES, "cannot create %s (not writable, and sudo -n refused)" % path, path)
 
 
