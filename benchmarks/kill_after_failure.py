@@ -11,7 +11,8 @@ One K-node local cluster (default 3) is brought up once; then, R times each
                 Measured from that timestamp: until gpuctl prints that it stops
                 the other ranks (detect), until every process of the other
                 ranks is gone (killed), until gpuctl exits (exit, code 1).
-  sigint        every rank sleeps; SIGINT to gpuctl's pid (`kill -INT`).
+  sigint        every rank sleeps; SIGINT to gpuctl's pid (`kill -INT`), with
+                GPUCTL_CANCEL_ON_INTERRUPT=1 (a plain Ctrl-C only stops following).
   sigint-group  the same, SIGINT to gpuctl's whole process group, as a
                 terminal's Ctrl-C does (its ssh followers get it too).
                 Measured from the signal: until every rank's process is gone,
@@ -125,7 +126,8 @@ def one_job(scenario: str, rep: int, *, cluster: str, nodes: int, root: Path, ts
     write_task(task, marker=marker, fail_rank=fail_rank, ts_dir=ts_dir, ignore_term=scenario.endswith("-ignoreterm"),
                nodes=nodes)
     watched = {r for r in range(nodes) if r != fail_rank}
-    g = bl.Gpuctl("exec", cluster, str(task), env=env)
+    # Ctrl-C ends the job here: what is measured is how fast (a plain Ctrl-C only stops following)
+    g = bl.Gpuctl("exec", cluster, str(task), env={**env, "GPUCTL_CANCEL_ON_INTERRUPT": "1"})
     s = Sample(scenario, rep, None)
     try:
         wait_running(g, timeout)

@@ -18,12 +18,12 @@ from gpuctl import usage
 from gpuctl.cliargs import cluster_inventory
 from gpuctl.common import output
 from gpuctl.common.console import Reporter
-from gpuctl.common.errors import ClusterNotFound, ProvisionError, UserError
+from gpuctl.common.errors import ClusterNotFound, JobDetached, ProvisionError, UserError
 from gpuctl.common.output import OutputOption, wants_json
-from gpuctl.common.paths import cluster_dir
 from gpuctl.jobplane import autostop
+from gpuctl.jobplane.autostop import reconcile
 from gpuctl.jobplane.runner import JobRunner
-from gpuctl.provision import lifecycle, ssh
+from gpuctl.provision import lifecycle
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.autostop import DEFAULT_IDLE_MINUTES, Autostop, with_flags
 from gpuctl.spec.request import ClusterRequest
@@ -61,15 +61,19 @@ def check_setting(setting: Autostop | None, req: ClusterRequest, file: object) -
         raise UserError(f"{file}: resources.autostop (or -i/--down): {problem}")
 
 
+def _prepared(inv: Inventory, registry: Registry, reporter: Reporter) -> None:
+    """The watcher is the head's agent: nodes made with --provision-only have none yet."""
+    runner = JobRunner(inv, reporter=reporter, registry=registry)
+    runner.ensure_prepared(runner.fingerprint())
+
+
 def arm_for_apply(inv: Inventory, setting: Autostop | None, *, registry: Registry, lease_minutes: float | None,
                   reporter: Reporter) -> AbstractContextManager[object]:
     """Send the setting to the head; the lease to hold while apply works (nothing without a setting)."""
     if setting is None:
         return nullcontext()
     lease_s = autostop.lease_seconds(lease_minutes)
-    # the watcher is the head's agent: prepare first (the job's own run then finds nothing to do)
-    runner = JobRunner(inv, reporter=reporter, registry=registry)
-    runner.ensure_prepared(runner.fingerprint())
+    _prepared(inv, registry, reporter)  # the job's own run then finds nothing to do
     record = registry.cluster(inv.cluster)
     armed = autostop.arm(inv, setting, request=record.request if record else {}, lease_s=lease_s)
     reporter.info(f"Cluster '{inv.cluster}': {setting.describe()}, decided on the cluster")
@@ -87,10 +91,17 @@ def downs_when_job_ends(setting: Autostop | None, no_attached_job: bool) -> bool
 @contextmanager
 def down_after_job(name: str, setting: Autostop | None, no_attached_job: bool, *, reporter: Reporter,
                    registry: Registry) -> Iterator[None]:
+    detached = False
     try:
         yield
-    finally:
+    except JobDetached:
+        detached = True  # the job goes on: the head's watcher removes the cluster once it ends
         if downs_when_job_ends(setting, no_attached_job):
+            reporter.info(f"--down: cluster '{name}' removes itself once the job ends (its head's watcher; "
+                          f"`gpuctl down {name}` removes it now)")
+        raise
+    finally:
+        if downs_when_job_ends(setting, no_attached_job) and not detached:
             try:
                 lifecycle.tear_down(name, reporter=reporter, registry=registry)
             except (UserError, ProvisionError) as exc:  # the job's own error, if any, stays the one raised
@@ -115,6 +126,7 @@ def register(app: typer.Typer) -> None:
         inv, registry = cluster_inventory(name), Registry()
         if registry.cluster(name) is None:
             raise ClusterNotFound(name)
+        _prepared(inv, registry, reporter)  # a cluster made with --provision-only has no agent yet
         if cancel:
             head = autostop.cancel(inv)
             reporter.info(f"Cluster '{name}': autostop cancelled")
@@ -135,44 +147,16 @@ def register(app: typer.Typer) -> None:
                                      "autostop": setting.as_dict() if setting else None, "head": head})
 
 
-def reconcile(name: str, status: str, registry: Registry) -> tuple[str | None, float | None]:
-    """What the cluster did by itself, recorded: (AUTODOWNED | STOPPED, when) or (None, None).
-
-    Local nodes leave word where they were made; cloud nodes are asked of the cloud (one call), and
-    only for a cluster that holds an autostop setting: no other can have stopped itself."""
-    from gpuctl.providers import get_provider
-    from gpuctl.provision.provisioner import load_inventory_of
-
-    record = registry.cluster(name)
-    if record is None:
-        return None, None
-    provider = get_provider(record.cloud)
-    what: str | None = None
-    try:
-        when = provider.removed_itself(cluster_dir(name))
-    except UserError:
-        when = None
-    if when is not None:
-        what = AUTODOWNED
-    elif autostop.saved(name) is not None and (inv := load_inventory_of(name)) is not None:
-        states = provider.node_states([n.node_id for n in inv.nodes], inv.region)
-        kinds = {state for state, _ in states.values()}
-        times = [t for _, t in states.values() if t is not None]
-        if states and kinds == {"terminated"}:
-            what, when = AUTODOWNED, max(times, default=time.time())
-        elif states and kinds == {"stopped"}:
-            what, when = STOPPED, max(times, default=time.time())
-    if what is not None and status != what:
-        registry.set_cluster_status(name, what)
-        registry.close_segment(name, "autodown" if what == AUTODOWNED else "stopped", at=when)
-        ssh.exit_masters(cluster_dir(name) / "cm")  # their connections went with the nodes
-    return what, when
-
-
 def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], dict[str, Any]]:
     """`status`'s autostop lines and JSON fields for one cluster: the setting, how long the cluster
-    has been idle (its head's watcher says), and when it took itself down."""
+    has been idle (its head's watcher says), and when it took itself down or was stopped."""
     what, when = reconcile(name, status, registry)
+    stopped_by_command = lifecycle.stopped_at(name)
+    if stopped_by_command is not None and what in (None, STOPPED):  # `gpuctl stop`, not the cluster itself
+        what, when = STOPPED, stopped_by_command
+    elif what is None and status == STOPPED:  # stopped, and no setting to ask the cloud about since
+        record = registry.cluster(name)
+        what, when = STOPPED, record.updated_at if record is not None else time.time()
     if what is None:
         lines, fields, reached = _watcher_view(name)
         if reached:
@@ -182,8 +166,10 @@ def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], di
             return lines, fields
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
     if what == STOPPED:
-        return ([f"  stopped itself at {stamp} (autostop); its disks still bill: `gpuctl down {name}` "
-                 "removes it"], {"status": STOPPED, "stopped_at": when, "autostop": None, "idle_s": None})
+        how = "stopped at {} (`gpuctl stop`)" if stopped_by_command is not None else "stopped itself at {} (autostop)"
+        return ([f"  {how.format(stamp)}; its disks still bill: `gpuctl start {name}` brings it back, "
+                 f"`gpuctl down {name}` removes it"],
+                {"status": STOPPED, "stopped_at": when, "autostop": None, "idle_s": None})
     return ([f"  took itself down at {stamp} (autodown); `gpuctl apply` brings it up again, "
              f"`gpuctl down {name}` forgets it"],
             {"status": AUTODOWNED, "autodowned_at": when, "autostop": None, "idle_s": None})

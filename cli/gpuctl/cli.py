@@ -13,7 +13,6 @@ import shlex
 import signal
 import sqlite3
 import sys
-import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -21,20 +20,20 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
-from gpuctl import autostopcli, cliargs, costcli, healthcli, jobscli, usage
+from gpuctl import autostopcli, cliargs, costcli, entrypoints, healthcli, jobscli, logscli, powercli, usage
 from gpuctl.common import output
 from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
-from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobFailed, ProvisionError, UserError
+from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobDetached, JobFailed, ProvisionError, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.jobplane import gitworkdir, joblogs, jobs
 from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
 from gpuctl.providers import get_provider, price_quote, request_for, resources_problem
 from gpuctl.provision import lifecycle, ssh, sshconfig
-from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.provision.inventory import Inventory
 from gpuctl.provision.lifecycle import write_ssh_config
-from gpuctl.spec.request import ClusterRequest, check_cluster_name
+from gpuctl.spec.request import ClusterRequest, check_cluster_name, describe_cluster_name
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
 
 if TYPE_CHECKING:
@@ -68,12 +67,27 @@ FileArg = typer.Argument(..., metavar="FILE", help="Task YAML in SkyPilot's form
 
 
 def _load(file: Path, env: list[str] | None, secret: list[str] | None = None, *,
-          require_values: bool = True, infra: str | None = None) -> Task:
+          require_values: bool = True, infra: str | None = None, text: str | None = None) -> Task:
     from gpuctl.spec import load_task
 
     return load_task(file, env_overrides=parse_env_assignments(env or []),
                      secret_overrides=parse_env_assignments(secret or [], flag="--secret", secret=True),
-                     require_values=require_values, infra_override=infra, resources_check=resources_problem)
+                     require_values=require_values, infra_override=infra, resources_check=resources_problem,
+                     text=text)
+
+
+def _entry(words: list[str], env: list[str] | None, secret: list[str] | None, *, infra: str | None,
+           cluster: str | None) -> tuple[Task, Path, str | None, str | None]:
+    """apply's FILE|COMMAND as (task, the file its paths are relative to, cluster name, the note to say
+    before anything is made): a task YAML, or a command (`gpuctl launch 'echo hi'`, as `sky launch`)
+    made into the task of that `run` and loaded as any YAML, on a new cluster named as SkyPilot names
+    one unless -c gives it."""
+    entrypoint = entrypoints.launch_entrypoint(words)
+    if not entrypoints.is_command(entrypoint):
+        return _load(Path(entrypoint), env, secret, infra=infra), Path(entrypoint), cluster, None
+    source, cluster = Path(entrypoints.COMMAND_SOURCE), cluster or entrypoints.generated_cluster_name()
+    task = _load(source, env, secret, infra=infra, text=entrypoints.command_task_text(entrypoint))
+    return task, source, cluster, entrypoints.command_note(entrypoint, cluster)
 
 
 def _warn(task: Task, req: ClusterRequest) -> list[str]:
@@ -144,13 +158,17 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
             "autostop": task.resources.autostop.as_dict() if task.resources.autostop else None,
             "price": costcli.document(price, req.num_nodes, req.use_spot)})
         return
-    typer.echo(f"{file}: OK ({', '.join(parts)})")
+    typer.echo(f"{file}: OK ({', '.join(parts)}); cluster {describe_cluster_name(req.name, task.name)}")
     typer.echo(costcli.describe(price, priced_type, req.num_nodes, req.use_spot))
 
 
-@app.command("apply", cls=usage.HelpCommand, epilog=usage.examples_of("apply"))
+@app.command("apply", cls=entrypoints.LaunchCommand, epilog=usage.examples_of("apply"))
 def apply(
-    file: Path = FileArg,
+    file: List[str] = typer.Argument(..., metavar="FILE|COMMAND...", show_default=False,
+                                     help="Task YAML in SkyPilot's format (cluster.yaml), or a command (quoted, or "
+                                          "its words after gpuctl's options) to run on a new cluster, as `sky "
+                                          "launch 'CMD'`: one node on the default infra, local, unless -c, --infra, "
+                                          "--num-nodes say otherwise."),
     cluster: Optional[str] = typer.Option(None, "-c", "--cluster", metavar="NAME", help="Cluster name (default: the task's name)."),
     infra: Optional[str] = InfraOption,
     num_nodes: Optional[int] = typer.Option(None, "--num-nodes", metavar="N", help="Override num_nodes."),
@@ -160,6 +178,7 @@ def apply(
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the Terraform plan; create nothing."),
     provision_only: bool = typer.Option(False, "--provision-only", help="Stop after provisioning and writing the inventory."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started; follow with `gpuctl logs`."),
+    cancel_on_interrupt: bool = cliargs.CancelOnInterruptOption,
     yes: bool = typer.Option(False, "-y", "--yes", help="Ask nothing (as `sky launch -y`)."),
     idle: Optional[int] = autostopcli.IdleOption, down: bool = autostopcli.DownOption,
     lease: Optional[float] = autostopcli.LeaseOption,
@@ -172,13 +191,15 @@ def apply(
 
     as_json = wants_json(output_format)
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
-    task = _load(file, env, secret, infra=infra)
-    req = _request(task, file, cluster=cluster, infra=infra, num_nodes=num_nodes)
+    task, path, cluster, note = _entry(file, env, secret, infra=infra, cluster=cluster)
+    req = _request(task, path, cluster=cluster, infra=infra, num_nodes=num_nodes)
     setting = autostopcli.setting_for_apply(task, idle, down)
     req = replace(req, autodown=bool(setting and setting.down))
-    autostopcli.check_setting(setting, req, file)
+    autostopcli.check_setting(setting, req, path)
     check_task(task, req)  # as validate does, before anything is written or provisioned
     _warn(task, req)
+    if note is not None:  # a command, not a file: said once it passed every check
+        typer.echo(note, err=True)
     if task.resources.job_recovery is not None:
         typer.echo("warning: resources.job_recovery: `gpuctl apply` runs the job once; "
                    "`gpuctl jobs launch FILE` replaces lost nodes and restarts it", err=True)
@@ -196,27 +217,34 @@ def apply(
     registry = Registry()
     reporter.info(costcli.describe(*price_quote(req), req.num_nodes, req.use_spot))
     inv = lifecycle.bring_up(req, reporter=reporter, registry=registry, workdir=task.workdir,
-                             container_image=task.container_image)
-    if not as_json and not yes:
-        cliargs.offer_ssh_include(reporter)
-    # --down: this gpuctl removes the cluster when the job ends, after giving back its lease
-    with autostopcli.down_after_job(req.name, setting, detach or provision_only or not (task.run or task.setup),
-                                    reporter=reporter, registry=registry), \
-            autostopcli.arm_for_apply(inv, setting, registry=registry, lease_minutes=lease, reporter=reporter):
-        if not provision_only and (task.run or task.setup):
-            healthcli.gate(inv, registry=registry, reporter=reporter, wanted=health_check)
-        _apply_job(task, req, inv, registry, reporter, as_json=as_json, provision_only=provision_only,
-                   no_setup=no_setup, detach=detach)
+                             container_image=task.container_image,
+                             on_destroy=cliargs.consent_to_destroy(req.name, yes=yes, registry=registry,
+                                                                   reporter=reporter))
+    if not as_json:
+        cliargs.hint_ssh_include(reporter)
+    docs: list[dict] = []  # -o json: the document, printed once --down had its say
+    try:
+        # --down: this gpuctl removes the cluster when the job ends, after giving back its lease
+        with autostopcli.down_after_job(req.name, setting, detach or provision_only or not (task.run or task.setup),
+                                        reporter=reporter, registry=registry), \
+                autostopcli.arm_for_apply(inv, setting, registry=registry, lease_minutes=lease, reporter=reporter):
+            if not provision_only and (task.run or task.setup):
+                healthcli.gate(inv, registry=registry, reporter=reporter, wanted=health_check)
+            _apply_job(task, req, inv, registry, reporter, docs, provision_only=provision_only,
+                       no_setup=no_setup, detach=detach, cancel_on_interrupt=cancel_on_interrupt)
+    finally:
+        if as_json and docs:
+            cliargs.emit_apply(docs[-1], registry)
 
 
-def _apply_job(task: Task, req: ClusterRequest, inv: Inventory, registry: Registry, reporter: Reporter, *,
-               as_json: bool, provision_only: bool, no_setup: bool, detach: bool) -> None:
+def _apply_job(task: Task, req: ClusterRequest, inv: Inventory, registry: Registry, reporter: Reporter,
+               docs: list[dict], *, provision_only: bool, no_setup: bool, detach: bool,
+               cancel_on_interrupt: bool = False) -> None:
     from gpuctl.provision import provisioner
 
     if provision_only or not task.run and not task.setup:
         reporter.info(f"Cluster '{req.name}' is up; inventory: {provisioner.inventory_path(req.name)}")
-        if as_json:
-            cliargs.emit_apply(registry, req.name, inv, job_id=None, phases=reporter.phases)
+        docs.append(cliargs.apply_document(registry, req.name, inv, job_id=None, phases=reporter.phases))
         return
     spec = JobSpec.of_task(task, req)
     job_id: int | None = None
@@ -227,31 +255,34 @@ def _apply_job(task: Task, req: ClusterRequest, inv: Inventory, registry: Regist
                     clone = stack.enter_context(gitworkdir.checkout(git.url, git.ref, parent=state_root()))
                 spec = replace(spec, workdir=clone.path, envs={**clone.envs, **spec.envs})
             job_id = _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=not no_setup,
-                          sync_file_mounts=True, detach=detach)
-    except JobFailed:
-        if as_json:  # the failed job is the result: its document, then the error line and exit code 1
-            cliargs.emit_apply(registry, req.name, inv, job_id=None, latest_job=True, phases=reporter.phases)
+                          sync_file_mounts=True, detach=detach, cancel_on_interrupt=cancel_on_interrupt)
+    except JobFailed:  # the failed job is the result: its document, then the error line and exit code 1
+        docs.append(cliargs.apply_document(registry, req.name, inv, job_id=None, latest_job=True,
+                                           phases=reporter.phases))
         raise
-    if as_json:
-        cliargs.emit_apply(registry, req.name, inv, job_id=job_id, phases=reporter.phases)
+    docs.append(cliargs.apply_document(registry, req.name, inv, job_id=job_id, phases=reporter.phases))
 
 
 
 # `sky launch` is how SkyPilot users bring a cluster up and run a task: the same command here.
-app.command("launch", cls=usage.HelpCommand, help="Alias of `apply` (SkyPilot's `sky launch`).",
+app.command("launch", cls=entrypoints.LaunchCommand, help="Alias of `apply` (SkyPilot's `sky launch`).",
             epilog=usage.examples_of("launch"))(apply)
 autostopcli.register(app)
 costcli.register(app)
+powercli.register(app)
 jobscli.register(app)
 healthcli.register(app)
 
 
-def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool) -> int:
-    """Run the job; its id."""
+def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool,
+         cancel_on_interrupt: bool = False) -> int:
+    """Run the job; its id. Ctrl-C stops following a job the head took (JobDetached), or with
+    `cancel_on_interrupt` ends it on every node."""
+    runner.cancel_on_interrupt = cliargs.cancels_on_interrupt(cancel_on_interrupt)
     try:
         outcome = runner.run(spec, run_setup=run_setup, sync_file_mounts=sync_file_mounts, detach=detach)
-    except KeyboardInterrupt:
-        raise JobCancelled("job cancelled (Ctrl-C); its processes were stopped on every node") from None
+    except KeyboardInterrupt:  # before the job existed (runner.run acts on one that does)
+        raise JobCancelled("interrupted (Ctrl-C) before the job started; nothing of it runs") from None
     if outcome.status == "RUNNING":
         name, job_id = runner.inv.cluster, outcome.job_id
         runner.reporter.info(f"Job {job_id} detached. Follow it: gpuctl logs {name} {job_id}; "
@@ -259,9 +290,10 @@ def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts:
     return outcome.job_id
 
 
-def _job_runner(name: str, reporter: Reporter | None = None) -> JobRunner:
-    """The job runner of an existing cluster (its inventory, the registry)."""
-    return JobRunner(cliargs.cluster_inventory(name), reporter=reporter or Reporter(), registry=Registry())
+def _job_runner(name: str, reporter: Reporter | None = None, *, live: bool = True) -> JobRunner:
+    """The job runner of an existing cluster (its inventory, the registry); `live`: its nodes must
+    still be there (cliargs.cluster_inventory)."""
+    return JobRunner(cliargs.cluster_inventory(name, live=live), reporter=reporter or Reporter(), registry=Registry())
 
 
 @app.command("status", cls=usage.HelpCommand, epilog=usage.examples_of("status"))
@@ -288,7 +320,7 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
         for rec in records:
             assert rec is not None
             inv = provisioner.load_inventory_of(rec.name)
-            doc = output.cluster_doc(rec, inv, (registry.jobs(rec.name) or [None])[-1])
+            doc = output.cluster_doc(rec, inv, (registry.jobs(rec.name, since=rec.created_at) or [None])[-1])
             doc.update(autostopcli.status_of(rec.name, rec.status, registry)[1])
             doc.update(costcli.cluster_cost(rec.name, registry, rec.created_at))
             detected = fabricrecord.load_fabric(cluster_dir(rec.name)) or {}
@@ -333,21 +365,22 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
                            + (f"  fabric {fabrics[node.rank]}" if node.rank in fabrics else "")
                            + (f"  {health_of[node.rank]}" if node.rank in health_of else "")
                            + (f"  {health.status_text(checked[node.rank])}" if node.rank in checked else ""))
-        jobs = registry.jobs(rec.name)
+        jobs = registry.jobs(rec.name, since=rec.created_at)  # this cluster's, not an earlier one's of its name
         if jobs:
             last = jobs[-1]
             typer.echo(f"  last job: {last.job_id} {last.status}")
 
 
-@app.command("exec", cls=usage.DashCommand, epilog=usage.examples_of("exec"))
+@app.command("exec", cls=entrypoints.ExecCommand, epilog=usage.examples_of("exec"))
 def exec_(
     name: str = typer.Argument(..., metavar="NAME", help="A running cluster."),
-    entrypoint: Optional[str] = typer.Argument(None, metavar="FILE|COMMAND", help="A task YAML whose run (and workdir, envs) to use, or a command string run by bash on every node (as `sky exec`); or the command's words after `--`."),
+    words: Optional[List[str]] = typer.Argument(None, metavar="FILE|COMMAND...", help="A task YAML whose run (and workdir, envs) to use, or a command run by bash on every node: quoted, or its words unquoted after gpuctl's options (joined with spaces, as `sky exec`); or an exact argv after `--`."),
     num_nodes: Optional[int] = typer.Option(None, "--num-nodes", metavar="N", help="Run on the first K nodes only (ranks 0..K-1)."),
     env: Optional[List[str]] = EnvOption,
     secret: Optional[List[str]] = SecretOption,
     workdir: Optional[Path] = typer.Option(None, "--workdir", metavar="DIR", help="With -- COMMAND: the directory to sync (default: the workdir of the last apply)."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started."),
+    cancel_on_interrupt: bool = cliargs.CancelOnInterruptOption,
     output_format: str = OutputOption,
 ) -> None:
     """Sync the workdir and run on a running cluster: no provisioning, no setup, no file_mounts."""
@@ -358,9 +391,7 @@ def exec_(
     # What the last apply left: its workdir (for `-- COMMAND`) and container image (every exec, as `sky exec`).
     record = registry.cluster(name)
     last_apply = record.request if record else {}
-    command = _command_after_dashes()
-    if entrypoint is not None and command:
-        raise UserError("give either a task FILE, a command string or `-- COMMAND...`, not two of them")
+    entrypoint, command = entrypoints.exec_entrypoint(list(words or []), _command_after_dashes())
     if entrypoint is None and not command:
         raise UserError(f"nothing to run: `gpuctl exec {name} task.yaml`, `gpuctl exec {name} 'COMMAND'` or "
                         f"`gpuctl exec {name} -- COMMAND...`")
@@ -398,7 +429,7 @@ def exec_(
                    workdir_implied=file is None and workdir is None)
     try:
         job_id = _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=False,
-                      sync_file_mounts=False, detach=detach)
+                      sync_file_mounts=False, detach=detach, cancel_on_interrupt=cancel_on_interrupt)
     except JobFailed:
         if as_json:  # as apply: the failed job is the result
             _emit_job("exec", registry, name, (registry.jobs(name) or [None])[-1])
@@ -413,70 +444,9 @@ def _emit_job(command: str, registry: Registry, name: str, job: Any) -> None:
                           "job": output.job_doc(job) if job is not None else None})
 
 
-def _fmt_time(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
-
-
-@app.command("queue", cls=usage.HelpCommand, epilog=usage.examples_of("queue"))
-def queue(name: str = typer.Argument(..., metavar="NAME", help="Cluster whose jobs to list."),
-          output_format: str = OutputOption) -> None:
-    """List a cluster's jobs: state, start and end time, and each rank's exit code."""
-    as_json = wants_json(output_format)
-    runner = _job_runner(name, Reporter(stream=sys.stderr) if as_json else None)
-    registry = runner.registry
-    rows = [jobs.refresh(runner, job) for job in registry.jobs(name)]
-    if as_json:
-        output.emit("queue", {"ok": True, "cluster": name, "jobs": [output.job_doc(j) for j in rows]})
-        return
-    if not rows:
-        typer.echo(f"No jobs on cluster '{name}'.")
-        return
-    typer.echo(f"{'ID':>4}  {'NAME':<24} {'STATUS':<13} {'SUBMITTED':<19}  {'STARTED':<19}  {'ENDED':<19}  {'NODES':>5}  RETURN CODES")
-    for job in rows:
-        codes = ",".join("?" if c is None else str(c) for _, c in sorted(job.returncodes.items())) or "-"
-        typer.echo(f"{job.job_id:>4}  {cliargs.shortened(job.name or '-', 24):<24} {job.status:<13} {_fmt_time(job.submitted_at):<19}  "
-                   f"{_fmt_time(job.started_at):<19}  {_fmt_time(job.ended_at):<19}  {job.num_nodes:>5}  {codes}")
-
-
-@app.command("logs", cls=usage.HelpCommand, epilog=usage.examples_of("logs"))
-def logs(
-    name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
-    job_id: Optional[int] = typer.Argument(None, metavar="JOB", help="Job id (default: the latest job)."),
-    rank: Optional[int] = typer.Option(None, "--rank", metavar="N", help="Only this rank's output."),
-    follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep streaming until the job ends."),
-    status_only: bool = typer.Option(False, "--status", help="Print no logs; exit 0 if the job succeeded "
-                                     "(100 failed, 101 not finished, 103 cancelled)."),
-    output_format: str = OutputOption,
-) -> None:
-    """Show a job's output, live or after the fact."""
-    as_json = wants_json(output_format)
-    if as_json and not status_only:
-        raise UserError("--output json: with `gpuctl logs` only together with --status (logs are text)")
-    runner = _job_runner(name, Reporter(stream=sys.stderr) if as_json else None)
-    reporter, inv, registry = runner.reporter, runner.inv, runner.registry
-    job = jobs.refresh(runner, jobs.resolve_job(registry, name, job_id))
-    nodes = jobs.job_nodes(inv, job)
-    if rank is not None:
-        if not 0 <= rank < len(nodes):
-            raise UserError(f"--rank {rank}: job {job.job_id} ran on ranks 0..{len(nodes) - 1}")
-        nodes = tuple(n for n in nodes if n.rank == rank)
-    if status_only:
-        code = jobs.STATUS_EXIT.get(job.status, jobs.NOT_FINISHED_EXIT)
-        if as_json:
-            output.emit("logs", {"ok": code == 0, "cluster": name, "job": output.job_doc(job), "exit_code": code})
-        else:
-            typer.echo(f"Job {job.job_id}: {job.status}" + "".join(f"; {line}" for line in cliargs.failure_lines(inv, job)))
-        raise typer.Exit(code)
-    ranks = [n.rank for n in nodes]
-    if job.status in TERMINAL_JOB_STATES and jobs.print_saved_logs(reporter, inv, job, ranks):
-        raise typer.Exit(jobs.STATUS_EXIT.get(job.status, 0) and 1)
-    if follow and job.status not in TERMINAL_JOB_STATES:
-        job = jobs.follow_job(runner, job, nodes)
-    else:
-        joblogs.fetch(inv, job.job_id, job.node_job, control_dir=runner.control_dir)
-        jobs.print_saved_logs(reporter, inv, job, ranks)
-    if job.status in ("FAILED", "FAILED_SETUP", "CANCELLED"):
-        raise typer.Exit(1)
+# `queue` and `logs` (logscli.py): registered here, so `gpuctl --help` lists them after `exec`.
+app.command("queue", cls=usage.HelpCommand, epilog=usage.examples_of("queue"))(logscli.queue)
+app.command("logs", cls=usage.HelpCommand, epilog=usage.examples_of("logs"))(logscli.logs)
 
 
 @app.command("cancel", cls=usage.HelpCommand, epilog=usage.examples_of("cancel"))
@@ -533,14 +503,25 @@ def _describe_leftovers(inv: Inventory, report: LeftoverReport) -> str:
 
 
 @app.command("ssh-config", cls=usage.HelpCommand, epilog=usage.examples_of("ssh-config"))
-def ssh_config(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Cluster (default: every cluster).")) -> None:
+def ssh_config(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Cluster (default: every cluster)."),
+               include: bool = typer.Option(False, "--include", help="Also add `Include ~/.gpuctl/ssh/config` "
+                                            "first in ~/.ssh/config (once), so `ssh NAME` works.")) -> None:
     """Write OpenSSH config for a cluster's nodes, `Host NAME` for the head and `Host NAME-workerN` for the others."""
     names = [check_cluster_name(name)] if name else [c.name for c in Registry().clusters()]
-    paths = [write_ssh_config(cliargs.cluster_inventory(n)) for n in names]
+    paths = []
+    for n in names:
+        try:
+            paths.append(write_ssh_config(cliargs.cluster_inventory(n)))
+        except UserError as exc:  # of every cluster: one that is gone is said and passed over
+            if name:
+                raise
+            typer.echo(f"skipped {n}: {exc.message}", err=True)
+    if include:
+        cliargs.add_ssh_include(Reporter())
     for p in paths:
         typer.echo(str(p))
-    typer.echo(f"Use: ssh -F {paths[0] if len(paths) == 1 else state_root() / 'ssh' / 'config'} HOST, "
-               f"or add `Include {state_root() / 'ssh' / 'config'}` to ~/.ssh/config")
+    typer.echo(f"Use: ssh -F {paths[0] if len(paths) == 1 else state_root() / 'ssh' / 'config'} HOST"
+               + ("" if include else ", or `gpuctl ssh-config --include` for plain `ssh HOST`"))
 
 
 @app.command("inventory", cls=usage.HelpCommand, epilog=usage.examples_of("inventory"))
@@ -614,12 +595,12 @@ def force_unlock(name: str = typer.Argument(..., metavar="NAME", help="Cluster w
 @app.command("_watch", hidden=True)
 def watch_(name: str, job_id: int) -> None:
     """Background watcher of a detached job (started by `-d`)."""
-    runner = _job_runner(name, Reporter(plain=True))
+    runner = _job_runner(name, Reporter(plain=True), live=False)  # a job's end is recorded, whatever came of its nodes
     job = jobs.resolve_job(runner.registry, name, job_id)
     job_nodes = jobs.job_nodes(runner.inv, job)
     joblogs.mark_watching(name, job.job_id)
     try:
-        outcome = runner.attach(job.job_id, job_nodes, echo=False)
+        outcome = runner.attach(job.job_id, job_nodes, echo=False, record=True)
         if runner.registry.job(name, job.job_id).status not in TERMINAL_JOB_STATES:  # type: ignore[union-attr]
             runner.conclude(job.job_id, job_nodes, outcome)
     except JobFailed as exc:
@@ -631,13 +612,20 @@ def watch_(name: str, job_id: int) -> None:
 @app.command("down", cls=usage.HelpCommand, epilog=usage.examples_of("down"))
 def down(names: list[str] = typer.Argument(None, metavar="NAME...", help="Clusters to tear down.", show_default=False),
          all_clusters: bool = typer.Option(False, "-a", "--all", help="Tear down every cluster gpuctl knows."),
-         yes: bool = typer.Option(False, "-y", "--yes", help="Accepted as `sky down -y`: down never asks."),
+         yes: bool = typer.Option(False, "-y", "--yes", help="Ask nothing: -a asks first, naming the clusters "
+                                  "(as `sky down -a`); `down NAME` never asks."),
          output_format: str = OutputOption) -> None:
     """Destroy clusters (terraform destroy) and forget them; one that does not exist is passed over."""
     as_json, registry = wants_json(output_format), Registry()
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
-    results = lifecycle.tear_down_all(cliargs.down_targets(names or [], all_clusters, registry), reporter=reporter,
-                                      registry=registry)
+    targets = cliargs.down_targets(names or [], all_clusters, registry)
+    if all_clusters and targets:  # every cluster, named by nobody: only with a yes (down NAME stays unasked, for CI)
+        listed = ", ".join(targets)
+        cliargs.confirm(f"Tear down {len(targets)} cluster(s): {listed}? Their nodes and what is on them go.",
+                        yes=yes, refusal=f"down -a would tear down {len(targets)} cluster(s) ({listed}) and no "
+                                         "terminal can confirm it: add -y; nothing was torn down")
+    logscli.keep_before_down(targets, registry, reporter)  # the jobs' logs stay readable after
+    results = lifecycle.tear_down_all(targets, reporter=reporter, registry=registry)
     if not results:
         reporter.info("No clusters to tear down.")
     if as_json:  # destroyed: false when nothing was provisioned behind a record (found) or no record (not found)
@@ -701,8 +689,9 @@ def _command_names() -> set[str]:
 
 def main() -> None:
     global _after_dashes
-    # Ctrl-C and SIGTERM both end the job on every node (jobplane.runner.JobRunner.watch);
-    # set explicitly since a parent may have started us with SIGINT ignored.
+    # Ctrl-C and SIGTERM both stop following a job, which goes on (with --cancel-on-interrupt they end
+    # it on every node: jobplane.runner.JobRunner.run); set explicitly since a parent may have started
+    # us with SIGINT ignored.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     # Everything gpuctl writes (state dir, Terraform state, ansible-runner artifacts,
@@ -721,6 +710,9 @@ def main() -> None:
         rv = app(args=argv, prog_name="gpuctl", standalone_mode=False)
     except (UserError, JobFailed, ProvisionError) as exc:
         print(f"error: {exc.message}", file=sys.stderr)
+        _exit_with_error(argv, exc.message, exc.exit_code)
+    except JobDetached as exc:  # not an error: the job goes on, and the line says how to reach it
+        print(f"\n{exc.message}", file=sys.stderr)
         _exit_with_error(argv, exc.message, exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -3,11 +3,14 @@ defines the commands): `exec`'s argument, job names and failures as lines, the s
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import typer
 
@@ -21,7 +24,10 @@ from gpuctl.provision import ssh, sshconfig
 from gpuctl.provision.inventory import Inventory, Node, load_inventory
 from gpuctl.provision.lifecycle import Teardown
 from gpuctl.spec.request import check_cluster_name
-from gpuctl.state.registry import Registry
+from gpuctl.state.registry import AUTODOWNED, STOPPED, TERMINAL_JOB_STATES, Registry
+
+if TYPE_CHECKING:
+    from gpuctl.provision.provisioner import Doomed
 
 
 def shortened(text: str, width: int = 40) -> str:
@@ -52,12 +58,13 @@ def names_task_file(entrypoint: str) -> bool:
         return False
 
 
-def failure_lines(inv: Inventory, job: Any) -> list[str]:
-    """What ended a failed job: the first rank that failed, with its node and exit code (or the
-    recorded reason when no rank ran). The others were stopped because of it (fail-fast)."""
+def failure_lines(inv: Inventory | None, job: Any) -> list[str]:
+    """What ended a failed job: the first rank that failed, with its node (when the cluster's inventory
+    is still there) and exit code (or the recorded reason when no rank ran). The others were stopped
+    because of it (fail-fast)."""
     if job.status not in ("FAILED", "FAILED_SETUP"):
         return []
-    by_rank = {n.rank: n for n in inv.nodes}
+    by_rank = {n.rank: n for n in inv.nodes} if inv is not None else {}
     failed = [r for r, c in sorted(job.returncodes.items()) if c != 0]
     first = job.failed_rank if job.failed_rank in job.returncodes else (failed[0] if failed else None)
     if first is None:
@@ -68,33 +75,94 @@ def failure_lines(inv: Inventory, job: Any) -> list[str]:
     return [f"{where} " + ("lost (no exit code)" if code is None else f"exit code {code}")]
 
 
-def offer_ssh_include(reporter: Reporter) -> None:
-    """Once, and only on a terminal: offer to include gpuctl's ssh config from ~/.ssh/config, so
-    `ssh NAME` reaches a cluster's head (SkyPilot adds its own without asking)."""
+def hint_ssh_include(reporter: Reporter) -> None:
+    """Once, and only on a terminal: say how `ssh NAME` can reach a cluster's head. gpuctl never asks
+    (a `make demo` or a script must run unattended) and never edits ~/.ssh/config unasked:
+    `gpuctl ssh-config --include` adds the line (SkyPilot adds its own)."""
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         return
     ssh_dir = state_root() / "ssh"
     marker, gpuctl_config = ssh_dir / sshconfig.INCLUDE_ASKED, ssh_dir / "config"
-    user_config = Path.home() / ".ssh" / "config"
-    if marker.exists() or sshconfig.includes(user_config, gpuctl_config):
+    if marker.exists() or sshconfig.includes(Path.home() / ".ssh" / "config", gpuctl_config):
         return
-    marker.touch()  # asked once, whatever the answer
     try:
-        add = typer.confirm(f"Add `{sshconfig.include_line(gpuctl_config)}` to {user_config}, so `ssh NAME` "
-                            "reaches a cluster's head?", default=True, err=True)
-    except (typer.Abort, usage.Abort, EOFError):  # type: ignore[misc]
+        marker.touch()  # said once
+    except OSError:
         return
-    if add:
-        try:
-            sshconfig.add_include(user_config, gpuctl_config)
-        except OSError as exc:  # a read-only config (a dotfiles link into a store): say so, go on
-            reporter.info(f"Could not add it to {user_config} ({exc.strerror or exc}); add "
-                          f"`{sshconfig.include_line(gpuctl_config)}` there yourself, or use `gpuctl ssh NAME`.")
-            return
-        reporter.info(f"Added it at the top of {user_config}; `ssh NAME` and `ssh NAME-worker1` work now.")
-    else:
-        reporter.info(f"Not added; `gpuctl ssh NAME` works, or add `{sshconfig.include_line(gpuctl_config)}` "
-                      f"to {user_config} yourself.")
+    reporter.info(f"tip: `gpuctl ssh NAME` logs in to a cluster's head; for plain `ssh NAME`, run `gpuctl "
+                  f"ssh-config --include` (adds `{sshconfig.include_line(gpuctl_config)}` to ~/.ssh/config)")
+
+
+def add_ssh_include(reporter: Reporter) -> None:
+    """`ssh-config --include`: gpuctl's Include line first in ~/.ssh/config (once), so `ssh NAME`
+    and `ssh NAME-worker1` reach a cluster's nodes."""
+    gpuctl_config, user_config = state_root() / "ssh" / "config", Path.home() / ".ssh" / "config"
+    if sshconfig.includes(user_config, gpuctl_config):
+        reporter.info(f"{user_config} already includes {gpuctl_config}")
+        return
+    try:
+        sshconfig.add_include(user_config, gpuctl_config)
+    except OSError as exc:  # a read-only config (a dotfiles link into a store)
+        raise UserError(f"could not add `{sshconfig.include_line(gpuctl_config)}` to {user_config} "
+                        f"({exc.strerror or exc}); add it there yourself, or use `gpuctl ssh NAME`") from None
+    reporter.info(f"Added `{sshconfig.include_line(gpuctl_config)}` at the top of {user_config}; `ssh NAME` and "
+                  "`ssh NAME-worker1` work now")
+
+
+CANCEL_ON_INTERRUPT_ENV = "GPUCTL_CANCEL_ON_INTERRUPT"
+CancelOnInterruptOption = typer.Option(
+    False, "--cancel-on-interrupt",
+    help=f"Ctrl-C (or SIGTERM) ends the job on every node, instead of only stopping to follow it "
+         f"(also {CANCEL_ON_INTERRUPT_ENV}=1: a CI step whose cancel should end the job).")
+
+
+def cancels_on_interrupt(flag: bool) -> bool:
+    """--cancel-on-interrupt, or GPUCTL_CANCEL_ON_INTERRUPT set to 1/true/yes."""
+    return flag or os.environ.get(CANCEL_ON_INTERRUPT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def confirm(question: str, *, yes: bool, refusal: str) -> None:
+    """Go on only with consent to something that destroys nodes or stops jobs: `-y`, or a yes typed at
+    a terminal (as `sky down` asks). Without a terminal nobody can answer, so nothing waits: the
+    refusal line (what would be lost, and that -y does it) ends the command with exit code 2."""
+    if yes:
+        return
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        raise UserError(refusal)
+    try:
+        agreed = typer.confirm(question, default=False, err=True)
+    except (typer.Abort, usage.Abort, EOFError):  # type: ignore[misc]
+        agreed = False
+    if not agreed:
+        raise UserError("not confirmed; nothing was changed")
+
+
+def consent_to_destroy(name: str, *, yes: bool, registry: Registry,
+                       reporter: Reporter | None = None) -> Callable[[Doomed], None]:
+    """apply's say before its plan destroys nodes of cluster `name` (a smaller num_nodes, a setting
+    that replaces them): never under a job that runs there, then -y or a yes at a terminal (as `sky
+    launch` never resizes a cluster unasked). It refuses by raising UserError: nothing is changed."""
+    def check(doomed: Doomed) -> None:
+        from gpuctl.jobplane import jobs
+        from gpuctl.jobplane.runner import JobRunner
+        from gpuctl.provision.provisioner import load_inventory_of
+
+        inv = load_inventory_of(name)
+        doomed_ranks = {n.rank for n in doomed.nodes}
+        if inv is not None:
+            runner = JobRunner(inv, reporter=Reporter(stream=sys.stderr), registry=registry)
+            for job in registry.jobs(name):
+                if job.status in TERMINAL_JOB_STATES or not doomed_ranks & {n.rank for n in jobs.job_nodes(inv, job)}:
+                    continue
+                job = jobs.refresh(runner, job)  # a record can say RUNNING of a job that ended unwatched
+                if job.status not in TERMINAL_JOB_STATES:
+                    raise UserError(f"{doomed.describe()}, where job {job.job_id} ({job.status}) runs: it would be "
+                                    f"killed; wait for it to end or cancel it (gpuctl cancel {name} {job.job_id}), "
+                                    "then apply again; nothing was changed")
+        with reporter.paused() if reporter is not None else contextlib.nullcontext():  # the stage's live line
+            confirm(f"{doomed.describe()[0].upper()}{doomed.describe()[1:]}. Go on?", yes=yes,
+                    refusal=doomed.refusal())
+    return check
 
 
 def down_targets(names: list[str], all_clusters: bool, registry: Registry) -> list[str]:
@@ -118,21 +186,30 @@ def down_document(results: list[Teardown], one: bool) -> dict[str, Any]:
     return {"ok": ok, "clusters": [{k: v for k, v in asdict(r).items() if k != "error" or v} for r in results]}
 
 
-def emit_apply(registry: Registry, name: str, inv: Inventory, *, job_id: int | None,
-                latest_job: bool = False, phases: list | None = None) -> None:
+def apply_document(registry: Registry, name: str, inv: Inventory, *, job_id: int | None,
+                   latest_job: bool = False, phases: list | None = None) -> dict[str, Any]:
     """apply's JSON document: the cluster as `status` shows it, the job this apply ran (or null), and
-    how long each phase took (provision, prepare, job)."""
+    how long each phase took (provision, prepare, job). Made when the job ends; emitted by
+    `emit_apply` once `--down` had its say."""
     record = registry.cluster(name)
     job = registry.job(name, job_id) if job_id is not None else None
     if latest_job:
         job = (registry.jobs(name) or [None])[-1]
     doc = output.cluster_doc(record, inv, None) if record is not None else {"name": name}
     doc.pop("last_job", None)
-    output.emit("apply", {"ok": job is None or job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
-                          **{k: v for k, v in doc.items() if k != "name"},
-                          "inventory": str(cluster_dir(name) / "inventory.yml"),
-                          "job": output.job_doc(job) if job is not None else None, "phases": phases or [],
-                          "autostop": setting.as_dict() if (setting := autostop.saved(name)) else None})
+    return {"ok": job is None or job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
+            **{k: v for k, v in doc.items() if k != "name"},
+            "inventory": str(cluster_dir(name) / "inventory.yml"),
+            "job": output.job_doc(job) if job is not None else None, "phases": phases or [],
+            "autostop": setting.as_dict() if (setting := autostop.saved(name)) else None}
+
+
+def emit_apply(doc: dict[str, Any], registry: Registry) -> None:
+    """Print apply's document as things are now: a cluster that `apply --down` removed meanwhile is
+    DOWN (its nodes listed as the job had them), never the UP it was when the job ended."""
+    if registry.cluster(doc["cluster"]) is None:
+        doc = {**doc, "status": "DOWN", "autostop": None}
+    output.emit("apply", doc)
 
 
 def node_health(inv: Inventory) -> dict[int, str]:
@@ -149,14 +226,55 @@ def node_health(inv: Inventory) -> dict[int, str]:
     return health
 
 
-def cluster_inventory(name: str) -> Inventory:
+def cluster_inventory(name: str, *, live: bool = True) -> Inventory:
+    """The inventory of cluster `name`, for a command that needs its nodes (`live`): one that took
+    itself down (autodown) is said at once, with when and how to bring it back, instead of ssh
+    failing on nodes that are gone."""
     check_cluster_name(name)
-    Registry().adopt(name)  # shared state: the bucket's copy of the cluster, if any
+    registry = Registry()
+    registry.adopt(name)  # shared state: the bucket's copy of the cluster, if any
     path = cluster_dir(name) / "inventory.yml"
     inv = load_inventory(path, cluster=name) if path.is_file() else None
     if inv is None:
         raise ClusterNotFound(name)
+    if live:
+        refuse_gone(name, registry)
     return inv
+
+
+def stopped_line(name: str) -> str:
+    """What a command that needs the nodes says of a stopped cluster."""
+    return f"cluster '{name}' is stopped; `gpuctl start {name}` brings it back"
+
+
+def refuse_gone(name: str, registry: Registry) -> None:
+    """UserError for a cluster whose nodes are not there: stopped (`gpuctl stop`, or autostop seen by
+    status), or removed by itself: local nodes leave word where they were made (a file); cloud nodes
+    are asked of the cloud, only where an autostop setting could have done it."""
+    from gpuctl.providers import get_provider
+
+    record = registry.cluster(name)
+    if record is None:
+        return
+    if record.status == STOPPED:
+        raise UserError(stopped_line(name))
+    try:
+        began = get_provider(record.cloud).removed_itself(cluster_dir(name), finished=False)
+    except UserError:
+        began = None
+    if record.status != AUTODOWNED and autostop.saved(name) is None and began is None:
+        return
+    what, when = autostop.reconcile(name, record.status, registry)
+    if what == STOPPED:
+        raise UserError(stopped_line(name))
+    if what is None and began is not None:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(began))
+        raise UserError(f"cluster '{name}' is going: it began taking itself down (autodown) at {since}; "
+                        f"`gpuctl apply` brings it up again once it is gone")
+    if what == AUTODOWNED:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "earlier"
+        raise UserError(f"cluster '{name}' is gone: it took itself down (autodown) at {since}; `gpuctl apply` "
+                        f"brings it up again, `gpuctl down {name}` forgets it")
 
 
 def node_of(inv: Inventory, cluster: str, node: str) -> Node:

@@ -86,6 +86,16 @@ run: echo hi
     assert (marks / "hook").read_text().startswith("hooked on ")  # on the head, before it went
     doc = status_doc(cluster)
     assert doc["autodowned_at"] > 0 and "took itself down at" in cluster.gpuctl("status").stdout
+    # issue 34.5: a command that needs the nodes says at once that they are gone, since when, and how
+    # to bring them back (no ssh to a vanished head: exec's rsync error, health's "reboot", ssh's hang)
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc["autodowned_at"]))
+    for argv in (["exec", cluster.name, "hostname"], ["check", cluster.name, "--health"], ["ssh", cluster.name],
+                 ["cancel", cluster.name], ["autostop", cluster.name, "-i", "5"], ["inventory", cluster.name]):
+        gone = cluster.gpuctl(*argv, timeout=30)
+        assert gone.returncode == 2 and gone.duration < 5, (argv, gone.describe())
+        assert gone.stderr.strip().splitlines() == [
+            f"error: cluster '{cluster.name}' is gone: it took itself down (autodown) at {since}; `gpuctl apply` "
+            f"brings it up again, `gpuctl down {cluster.name}` forgets it"], (argv, gone.describe())
     again = cluster.gpuctl("apply", str(task), "-c", cluster.name, "-y").check()
     assert "took itself down (autodown)" in again.stdout and "Job 2 succeeded" in again.stdout  # its history kept
     cluster.footprint().assert_present(2)
@@ -181,9 +191,12 @@ def test_cancel_stops_the_countdown_and_autostop_sets_it_again(cluster: Cluster,
 def test_apply_down_removes_the_cluster_when_the_job_ends_even_if_gpuctl_is_killed(cluster: Cluster,
                                                                                    tmp_path: Path) -> None:
     quick = task_file(tmp_path, "num_nodes: 2\nresources:\n  infra: local\nrun: echo done\n")
-    res = cluster.gpuctl("apply", str(quick), "-c", cluster.name, "--down", "-y").check()
-    assert "Job 1 succeeded" in res.stdout and f"Cluster '{cluster.name}' is gone." in res.stdout
+    res = cluster.gpuctl("apply", str(quick), "-c", cluster.name, "--down", "-y", "-o", "json").check()
+    assert "Job 1 succeeded" in res.stderr and f"Cluster '{cluster.name}' is gone." in res.stderr
     assert not cluster.cdir.exists()
+    doc = json.loads(res.stdout)  # issue 34.7: the document tells what is true once it is printed
+    assert doc["ok"] is True and doc["status"] == "DOWN" and doc["autostop"] is None, doc
+    assert doc["job"]["status"] == "SUCCEEDED" and len(doc["nodes"]) == 2
 
     slow = task_file(tmp_path, "num_nodes: 2\nresources:\n  infra: local\nrun: sleep 6\n")
     watched = Watched([sys.executable, "-m", "gpuctl", "apply", str(slow), "-c", cluster.name, "--down", "-y",

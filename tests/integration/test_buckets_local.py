@@ -13,6 +13,8 @@ reach S3; nothing leaves this machine):
   process's argv (`ps` during run), in no file gpuctl keeps here or on the nodes, and
   they leave with the job: its mounts go once their writes are uploaded;
 - mounts on the nodes' own credentials: the next job reuses them, and mounts a dead one again;
+- a storage mount's local `source:` goes up to its `name:` bucket from here before the job (not at
+  validate; only what changed the next time), and an upload that fails runs nothing;
 - a missing bucket, and a node that lost rclone, are one line each and nothing runs;
 - `down` leaves nothing behind while buckets are mounted.
 
@@ -134,6 +136,10 @@ def bk(tmp_path_factory: pytest.TempPathFactory):
     try:
         (root / "base.yaml").write_text(f"name: {NAME}\nnum_nodes: 2\nresources:\n  infra: local\n")
         cluster.gpuctl("apply", str(root / "base.yaml"), "--provision-only").check()
+        # issue 34.11: autostop on a cluster made with --provision-only (no agent yet) prepares it first
+        armed = cluster.gpuctl("autostop", NAME, "-i", "600").check()
+        assert "autostop after 600 idle minute(s)" in armed.stdout, armed.describe()
+        cluster.gpuctl("autostop", NAME, "--cancel").check()
         moto = MotoServer(host=bridge_address(cluster), log=root / "moto.log").start()
         s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id="test",
                           aws_secret_access_key="test")
@@ -190,6 +196,55 @@ def test_copy_lands_before_setup_and_run_writes_into_the_mount(bk: BK):
     assert bk.wait_for_keys(CKPT, want) == want  # the bucket name: made was created, and run's files are in it
 
 
+def test_a_local_directory_goes_up_to_its_named_bucket_before_the_job(bk: BK):
+    """SkyPilot's storage `name:` + local `source:` (examples/managed_job_with_storage.yaml): apply makes
+    the bucket and uploads the directory from here before the job (what .skyignore names stays here),
+    the nodes then copy it (COPY) and mount it (MOUNT); validate uploads nothing; a second apply sends
+    only what changed."""
+    up = f"up-{MOD}"
+    src = bk.root / "upload-src"
+    (src / "sub").mkdir(parents=True, exist_ok=True)
+    for rel, body in (("a.txt", "uploaded-a\n"), ("sub/b.txt", "uploaded-b\n"), (".skyignore", "*.ckpt\n"),
+                      ("w.ckpt", "stays here\n")):
+        (src / rel).write_text(body)
+    mounts = (f"  ~/up-copy:\n    name: {up}\n    source: {src}\n    mode: COPY\n"
+              f"  ~/up-mount:\n    name: {up}\n    source: {src}\n    mode: MOUNT\n")
+    body = task(bk.endpoint, mounts, run='echo "read: $(cat ~/up-copy/a.txt ~/up-mount/sub/b.txt | paste -sd " ")"')
+    (bk.root / "upload.yaml").write_text(body)
+    bk.cluster.gpuctl("validate", str(bk.root / "upload.yaml")).check()
+    assert up not in [b["Name"] for b in bk.s3.list_buckets()["Buckets"]]  # type: ignore[attr-defined]
+    res = bk.apply(body, "--no-setup").check()
+    assert f"==> Uploading to s3://{up}" in res.stdout and f"s3://{up}: 3 file(s) sent, 0 unchanged" in res.stdout
+    for n in bk.cluster.nodes():
+        assert f"({n.name}, rank={n.rank}) read: uploaded-a uploaded-b" in res.stdout.splitlines(), res.describe()
+    assert bk.keys(up) == {"a.txt": b"uploaded-a\n", "sub/b.txt": b"uploaded-b\n", ".skyignore": b"*.ckpt\n"}
+    (src / "a.txt").write_text("uploaded-a, again\n")
+    again = bk.apply(body, "--no-setup").check()
+    assert f"s3://{up}: 1 file(s) sent, 2 unchanged" in again.stdout, again.describe()
+    for n in bk.cluster.nodes():
+        assert f"({n.name}, rank={n.rank}) read: uploaded-a, again uploaded-b" in again.stdout.splitlines()
+
+
+def test_an_upload_that_fails_runs_nothing(bk: BK):
+    """The controller's upload comes before anything runs: an endpoint that does not answer is one
+    line naming the field, exit 1, and neither setup nor run starts."""
+    src = bk.root / "upload-fail-src"
+    src.mkdir(exist_ok=True)
+    (src / "a.txt").write_text("never sent\n")
+    closed = "http://127.0.0.1:9"  # discard: nothing listens there
+    body = task(closed, f"  ~/up-fail:\n    name: up-fail-{MOD}\n    source: {src}\n    mode: MOUNT\n",
+                setup="echo SETUP-RAN", run="echo RUN-RAN")
+    res = bk.apply(body)
+    line = one_error_line(res)
+    assert "RAN" not in res.stdout, res.describe()
+    assert re.fullmatch(rf"error: job \d+: file_mounts.~/up-fail: uploading {re.escape(str(src))} to "
+                        rf"s3://up-fail-{MOD} failed: Could not connect to the endpoint URL: .*", line), line
+    job = re.match(r"error: job (\d+):", line).group(1)  # type: ignore[union-attr]
+    queue = bk.cluster.gpuctl("queue", NAME).check()
+    row = next(r for r in queue.stdout.splitlines() if r.split()[:1] == [job])
+    assert "FAILED" in row, queue.stdout
+
+
 def test_a_mount_is_the_job_users_alone(bk: BK):
     """Another local user (`nobody`) can neither list, read, write nor delete through a MOUNT
     in a directory everyone reaches; the job's user can (--allow-other alone let anyone in)."""
@@ -242,7 +297,7 @@ def test_credentials_only_in_rclones_environment_and_gone_with_the_job(bk: BK):
     """While the job runs the task's credentials are in its mounts' rclone environment and in no
     argv; once it ends, those mounts are unmounted (their writes uploaded first) and no process
     or file gpuctl keeps holds the credentials."""
-    res = bk.apply(task(bk.endpoint, MOUNTS, run=f"echo up > ~/ckpt/last-$SKYPILOT_NODE_RANK.txt; sleep 300"),
+    res = bk.apply(task(bk.endpoint, MOUNTS, run="echo up > ~/ckpt/last-$SKYPILOT_NODE_RANK.txt; sleep 300"),
                    "--no-setup", "-d").check()
     job = re.search(r"^Job (\d+) running", res.stdout, re.M).group(1)  # type: ignore[union-attr]
     assert not pids_matching(SECRET_ID) and not pids_matching(SECRET_KEY)  # no argv

@@ -20,6 +20,7 @@ worker2 and worker4), through the real `gpuctl` command:
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -35,6 +36,9 @@ import pytest
 
 from e2e import (Cluster, NodeInfo, Result, Watched, gpuctl_env, needs_local_nodes, pids_matching, queue_row_once_ended,
                  queue_rows)
+from gpuctl.common.console import Reporter
+from gpuctl.common.ranklines import RankLines
+from gpuctl.jobplane.events import decode
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -250,10 +254,12 @@ def test_shared_destination_ten_applies_in_a_row(jp: JP):
 # -- Ctrl-C at each stage --------------------------------------------------------------
 
 
-def interrupt_when(jp: JP, args: list[str], trigger: str, marker: str) -> tuple[int, str]:
+def interrupt_when(jp: JP, args: list[str], trigger: str, marker: str,
+                   env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run gpuctl in its own process group, SIGINT the group when a stdout line contains
     `trigger`; (exit code, output)."""
-    run = Watched([sys.executable, "-m", "gpuctl", *args], {**gpuctl_env(jp.cluster.state_dir), **jp.env_extra},
+    run = Watched([sys.executable, "-m", "gpuctl", *args], {**gpuctl_env(jp.cluster.state_dir), **jp.env_extra,
+                                                           **(env or {})},
                   lambda line: trigger in line)
     try:
         assert run.seen.wait(120), "never saw " + trigger + "\n" + run.text
@@ -288,7 +294,11 @@ def test_ctrl_c_at_each_stage_ends_everything_and_records_cancelled(jp: JP, stag
     (project / "c.yaml").write_text(task)
     trigger = {"copy": "Copying the workdir to the head", "setup": "setup-started", "run": "run-started"}[stage]
     args = ["apply", str(project / "c.yaml"), "-c", NAME] + (["--no-setup"] if stage == "run" else [])
-    rc, text = interrupt_when(jp, args, trigger, marker)
+    # Ctrl-C ends a job the head took only when asked (as a CI step that wants it asks: the flag, or
+    # the variable); one it has not taken yet (the copy) ends anyway: nothing of it runs
+    env = {"GPUCTL_CANCEL_ON_INTERRUPT": "1"} if stage == "setup" else None
+    args += ["--cancel-on-interrupt"] if stage == "run" else []
+    rc, text = interrupt_when(jp, args, trigger, marker, env)
     assert rc == 130, text
     assert "Traceback" not in text
     _, status = last_job(jp)
@@ -340,12 +350,15 @@ def test_long_binary_and_event_looking_lines_arrive_byte_for_byte(jp: JP):
                                  if line.startswith(f"({n.name}, rank={n.rank}) ".encode()))
                 for n in jp.nodes}
 
-    printed = {rank: data + b"\n" for rank, data in expected.items()}
+    # What a reader without a terminal sees of those bytes: each \r redraw a line of its own (live
+    # rate-limited, all of it after the fact; common/ranklines.py); the rank logs keep the bytes.
+    printed = by_rank(b"".join(rendered(n, expected[n.rank], live=True) for n in jp.nodes))
     assert by_rank(live.stdout) == printed
-    logs = jp.cluster.cdir / "jobs" / job.group(1).decode()
+    logs = jp.cluster.logs_dir(job.group(1).decode())
     assert {n.rank: (logs / f"run-rank{n.rank}.log").read_bytes() for n in jp.nodes} == expected
     saved = subprocess.run([sys.executable, "-m", "gpuctl", "logs", NAME, job.group(1).decode()],
                            env=gpuctl_env(jp.cluster.state_dir), capture_output=True, timeout=120)
+    printed = by_rank(b"".join(rendered(n, expected[n.rank], live=False) for n in jp.nodes))
     assert saved.returncode == 0 and by_rank(saved.stdout) == printed, saved.stderr.decode(errors="replace")
     for path in logs.glob("*-rank*.log"):
         path.unlink()
@@ -353,6 +366,73 @@ def test_long_binary_and_event_looking_lines_arrive_byte_for_byte(jp: JP):
                              env=gpuctl_env(jp.cluster.state_dir), capture_output=True, timeout=120)
     assert rebuilt.returncode == 0 and by_rank(rebuilt.stdout) == printed, rebuilt.stderr.decode(errors="replace")
     assert {n.rank: (logs / f"run-rank{n.rank}.log").read_bytes() for n in jp.nodes} == expected
+
+
+def rendered(node: NodeInfo, data: bytes, *, live: bool) -> bytes:
+    """A rank's bytes as gpuctl prints them off a terminal, arriving at once (ranklines.py)."""
+    raw = io.BytesIO()
+    reporter = Reporter(stream=io.TextIOWrapper(raw, encoding="utf-8", write_through=True), plain=True)
+    lines = RankLines(reporter, clock=lambda: 0.0, **({} if live else {"interval": 0, "in_place": 0}))
+    *whole, last = decode(data).split("\n")
+    prefix = f"({node.name}, rank={node.rank})"
+    for text in whole:
+        lines.line(node.rank, "run", prefix, text)
+    lines.line(node.rank, "run", prefix, last, eol=False)
+    lines.end()
+    return raw.getvalue()
+
+
+# Every rank leaves a line unfinished for a while, then redraws one with \r, an update every 1.3 s.
+PROGRESS = ("printf 'waiting> '; sleep 1.5; echo ok; "
+            "for i in 0 50 100; do {gate}printf 'progress %3d%%\\r' $i; sleep 1.3; done; echo")
+# a detached job's last update waits (at most 60 s) for the follower to have shown the ones before
+GATE = 'if [ $i = 100 ]; then for _ in $(seq 600); do [ -e {mark} ] && break; sleep 0.1; done; fi; '
+
+
+def test_progress_bars_and_unfinished_lines_show_live_an_update_a_line(jp: JP):
+    """Through the tree, with `exec` and with `gpuctl logs` following a detached job: a prompt shows
+    before its answer comes, and each \r redraw reaches gpuctl's stdout as a prefixed line of its
+    own when it happens (not all at the newline, never glued); `gpuctl logs` afterwards shows the
+    same updates from the saved logs."""
+    def check(res: Result, what: str, live_from: int = 0) -> None:
+        """Each rank's lines; from its `live_from`th on, each came when the rank wrote it."""
+        for n in jp.nodes:
+            prefix = f"({n.name}, rank={n.rank})"
+            mine = [(t, line[len(prefix) + 1:]) for t, line in res.stdout_lines if line.startswith(prefix + " ")]
+            said = [text for _, text in mine]
+            assert said == ["waiting> ", "ok", "progress   0%", "progress  50%", "progress 100%"], (what, said)
+            at = [t for t, _ in mine]
+            gaps = {1: 1.0, 3: 0.8, 4: 0.8}  # after the prompt 1.5 s, between updates 1.3 s
+            assert all(at[i] - at[i - 1] > gap for i, gap in gaps.items() if i > live_from), (what, prefix, at)
+        assert "\r" not in res.stdout, what
+
+    live = jp.gpuctl("exec", NAME, *shell(PROGRESS.format(gate=""))).check()
+    check(live, "exec")
+    mark = Path(f"/tmp/gpuctl-progress-{uuid.uuid4().hex}")  # nodes share /tmp with this machine
+    detached = jp.gpuctl("exec", NAME, "-d", *shell(PROGRESS.format(gate=GATE.format(mark=mark)))).check()
+    job = job_id_of(detached, "detached")
+    # what came before the follower: at once, and a burst may hold an update back (one a second); the
+    # last one, written once the follower showed the one before, must come when it is written
+    follower = Watched([sys.executable, "-m", "gpuctl", "logs", NAME, str(job)], gpuctl_env(jp.cluster.state_dir),
+                       lambda line: "progress  50%" in line)
+    try:
+        assert follower.seen.wait(120), follower.text
+        released = time.time()
+        mark.touch()
+        following = follower.result(timeout=120)
+    finally:
+        follower.close()
+        mark.unlink(missing_ok=True)
+    assert following.returncode == 0, following.describe()
+    check(following, "logs, following", live_from=4)
+    for n in jp.nodes:
+        last = following.first_time(lambda line: line == f"({n.name}, rank={n.rank}) progress 100%")
+        assert last is not None and last > released, (n.name, following.describe())
+    saved = jp.gpuctl("logs", NAME, str(job_id_of(live))).check()
+    for n in jp.nodes:
+        prefix = f"({n.name}, rank={n.rank}) "
+        assert [line[len(prefix):] for line in saved.stdout.splitlines() if line.startswith(prefix)] == [
+            "waiting> ok", "progress   0%", "progress  50%", "progress 100%"], saved.describe()
 
 
 @pytest.mark.parametrize("rank", [2, 0])  # a worker behind a relay, the head

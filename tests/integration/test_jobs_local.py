@@ -78,8 +78,12 @@ run: |
 
 # The detached job whose logs are followed live and read back later.
 LOG_LINES = 8
-LOG_JOB = ('for i in $(seq 1 %d); do echo "logline-$i rank=$GPUCTL_NODE_RANK"; sleep 1.2; done; '
-           'echo "logline-err rank=$GPUCTL_NODE_RANK" >&2' % LOG_LINES)
+# Lines 1.2 s apart; the second half waits (at most 60 s) for FOLLOW_MARK, made once the follower
+# showed the first line, so what it streams live does not depend on how late it started.
+FOLLOW_MARK = Path(f"/tmp/gpuctl-follow-{uuid.uuid4().hex}")  # nodes share /tmp with this machine
+LOG_JOB = ('for i in $(seq 1 %d); do if [ $i = %d ]; then for _ in $(seq 600); do [ -e %s ] && break; sleep 0.1; '
+           'done; fi; echo "logline-$i rank=$GPUCTL_NODE_RANK"; sleep 1.2; done; '
+           'echo "logline-err rank=$GPUCTL_NODE_RANK" >&2' % (LOG_LINES, LOG_LINES // 2 + 1, FOLLOW_MARK))
 
 
 def expected_log_lines(rank: int) -> list[str]:
@@ -408,7 +412,7 @@ def test_subset_run_gets_its_ranks_ips_and_env(jl: JobsCluster, subset: SubsetJo
     assert jl.exist(w2, subset.touched, *job_files) == [False] * 5, "the subset job ran on worker2"
     row = jl.queue()[job]
     assert (row.status, row.nodes, row.codes) == ("SUCCEEDED", 2, "0,0"), row
-    assert sorted(p.name for p in (jl.cluster.cdir / "jobs" / str(job)).glob("run-rank*.log")) == \
+    assert sorted(p.name for p in jl.cluster.logs_dir(job).glob("run-rank*.log")) == \
         ["run-rank0.log", "run-rank1.log"]
 
 
@@ -607,7 +611,11 @@ def test_cancel_all_stops_every_unfinished_job(jl: JobsCluster, sleepers: dict[i
     assert "No unfinished jobs" in none_left.stdout
 
 
-def test_ctrl_c_cancels_the_attached_job(jl: JobsCluster):
+def test_ctrl_c_stops_following_and_the_job_goes_on(jl: JobsCluster):
+    """Issue 34.4: Ctrl-C while following `exec` (SIGINT to the foreground gpuctl's process group, as
+    a terminal sends it) stops following, as SkyPilot's does: the job runs on, the line says how to
+    follow it again and how to cancel it, a watcher records its end; `--cancel-on-interrupt` (a CI
+    step's choice) ends it instead (test_jobplane_local)."""
     marker = f"{MOD}-ctrlc"
     argv = [sys.executable, "-m", "gpuctl", "exec", NAME,
             *shell(f'echo "started $GPUCTL_NODE_RANK"; (exec -a {marker} sleep 300); echo survived')]
@@ -624,14 +632,18 @@ def test_ctrl_c_cancels_the_attached_job(jl: JobsCluster):
     assert proc.returncode == 130, text
     assert took < 15, took
     assert "Traceback" not in text
-    assert "survived" not in text
     m = re.search(r"^Job (\d+) running", "\n".join(out), re.M)
     assert m, text
     job = int(m.group(1))
-    assert any(f"job {job} cancelled (Ctrl-C)" in line for line in err), text
+    assert (f"stopped following job {job} (Ctrl-C); it goes on running on cluster '{NAME}'. Follow it again: "
+            f"gpuctl logs {NAME} {job}; cancel it: gpuctl cancel {NAME} {job}") in err, text
+    assert not any(line.startswith("error:") for line in err), text
+    time.sleep(1)
+    jl.wait_running_on(marker, [0, 1, 2])  # every rank still runs
+    assert jl.queue()[job].status == "RUNNING"
+    wait_for("the detached job's watcher", lambda: pids_matching(f"_watch\0{NAME}\0{job}\0"), timeout=15)
+    jl.gpuctl("cancel", NAME, str(job)).check()
     jl.assert_no_process(marker)
-    paths = job_paths(jl.cluster.node_job(job))
-    wait_for(f"job {job}'s processes on the nodes to end", lambda: not jl.on_nodes(*paths), timeout=10)
     assert jl.queue()[job].status == "CANCELLED"
 
 
@@ -660,11 +672,17 @@ def pair(jl: JobsCluster) -> Pair:
         meanwhile = jl.gpuctl("queue", NAME)
         log_res = log_f.result()
         log_job = job_id_of(log_res.check(), "detached")
-        # Follow at once: the job prints for ~10 s, and a follow that starts
-        # late (a loaded machine) would get every line in one go.
-        follow_f = pool.submit(jl.gpuctl, "logs", NAME, str(log_job), "--follow", timeout=120)
-        queue_after = jl.gpuctl("queue", NAME)
-        follow = follow_f.result()
+        # Follow at once; the job's second half waits until the follower showed its first line
+        follower = Watched([sys.executable, "-m", "gpuctl", "logs", NAME, str(log_job), "--follow"],
+                           gpuctl_env(jl.cluster.state_dir), lambda line: "logline-1 " in line)
+        try:
+            queue_after = jl.gpuctl("queue", NAME)
+            assert follower.seen.wait(120), follower.text
+            FOLLOW_MARK.touch()
+            follow = follower.result(timeout=120)
+        finally:
+            follower.close()
+            FOLLOW_MARK.unlink(missing_ok=True)
         other_res = other_f.result()
     # queue started while both exec commands still ran (exec -d now returns in about a second)
     both_running = meanwhile.started < min(log_res.ended, other_res.ended)
@@ -717,7 +735,7 @@ def test_logs_follow_streams_a_running_detached_job_to_its_end(jl: JobsCluster, 
 def test_logs_after_the_job_from_the_saved_copy(jl: JobsCluster, pair: Pair):
     job = pair.log_job
     jl.wait_status(job, ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=60)
-    saved = jl.cluster.cdir / "jobs" / str(job)
+    saved = jl.cluster.logs_dir(job)
     for n in jl.nodes:
         assert (saved / f"run-rank{n.rank}.log").read_text().splitlines() == expected_log_lines(n.rank)
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import gpuctl
-from gpuctl.api import plugins, remote, runtime, wire
+from gpuctl.api import plugins, runtime, wire
 from gpuctl.api.cluster import Cluster, _by_value_modules, dumps_call, run_script
 from gpuctl.common.errors import UserError
 from gpuctl.configplane import prepare

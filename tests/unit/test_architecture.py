@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import re
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,8 @@ LAYERS = ("common", "spec", "providers", "state", "provision", "configplane", "j
           "api", "cli")
 # Top-level modules and the layer they belong to.
 TOP_LEVEL = {"__init__": "common", "__main__": "cli", "cli": "cli", "cliargs": "cli", "autostopcli": "cli",
-             "costcli": "cli", "healthcli": "cli", "jobscli": "cli", "usage": "cli"}
+             "costcli": "cli", "healthcli": "cli", "jobscli": "cli", "usage": "cli", "entrypoints": "cli",
+             "logscli": "cli", "powercli": "cli"}
 MAX_LINES = 800
 # Generated from modules that are themselves checked (jobplane/agent/): not read by hand.
 GENERATED = {"jobplane/gpuctl_node.py"}

@@ -370,7 +370,7 @@ def test_status_asks_the_head_briefly_and_a_head_gone_meanwhile_is_autodowned(mo
         return subprocess.CompletedProcess([], 124, "", "timed out")
 
     monkeypatch.setattr(controller.ssh, "run_ssh", head_goes)
-    monkeypatch.setattr(autostopcli.ssh, "exit_masters", exited.append)
+    monkeypatch.setattr(controller.ssh, "exit_masters", exited.append)
     lines, fields = autostopcli.status_of("c1", "UP", registry)
     assert asked == [controller.SHOW_TIMEOUT_S] and controller.SHOW_TIMEOUT_S < 60
     assert fields["status"] == "AUTODOWNED" and fields["autodowned_at"] == 160.0 and "took itself down" in lines[0]
@@ -381,3 +381,27 @@ def test_status_asks_the_head_briefly_and_a_head_gone_meanwhile_is_autodowned(mo
     lines, fields = autostopcli.status_of("c1", "UP", registry)
     assert "head not reachable" in lines[0] and fields == {"autostop": fields["autostop"], "idle_s": None}
     assert registry.cluster("c1").status == "UP"
+
+
+def test_apply_down_does_not_remove_a_cluster_whose_job_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`apply --down` tears the cluster down when the job ends however it ends, but a Ctrl-C that only
+    stopped following (JobDetached) leaves it to the head's watcher, which removes it once the job ends."""
+    from gpuctl import autostopcli
+    from gpuctl.common.console import Reporter
+    from gpuctl.common.errors import JobDetached, JobFailed
+    from gpuctl.spec.autostop import Autostop
+
+    torn: list[str] = []
+    monkeypatch.setattr(autostopcli.lifecycle, "tear_down", lambda name, **kw: torn.append(name))
+    said: list[str] = []
+    reporter = Reporter()
+    monkeypatch.setattr(reporter, "info", said.append)
+    setting = Autostop(idle_minutes=0, down=True)
+    with pytest.raises(JobDetached):
+        with autostopcli.down_after_job("c", setting, False, reporter=reporter, registry=None):  # type: ignore[arg-type]
+            raise JobDetached("stopped following job 1")
+    assert torn == [] and any("removes itself once the job ends" in line for line in said)
+    with pytest.raises(JobFailed):
+        with autostopcli.down_after_job("c", setting, False, reporter=reporter, registry=None):  # type: ignore[arg-type]
+            raise JobFailed("rank 1 failed")
+    assert torn == ["c"]

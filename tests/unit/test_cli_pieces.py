@@ -1,4 +1,4 @@
-"""Pieces of the command line and the state dir that need no nodes: the once-only offer to include
+"""Pieces of the command line and the state dir that need no nodes: the once-only hint to include
 gpuctl's ssh config, `exec`'s task-file-or-command decision, and a cluster lock removed by `down`
 while another gpuctl waits on it."""
 
@@ -26,37 +26,41 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "home"
 
 
-def on_terminal(monkeypatch: pytest.MonkeyPatch, answer: bool) -> list[str]:
+def on_terminal(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A terminal on stdin and stderr, where any question is recorded (and none must be asked)."""
     asked: list[str] = []
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    monkeypatch.setattr(typer, "confirm", lambda text, **kw: asked.append(text) or answer)
+    monkeypatch.setattr(typer, "confirm", lambda text, **kw: asked.append(text) or True)
     return asked
 
 
-def test_the_ssh_include_is_offered_once_and_put_first(home: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_ssh_include_is_hinted_once_never_asked_and_added_on_request(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]):
+    """`make demo` runs unattended: apply never asks; at a terminal it says once how `ssh NAME` can
+    work, and `gpuctl ssh-config --include` adds the line, first, keeping the user's own."""
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text("Host work\n  User me\n")
-    asked = on_terminal(monkeypatch, True)
-    cliargs.offer_ssh_include(Reporter())
-    cliargs.offer_ssh_include(Reporter())
-    assert len(asked) == 1  # once
+    asked = on_terminal(monkeypatch)
+    cliargs.hint_ssh_include(Reporter())
+    cliargs.hint_ssh_include(Reporter())
+    out = capsys.readouterr().out
+    assert asked == [] and out.count("gpuctl ssh-config --include") == 1, out  # said once, asked never
+    assert (home / ".ssh" / "config").read_text() == "Host work\n  User me\n"  # nothing edited unasked
+    cliargs.add_ssh_include(Reporter())
+    cliargs.add_ssh_include(Reporter())  # once
     include = f"Include {Path(os.environ['GPUCTL_STATE_DIR']) / 'ssh' / 'config'}"
     text = (home / ".ssh" / "config").read_text()
     # first: after a Host line it would apply to that host only; the user's own lines kept
     assert [ln for ln in text.splitlines() if ln and not ln.startswith("#")][0] == include
-    assert text.endswith("Host work\n  User me\n")
+    assert text.count(include) == 1 and text.endswith("Host work\n  User me\n")
 
 
-def test_a_no_is_remembered_and_nothing_is_asked_off_a_terminal(home: Path, monkeypatch: pytest.MonkeyPatch):
-    asked = on_terminal(monkeypatch, False)
-    cliargs.offer_ssh_include(Reporter())
-    cliargs.offer_ssh_include(Reporter())
-    assert len(asked) == 1 and not (home / ".ssh" / "config").exists()
-    (Path(os.environ["GPUCTL_STATE_DIR"]) / "ssh" / ".include-asked").unlink()
-    monkeypatch.setattr(sys.stdin, "isatty", lambda: False)  # CI, a pipe: never asked
-    cliargs.offer_ssh_include(Reporter())
-    assert len(asked) == 1
+def test_nothing_is_hinted_off_a_terminal(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]):
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: False)  # CI, a pipe
+    cliargs.hint_ssh_include(Reporter())
+    assert capsys.readouterr().out == "" and not (Path(os.environ["GPUCTL_STATE_DIR"]) / "ssh" / ".include-asked").exists()
 
 
 def test_exec_tells_a_task_file_from_a_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -130,22 +134,58 @@ def test_a_lock_removed_by_down_is_never_held_twice(tmp_path: Path, monkeypatch:
     assert not (tmp_path / "locks" / "c.lock").exists()
 
 
-def test_an_include_written_with_a_tilde_counts_and_a_read_only_config_is_only_said(
+def test_an_include_written_with_a_tilde_counts_and_a_read_only_config_is_said_in_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    from gpuctl.common.errors import UserError
+
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(home / ".gpuctl"))
     (home / ".gpuctl" / "ssh").mkdir(parents=True)
     (home / ".ssh").mkdir()
     (home / ".ssh" / "config").write_text("Include ~/.gpuctl/ssh/config\n")
-    asked = on_terminal(monkeypatch, True)
-    cliargs.offer_ssh_include(Reporter())
-    assert asked == []  # already there, as the help page tells users to write it
+    on_terminal(monkeypatch)
+    cliargs.hint_ssh_include(Reporter())
+    cliargs.add_ssh_include(Reporter())
+    out = capsys.readouterr().out
+    assert "tip:" not in out and "already includes" in out  # already there, as the help page tells users to write it
+    assert (home / ".ssh" / "config").read_text() == "Include ~/.gpuctl/ssh/config\n"
     (home / ".ssh" / "config").write_text("Host x\n")
 
     def read_only(*args: object) -> None:
         raise OSError(30, "Read-only file system")
 
     monkeypatch.setattr(cliargs.sshconfig, "add_include", read_only)
-    cliargs.offer_ssh_include(Reporter())  # no traceback, the apply goes on
-    assert len(asked) == 1 and "Could not add it to" in capsys.readouterr().out
+    with pytest.raises(UserError, match=r"^could not add `Include .*` to .*/\.ssh/config \(Read-only file system\); "
+                                        r"add it there yourself, or use `gpuctl ssh NAME`$"):
+        cliargs.add_ssh_include(Reporter())
+
+
+def test_a_cluster_that_removed_itself_or_is_removing_itself_is_said_at_once(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch):
+    """Issue 34.5: commands that need the nodes answer in one line, with when and what to do: a local
+    cluster whose head began removing it (its word: one line) is going, one that finished is gone."""
+    import time
+
+    from gpuctl.common.errors import UserError
+    from gpuctl.common.paths import cluster_dir
+    from gpuctl.state.registry import Registry
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    registry = Registry(remote=None)
+    registry.upsert_cluster("lc", cloud="local", region=None, zone=None, num_nodes=2, status="UP", request={})
+    nodes = cluster_dir("lc") / "nodes"
+    nodes.mkdir(parents=True)
+    cliargs.refuse_gone("lc", registry)  # nothing said: it is there
+    began = time.time() - 30
+    (nodes / "autodown").write_text(f"{began:.0f}\n")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(round(began)))
+    with pytest.raises(UserError, match=rf"^cluster 'lc' is going: it began taking itself down \(autodown\) at "
+                                        rf"{stamp}; `gpuctl apply` brings it up again once it is gone$"):
+        cliargs.refuse_gone("lc", registry)
+    (nodes / "autodown").write_text(f"{began:.0f}\n{began + 5:.0f}\n")
+    done = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(round(began) + 5))
+    with pytest.raises(UserError, match=rf"^cluster 'lc' is gone: it took itself down \(autodown\) at {done}; "
+                                        r"`gpuctl apply` brings it up again, `gpuctl down lc` forgets it$"):
+        cliargs.refuse_gone("lc", registry)
+    assert registry.cluster("lc").status == "AUTODOWNED"  # recorded, as status records it

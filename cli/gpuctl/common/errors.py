@@ -48,6 +48,17 @@ class JobCancelled(JobFailed):
     exit_code = 130
 
 
+class JobDetached(Exception):
+    """The user stopped following a job (Ctrl-C) that goes on running on its cluster, as SkyPilot's
+    Ctrl-C only stops following; the message says how to follow it again and how to cancel it."""
+
+    exit_code = 130
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class ProvisionError(Exception):
     """Terraform or the cloud refused; the message carries the tool's reason."""
 

@@ -17,18 +17,20 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir
+from gpuctl.common.safetext import clean, printable
 from gpuctl.jobplane import payload, protocol
 from gpuctl.providers import get_provider
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.autostop import Autostop, parse_autostop
-from gpuctl.state.registry import Registry
+from gpuctl.state.registry import AUTODOWNED, STOPPED, Registry
 
 SETTING_FILE = "autostop.json"
 LEASE_ENV = "GPUCTL_LEASE_MINUTES"
@@ -82,12 +84,12 @@ def _call(inv: Inventory, action: str, *, document: Mapping[str, Any] | None = N
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
-        why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        why = printable((proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1])
         if proc.returncode == 2 or "invalid choice" in proc.stderr:
             why = "its agent has no autostop; run `gpuctl apply` once to update the nodes"
         raise AutostopUnreachable(f"cluster '{inv.cluster}': the head ({inv.head.name}) did not answer "
                                   f"`autostop {action}`: {why}")
-    return answer
+    return clean(answer)  # the head's word, printed by `autostop show` and `status`
 
 
 @dataclass(frozen=True)
@@ -187,3 +189,36 @@ class Lease:
             _call(self.inv, "release")
         except UserError:
             pass  # the lease then runs out by itself
+
+
+def reconcile(name: str, status: str, registry: Registry) -> tuple[str | None, float | None]:
+    """What the cluster did by itself, recorded: (AUTODOWNED | STOPPED, when) or (None, None).
+
+    Local nodes leave word where they were made; cloud nodes are asked of the cloud (one call), and
+    only for a cluster that holds an autostop setting: no other can have stopped itself."""
+    from gpuctl.provision.provisioner import load_inventory_of
+
+    record = registry.cluster(name)
+    if record is None:
+        return None, None
+    provider = get_provider(record.cloud)
+    what: str | None = None
+    try:
+        when = provider.removed_itself(cluster_dir(name))
+    except UserError:
+        when = None
+    if when is not None:
+        what = AUTODOWNED
+    elif saved(name) is not None and (inv := load_inventory_of(name)) is not None:
+        states = provider.node_states([n.node_id for n in inv.nodes], inv.region)
+        kinds = {state for state, _ in states.values()}
+        times = [t for _, t in states.values() if t is not None]
+        if states and kinds == {"terminated"}:
+            what, when = AUTODOWNED, max(times, default=time.time())
+        elif states and kinds == {"stopped"}:
+            what, when = STOPPED, max(times, default=time.time())
+    if what is not None and status != what:
+        registry.set_cluster_status(name, what)
+        registry.close_segment(name, "autodown" if what == AUTODOWNED else "stopped", at=when)
+        ssh.exit_masters(cluster_dir(name) / "cm")  # their connections went with the nodes
+    return what, when

@@ -17,21 +17,26 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from gpuctl.common.console import Reporter
-from gpuctl.common.errors import JobCancelled, JobFailed, PrepareFailed, UserError
+from gpuctl.common.errors import JobCancelled, JobDetached, JobFailed, PrepareFailed, UserError
 from gpuctl.common.paths import cluster_dir
+from gpuctl.common.ranklines import RankLines
 from gpuctl.configplane import clusterview, fabricrecord, playbooks, prepare
-from gpuctl.jobplane import client, gitignore, headinstall, jobenv, joblogs, payload, protocol, stream, upload
+from gpuctl.jobplane import (bucketupload, client, gitignore, headinstall, jobenv, joblogs, payload, protocol, stream,
+                             upload)
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.gitignore import WorkdirFilter
+from gpuctl.jobplane.jobview import JobView
 from gpuctl.providers import get_provider
 from gpuctl.provision import containers, ssh
 from gpuctl.provision.inventory import Inventory, Node, hostfile_lines
@@ -99,6 +104,22 @@ class JobOutcome:
     first_failed_rank: int | None = None
 
 
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM ignored while a first one is acted on (the job let go of with a watcher to
+    record it, or ended on every node): a second one would stop that half-way, the job running on
+    unrecorded, while the line said otherwise. Outside the main thread, signals never arrive."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+
+
 def _started_stamp() -> str:
     return time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime()) + f"-{time.time_ns() % 1_000_000:06d}"
 
@@ -133,6 +154,7 @@ class JobRunner:
         self.control_dir = ssh.control_dir_for(self.cdir / "cm")
         self.by_rank = {n.rank: n for n in inv.nodes}
         self.features = prepare.features(self.cdir)  # optional node features prepared so far (bucket tools)
+        self.output = RankLines(reporter)  # every rank's line in progress, as a terminal shows it
 
     # -- the configuration plane, when needed ---------------------------------
     def _request(self) -> dict:
@@ -300,9 +322,12 @@ class JobRunner:
                                "(no fingerprints printed there yet); learned at first contact")
 
     # -- one job ----------------------------------------------------------------
-    def print_line(self, node: Node, line: str) -> None:
-        """One line of a rank's output, prefixed `(worker1, rank=1)`."""
-        self.reporter.rank_line(stream.format_prefix(node), node.rank, line)
+    live_partials = True  # False: ranks' lines show only whole (a runner that reads them: check, health)
+
+    def print_line(self, node: Node, line: str, *, stage: str = protocol.STAGE_RUN, eol: bool = True) -> None:
+        """(The rest of) a line of a rank's output, prefixed `(worker1, rank=1)`, as a terminal shows
+        it (common/ranklines.py: \\r redraws); `eol` False: its newline has not come (yet)."""
+        self.output.line(node.rank, stage, stream.format_prefix(node), line, eol)
 
     def output_text(self, event: Event) -> str | None:
         """What of a rank's output line to print and save (None: nothing). All of it here;
@@ -337,6 +362,8 @@ class JobRunner:
             self.record_placed([*mounts, *(b.dest for b in spec.bucket_mounts)])
             rules = self.workdir_rules(spec)
             items = self.copy_to_head(job.job_id, spec, mounts, rules) if spec.workdir is not None or mounts else []
+            if sync_file_mounts and any(b.upload for b in spec.bucket_mounts):
+                self.fill_buckets(job.job_id, spec)
             body = self._payload(job.node_job, task, spec, job_nodes, fingerprint, items, run_setup, container,
                                  rules)
             secrets_text = jobenv.secrets_script(spec.secrets)
@@ -345,10 +372,11 @@ class JobRunner:
             hidden = set(spec.internal_mounts)
             if spec.workdir_implied and not any(i.changed for i in items if i.dest == payload.WORKDIR_DEST):
                 hidden.add(payload.WORKDIR_DEST)  # a copy nobody named, unchanged on the head: not said
-            view = _JobView(self, job.job_id, job_nodes, task, echo=not detach,  # detached: `gpuctl logs` shows it
+            view = JobView(self, job.job_id, job_nodes, task, echo=not detach,  # detached: `gpuctl logs` shows it
                             hidden_paths=frozenset(hidden))
             for attempt in (1, 2):
-                session = client.Session(inv.head, job.node_job, self.control_dir, view.on_event)
+                session = client.Session(inv.head, job.node_job, self.control_dir, view.on_event,
+                                         on_idle=self.output.tick)
                 try:
                     outcome = session.submit(body, secrets_text, stop=(lambda: view.running) if detach else
                                              (stop or (lambda: False)))
@@ -379,10 +407,17 @@ class JobRunner:
                 self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
             raise
         except KeyboardInterrupt:
-            self._interrupted(job.job_id, job_nodes, session)
+            with interrupts_held():  # a second Ctrl-C must not leave the first half done
+                if session is not None and not self.cancel_on_interrupt and self._detached(job.job_id, session):
+                    name = inv.cluster
+                    raise JobDetached(f"stopped following job {job.job_id} (Ctrl-C); it goes on running on cluster "
+                                      f"'{name}'. Follow it again: gpuctl logs {name} {job.job_id}; cancel it: "
+                                      f"gpuctl cancel {name} {job.job_id}") from None
+                self._interrupted(job.job_id, job_nodes, session)
             raise JobCancelled(f"job {job.job_id} cancelled (Ctrl-C); its processes were stopped on every node") \
                 from None
         finally:
+            self.output.end()
             timing.close()
             joblogs.unmark_watching(inv.cluster, job.job_id)
 
@@ -415,6 +450,22 @@ class JobRunner:
             items, changed = run()
             step.update(f"{changed} changed file(s)" if changed else "nothing changed")
         return items
+
+    def fill_buckets(self, job_id: int, spec: JobSpec) -> None:
+        """Storage mounts with `name:` and a local `source:`: their directories into their buckets
+        (made if missing) from here, before the nodes mount or copy them (bucketupload.py)."""
+        where = buckets.storage_settings(spec.envs, default_region=get_provider(self.inv.cloud).bucket_region(
+            self.inv.region))
+        named = ", ".join(dict.fromkeys(f"s3://{b.bucket}" for b in spec.bucket_mounts if b.upload))
+        with self.reporter.stage(f"Uploading to {named}") as step:
+            try:
+                filled = bucketupload.fill_buckets(spec.bucket_mounts, spec.envs, spec.secrets,
+                                                   endpoint=where["endpoint"], region=where["region"])
+            except bucketupload.UploadError as exc:
+                self.record_outcome(job_id, "FAILED", {}, [str(exc)])
+                raise JobFailed(f"job {job_id}: {exc}") from None
+            step.update("; ".join(f"s3://{f.mount.bucket}: {f.sent} file(s) sent, {f.unchanged} unchanged"
+                                  for f in filled))
 
     def _payload(self, node_job: str, task: str, spec: JobSpec, job_nodes: Sequence[Node], fingerprint: str,
                  items: Sequence[upload.Item], run_setup: bool, container: dict | None = None,
@@ -472,6 +523,22 @@ class JobRunner:
             return None
         return containers.job_plan(spec.container_image, self.inv.cluster,
                                    [*spec.file_mounts, *(b.dest for b in spec.bucket_mounts)])
+
+    # True: Ctrl-C (or SIGTERM) ends the job on every node (a probe job, a Python API call, a managed
+    # job's supervisor; `apply`/`exec --cancel-on-interrupt`). False: it only stops following a job the
+    # head took, which goes on, as SkyPilot's Ctrl-C does (`apply` and `exec`).
+    cancel_on_interrupt = True
+
+    def _detached(self, job_id: int, session: client.Session) -> bool:
+        """After a Ctrl-C: let go of a job the head has taken, which then goes on with a watcher here
+        recording its end; False when the head never took it (nothing runs: it is cancelled)."""
+        session.wait_until_started()
+        if not session.header_seen:
+            return False
+        session.close()
+        joblogs.unmark_watching(self.inv.cluster, job_id)
+        self.spawn_watcher(job_id)
+        return True
 
     def _interrupted(self, job_id: int, job_nodes: Sequence[Node], session: client.Session | None) -> None:
         """Ctrl-C (or SIGTERM) at any moment: end whatever of the job started, on every node."""
@@ -596,18 +663,26 @@ class JobRunner:
 
     # -- attaching to a job that runs -------------------------------------------
     def attach(self, job_id: int, job_nodes: Sequence[Node], *, echo: bool,
-               ranks: Sequence[int] | None = None) -> Outcome:
-        """Follow a submitted job from its first event to its end (logs saved as they come)."""
-        outcome = self.follow(job_id, job_nodes, echo=echo, ranks=ranks, stop=lambda: False)
+               ranks: Sequence[int] | None = None, offset: int = 0, record: bool = False,
+               save: bool | None = None) -> Outcome:
+        """Follow a submitted job from its first event to its end (logs saved as they come); from
+        byte `offset` of its events.log, only printed (`logs --tail`: jobs.follow_job)."""
+        outcome = self.follow(job_id, job_nodes, echo=echo, ranks=ranks, stop=lambda: False, offset=offset,
+                              record=record, save=save)
         assert outcome is not None
         return outcome
 
     def follow(self, job_id: int, job_nodes: Sequence[Node], *, echo: bool, stop: Callable[[], bool],
-               ranks: Sequence[int] | None = None) -> Outcome | None:
-        """`attach`, letting go of the job (None) once `stop()` says so (a managed job's supervisor)."""
-        view = _JobView(self, job_id, job_nodes, None, echo=echo, ranks=ranks, quiet=True)
-        session = client.Session(self.inv.head, self.node_job(job_id), self.control_dir, view.on_event)
-        return session.attach(0, stop=stop)
+               ranks: Sequence[int] | None = None, offset: int = 0, record: bool = False,
+               save: bool | None = None) -> Outcome | None:
+        """`attach`, letting go of the job (None) once `stop()` says so (a managed job's supervisor).
+        `record`: this follower owns the job (a detached job's watcher): it records its phases.
+        `save` (default: from the start only) the logs as they come."""
+        view = JobView(self, job_id, job_nodes, None, echo=echo, ranks=ranks, quiet=True,
+                       save=offset == 0 if save is None else save, record=record)
+        session = client.Session(self.inv.head, self.node_job(job_id), self.control_dir, view.on_event,
+                                 on_idle=self.output.tick)
+        return session.attach(offset, stop=stop)
 
     def spawn_watcher(self, job_id: int) -> Path:
         """Record a detached job's outcome from a background process (the head decides fail-fast)."""
@@ -618,88 +693,6 @@ class JobRunner:
                              stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                              start_new_session=True, env={**os.environ, "GPUCTL_PLAIN": "1"})
         return log
-
-
-class _JobView:
-    """What the controller does with a job's events: print, save per rank, record phases."""
-
-    def __init__(self, runner: JobRunner, job_id: int, job_nodes: Sequence[Node], task: str | None, *,
-                 echo: bool, ranks: Sequence[int] | None = None, quiet: bool = False,
-                 hidden_paths: frozenset[str] = frozenset()) -> None:
-        self.runner = runner
-        self.hidden_paths = hidden_paths
-        self.job_id = job_id
-        self.job_nodes = job_nodes
-        self.task = task
-        self.echo = echo
-        self.ranks = set(ranks) if ranks is not None else None
-        self.quiet = quiet  # attaching later: no phase messages, no registry writes
-        self.running = False
-        self.failed_seen = False
-        self.logs = joblogs.LogWriter(runner.inv.cluster, job_id, on_error=runner.reporter.error)
-
-    def reset(self) -> None:
-        self.logs.close()
-        self.logs = joblogs.LogWriter(self.runner.inv.cluster, self.job_id, on_error=self.runner.reporter.error)
-
-    def on_event(self, event: Event) -> None:
-        runner, by_rank = self.runner, self.runner.by_rank
-        cluster = runner.inv.cluster
-        if event.kind == protocol.EV_OUTPUT and event.rank in by_rank:
-            text = runner.output_text(event)
-            if text is not None:
-                self.logs.write(event.stage or protocol.STAGE_RUN, event.rank, text, event.eol)
-                if self.echo and (self.ranks is None or event.rank in self.ranks):
-                    runner.print_line(by_rank[event.rank], text)
-        elif event.kind == protocol.EV_PHASE and not self.quiet:
-            n = len(runner.inv.nodes)
-            if event.text.startswith(protocol.PHASE_PLAN + " ") and n > 1:
-                for line in describe_copies(event.text[len(protocol.PHASE_PLAN) + 1:], self.hidden_paths):
-                    runner.reporter.info(line)
-            elif event.text == protocol.PHASE_SETUP:
-                runner.registry.update_job(cluster, self.job_id, status="SETTING_UP", started_at=time.time())
-                runner.reporter.info(f"Running setup on {n} node(s)")
-            elif event.text == protocol.PHASE_RUN:
-                # Printed as the ranks start, before their first lines (scripts read the job id here).
-                runner.reporter.info(f"Starting job {self.job_id} on {len(self.job_nodes)} node(s)")
-                runner.reporter.info(f"Job {self.job_id} running ({self.task})")
-            elif event.text == protocol.PHASE_RUNNING:  # every rank started
-                job = runner.registry.job(cluster, self.job_id)
-                runner.registry.update_job(cluster, self.job_id, status="RUNNING",
-                                           started_at=(job.started_at if job and job.started_at else time.time()))
-                self.running = True
-        elif (event.kind == protocol.EV_EXIT and event.stage == protocol.STAGE_RUN and event.code not in (0, None)
-              and not self.failed_seen):
-            self.failed_seen = True
-            if not self.quiet and event.rank in by_rank:
-                others = len(self.job_nodes) - 1
-                runner.reporter.info(f"rank {event.rank} ({by_rank[event.rank].name}) exited with code "
-                                     f"{event.code}; stopping the other {others} rank(s)")
-        elif event.kind == protocol.EV_LOST and not self.quiet and event.rank in by_rank:
-            runner.reporter.info(f"rank {event.rank} ({by_rank[event.rank].name}) lost: {event.text}")
-        elif event.kind == protocol.EV_DONE:
-            self.logs.close()
-
-
-def describe_copies(plan_json: str, hidden: frozenset[str] = frozenset()) -> list[str]:
-    """The head's copy plan as users read it: how many nodes get bytes from the head, and the
-    paths that reach fewer of them (a filesystem shared with another node or the head). Paths
-    gpuctl placed itself are not named."""
-    try:
-        copies = [(str(path), list(ranks)) for path, ranks in json.loads(plan_json).get("copies") or []]
-    except (ValueError, AttributeError, TypeError):
-        return []
-    copies = [(path, ranks) for path, ranks in copies if path not in hidden]
-    targets = sorted({r for _, ranks in copies for r in ranks})
-    if not targets:
-        return []
-    lines = [f"Copying from the head to {len(targets)} node(s)"]
-    for path, ranks in copies:
-        if len(ranks) == len(targets):
-            continue
-        lines.append(f"  {path}: to none of them (they share its filesystem with the head)" if not ranks else
-                     f"  {path}: to {len(ranks)} of them (the others share a filesystem with one of those)")
-    return lines
 
 
 def describe_result(result: playbooks.PlaybookResult) -> str:

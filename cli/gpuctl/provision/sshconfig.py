@@ -42,7 +42,8 @@ def render(inv: Inventory, *, control_dir: Path | None = None, path: Path | str 
                 f"  HostKeyAlias {node.host_key_alias}",
                 "  HashKnownHosts no",
             ]
-        lines += ["  LogLevel ERROR"]
+        # a node that is gone fails a login in seconds, and a session to one that vanished ends
+        lines += ["  LogLevel ERROR", "  ConnectTimeout 10", "  ServerAliveInterval 15", "  ServerAliveCountMax 4"]
         if control_dir is not None:
             lines += ["  ControlMaster auto", f"  ControlPath {control_dir}/%C", "  ControlPersist 300"]
         blocks.append("\n".join(lines) + "\n")
