@@ -378,17 +378,20 @@ def _checked_plan(provider: Provider, root: TerraformRoot, req: ClusterRequest,
         return None
     index = {a: i for i, a in enumerate(provider.node_addresses(range(MAX_NODE_INDEX)))} \
         if provider.node_resource else {}
-    doomed = {index[c.address]: c for c in changes if c.destroys and c.address in index}
+    # Only nodes that came up are anyone's: an apply that never finished left no inventory, and a node
+    # whose create failed or was cut short (tainted) is made again as the repair it needs
+    inv = load_inventory_of(req.name)
+    doomed = {index[c.address]: c for c in changes
+              if c.destroys and c.address in index and c.reason != "tainted"} if inv is not None else {}
     if doomed:
-        inv = load_inventory_of(req.name)
         order = _state_node_ids(root)
-        by_id = {n.node_id: n for n in inv.nodes} if inv is not None else {}
+        by_id = {n.node_id: n for n in inv.nodes}
 
         def node_at(i: int) -> DoomedNode:  # one the inventory does not know is doomed all the same
             node = by_id.get(order[i]) if i < len(order) else None
             return DoomedNode(node.rank, node.name) if node is not None else DoomedNode(i, f"node {i}")
 
-        have = len(inv.nodes) if inv is not None else len(order)
+        have = len(inv.nodes)
         removed = tuple(node_at(i) for i, c in sorted(doomed.items()) if c.action == "delete")
         replaced = tuple(node_at(i) for i, c in sorted(doomed.items()) if c.action == "replace")
         try:

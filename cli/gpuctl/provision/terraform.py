@@ -70,6 +70,7 @@ class PlannedChange:
 
     address: str  # module.cluster.aws_instance.node[2]
     action: str  # create, update, delete, replace, move, read
+    reason: str = ""  # why a delete or replace: tainted (a create that failed or was cut short), ...
 
     @property
     def destroys(self) -> bool:
@@ -82,7 +83,8 @@ def planned_changes(stdout: str) -> list[PlannedChange]:
     for msg in _json_messages(stdout):
         change = msg.get("change") if msg.get("type") == "planned_change" else None
         if isinstance(change, dict) and isinstance(change.get("resource"), dict):
-            changes.append(PlannedChange(str(change["resource"].get("addr", "")), str(change.get("action", ""))))
+            changes.append(PlannedChange(str(change["resource"].get("addr", "")), str(change.get("action", "")),
+                                         str(change.get("reason") or "")))
     return changes
 
 
