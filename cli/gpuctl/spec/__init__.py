@@ -61,10 +61,27 @@ The package, one job a module (each imports only those listed above it):
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from gpuctl.common.envargs import ENV_NAME_RE, parse_env_assignments
-from gpuctl.spec.compose import _compose, _line_of
-from gpuctl.spec.loader import SKYPILOT_IMAGE_PREFIX, load_task
-from gpuctl.spec.models import DOCKER_PREFIX, GitWorkdir, Resources, Task
+
+if TYPE_CHECKING:
+    from gpuctl.spec.compose import _compose, _line_of
+    from gpuctl.spec.loader import SKYPILOT_IMAGE_PREFIX, load_task
+    from gpuctl.spec.models import DOCKER_PREFIX, GitWorkdir, Resources, Task
 
 __all__ = ["DOCKER_PREFIX", "ENV_NAME_RE", "SKYPILOT_IMAGE_PREFIX", "GitWorkdir", "Resources", "Task", "_compose",
            "_line_of", "load_task", "parse_env_assignments"]
+
+# The models (pydantic, about 0.2 s to import) load when a task does: a command that never reads a
+# task (exec of a command, queue, logs, status) imports this package's small modules alone.
+_LAZY = {"_compose": "compose", "_line_of": "compose", "SKYPILOT_IMAGE_PREFIX": "loader", "load_task": "loader",
+         "DOCKER_PREFIX": "models", "GitWorkdir": "models", "Resources": "models", "Task": "models"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
