@@ -5,7 +5,6 @@ now, whole in the log), and common/ranklines.py with console.Reporter drawing th
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import time
@@ -18,16 +17,7 @@ from gpuctl.common.ranklines import UPDATE_S, RankLines
 from gpuctl.jobplane import protocol
 from gpuctl.jobplane.events import Event, LineJoiner, parse_event
 
-AGENT_PATH = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "gpuctl_node.py"
 P0, P1 = "(head, rank=0)", "(worker1, rank=1)"
-
-
-def load_agent():
-    spec = importlib.util.spec_from_file_location("gpuctl_node_progress", AGENT_PATH)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
 
 
 class Clock:
@@ -194,6 +184,8 @@ def _stage(tmp_path: Path, agent):
 
 
 def test_the_agent_sends_a_line_left_unfinished_at_once_and_whole_lines_whole(tmp_path: Path) -> None:
+    from test_jobplane_agent import load_agent
+
     agent = load_agent()
     stage, log = _stage(tmp_path, agent)
     sent: list[bytes] = []
