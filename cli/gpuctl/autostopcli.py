@@ -17,19 +17,17 @@ import typer
 from gpuctl import usage
 from gpuctl.cliargs import cluster_inventory
 from gpuctl.common import output
-from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ClusterNotFound, JobDetached, ProvisionError, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.jobplane import autostop
 from gpuctl.jobplane.autostop import reconcile
-from gpuctl.jobplane.runner import JobRunner
-from gpuctl.provision import lifecycle
-from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.autostop import DEFAULT_IDLE_MINUTES, Autostop, with_flags
 from gpuctl.spec.request import ClusterRequest
 from gpuctl.state.registry import AUTODOWNED, STOPPED, Registry
 
 if TYPE_CHECKING:
+    from gpuctl.common.console import Reporter
+    from gpuctl.provision.inventory import Inventory
     from gpuctl.spec import Task
 
 
@@ -63,6 +61,8 @@ def check_setting(setting: Autostop | None, req: ClusterRequest, file: object) -
 
 def _prepared(inv: Inventory, registry: Registry, reporter: Reporter) -> None:
     """The watcher is the head's agent: nodes made with --provision-only have none yet."""
+    from gpuctl.jobplane.runner import JobRunner
+
     runner = JobRunner(inv, reporter=reporter, registry=registry)
     runner.ensure_prepared(runner.fingerprint())
 
@@ -91,6 +91,8 @@ def downs_when_job_ends(setting: Autostop | None, no_attached_job: bool) -> bool
 @contextmanager
 def down_after_job(name: str, setting: Autostop | None, no_attached_job: bool, *, reporter: Reporter,
                    registry: Registry) -> Iterator[None]:
+    from gpuctl.provision import lifecycle
+
     detached = False
     try:
         yield
@@ -119,6 +121,8 @@ def register(app: typer.Typer) -> None:
                   yes: bool = typer.Option(False, "-y", "--yes", help="Accepted as `sky autostop -y`."),
                   output_format: str = OutputOption) -> None:
         """Stop (or with --down remove) a cluster after it has been idle; the cluster does it itself."""
+        from gpuctl.common.console import Reporter
+
         as_json = wants_json(output_format)
         reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
         if cancel and (down or idle is not None):
@@ -150,6 +154,8 @@ def register(app: typer.Typer) -> None:
 def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], dict[str, Any]]:
     """`status`'s autostop lines and JSON fields for one cluster: the setting, how long the cluster
     has been idle (its head's watcher says), and when it took itself down or was stopped."""
+    from gpuctl.provision import lifecycle
+
     what, when = reconcile(name, status, registry)
     stopped_by_command = lifecycle.stopped_at(name)
     if stopped_by_command is not None and what in (None, STOPPED):  # `gpuctl stop`, not the cluster itself

@@ -22,21 +22,18 @@ import typer
 
 from gpuctl import autostopcli, cliargs, costcli, entrypoints, healthcli, jobscli, logscli, powercli, usage
 from gpuctl.common import output
-from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobDetached, JobFailed, ProvisionError, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir, state_root
-from gpuctl.jobplane import gitworkdir, joblogs, jobs
-from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
 from gpuctl.providers import get_provider, price_quote, request_for, resources_problem
-from gpuctl.provision import lifecycle, ssh, sshconfig
-from gpuctl.provision.inventory import Inventory
-from gpuctl.provision.lifecycle import write_ssh_config
 from gpuctl.spec.request import ClusterRequest, check_cluster_name, describe_cluster_name
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
 
 if TYPE_CHECKING:
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
+    from gpuctl.provision.inventory import Inventory
     from gpuctl.spec import Task
 
 # The spec (pydantic) and provisioning (Terraform) layers are imported by the
@@ -186,7 +183,8 @@ def apply(
     output_format: str = OutputOption,
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
-    from gpuctl.provision import provisioner
+    from gpuctl.common.console import Reporter
+    from gpuctl.provision import lifecycle, provisioner
     from gpuctl.provision.taskchecks import check_task
 
     as_json = wants_json(output_format)
@@ -240,6 +238,8 @@ def apply(
 def _apply_job(task: Task, req: ClusterRequest, inv: Inventory, registry: Registry, reporter: Reporter,
                docs: list[dict], *, provision_only: bool, no_setup: bool, detach: bool,
                cancel_on_interrupt: bool = False) -> None:
+    from gpuctl.jobplane import gitworkdir
+    from gpuctl.jobplane.runner import JobRunner, JobSpec
     from gpuctl.provision import provisioner
 
     if provision_only or not task.run and not task.setup:
@@ -293,6 +293,9 @@ def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts:
 def _job_runner(name: str, reporter: Reporter | None = None, *, live: bool = True) -> JobRunner:
     """The job runner of an existing cluster (its inventory, the registry); `live`: its nodes must
     still be there (cliargs.cluster_inventory)."""
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane.runner import JobRunner
+
     return JobRunner(cliargs.cluster_inventory(name, live=live), reporter=reporter or Reporter(), registry=Registry())
 
 
@@ -302,9 +305,9 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
                                         help="Check Terraform state and whether each node answers over SSH."),
            output_format: str = OutputOption) -> None:
     """Show clusters, their nodes and addresses, the fabric prepare found on each, and their last jobs."""
-    from gpuctl.provision import provisioner
     from gpuctl.configplane import fabricrecord
     from gpuctl.healthcheck import health
+    from gpuctl.provision import provisioner
 
     as_json = wants_json(output_format)
     registry = Registry()
@@ -384,6 +387,9 @@ def exec_(
     output_format: str = OutputOption,
 ) -> None:
     """Sync the workdir and run on a running cluster: no provisioning, no setup, no file_mounts."""
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane.runner import JobRunner, JobSpec
+
     as_json = wants_json(output_format)
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     inv = cliargs.cluster_inventory(name)
@@ -457,6 +463,9 @@ def cancel(
     output_format: str = OutputOption,
 ) -> None:
     """End a job on every node (its whole process tree) and mark it CANCELLED."""
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane import jobs
+
     as_json = wants_json(output_format)
     say = functools.partial(typer.echo, err=as_json)
     runner = _job_runner(name, Reporter(stream=sys.stderr) if as_json else None)
@@ -507,6 +516,9 @@ def ssh_config(name: Optional[str] = typer.Argument(None, metavar="NAME", help="
                include: bool = typer.Option(False, "--include", help="Also add `Include ~/.gpuctl/ssh/config` "
                                             "first in ~/.ssh/config (once), so `ssh NAME` works.")) -> None:
     """Write OpenSSH config for a cluster's nodes, `Host NAME` for the head and `Host NAME-workerN` for the others."""
+    from gpuctl.common.console import Reporter
+    from gpuctl.provision.lifecycle import write_ssh_config
+
     names = [check_cluster_name(name)] if name else [c.name for c in Registry().clusters()]
     paths = []
     for n in names:
@@ -543,6 +555,9 @@ def ssh_(name: str = typer.Argument(..., metavar="NAME", help="Cluster."),
          rank: Optional[int] = typer.Option(None, "--rank", metavar="N", help="Node rank (0 = head); the same as NODE."),
          ) -> None:
     """SSH into a node (default: the head); the words after `--` run there as a command."""
+    from gpuctl.provision import sshconfig
+    from gpuctl.provision.lifecycle import write_ssh_config
+
     inv = cliargs.cluster_inventory(name)
     if node is not None and rank is not None:
         raise UserError("give the node either as NODE or as --rank, not both")
@@ -563,6 +578,7 @@ def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluste
                     ) -> None:
     """Forget a node's SSH host key (after you rebuilt the machine); the next job learns the new one."""
     from gpuctl.configplane import prepare
+    from gpuctl.provision import ssh
 
     inv = cliargs.cluster_inventory(name)
     target = cliargs.node_of(inv, name, node)
@@ -595,6 +611,9 @@ def force_unlock(name: str = typer.Argument(..., metavar="NAME", help="Cluster w
 @app.command("_watch", hidden=True)
 def watch_(name: str, job_id: int) -> None:
     """Background watcher of a detached job (started by `-d`)."""
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane import joblogs, jobs
+
     runner = _job_runner(name, Reporter(plain=True), live=False)  # a job's end is recorded, whatever came of its nodes
     job = jobs.resolve_job(runner.registry, name, job_id)
     job_nodes = jobs.job_nodes(runner.inv, job)
@@ -616,6 +635,9 @@ def down(names: list[str] = typer.Argument(None, metavar="NAME...", help="Cluste
                                   "(as `sky down -a`); `down NAME` never asks."),
          output_format: str = OutputOption) -> None:
     """Destroy clusters (terraform destroy) and forget them; one that does not exist is passed over."""
+    from gpuctl.common.console import Reporter
+    from gpuctl.provision import lifecycle
+
     as_json, registry = wants_json(output_format), Registry()
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     targets = cliargs.down_targets(names or [], all_clusters, registry)

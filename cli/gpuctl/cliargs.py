@@ -16,18 +16,21 @@ import typer
 
 from gpuctl import usage
 from gpuctl.common import output
-from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ClusterNotFound, UserError
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.jobplane import autostop
-from gpuctl.provision import ssh, sshconfig
-from gpuctl.provision.inventory import Inventory, Node, load_inventory
-from gpuctl.provision.lifecycle import Teardown
+from gpuctl.provision.inventory import load_inventory
 from gpuctl.spec.request import check_cluster_name
 from gpuctl.state.registry import AUTODOWNED, STOPPED, TERMINAL_JOB_STATES, Registry
 
 if TYPE_CHECKING:
+    from gpuctl.common.console import Reporter
+    from gpuctl.provision.inventory import Inventory, Node
+    from gpuctl.provision.lifecycle import Teardown
     from gpuctl.provision.provisioner import Doomed
+
+# Every command reads its arguments through here: what only some of them need (ssh, the job
+# runner, the console) is imported where it is used, so `gpuctl status` starts fast.
 
 
 def shortened(text: str, width: int = 40) -> str:
@@ -81,6 +84,8 @@ def hint_ssh_include(reporter: Reporter) -> None:
     `gpuctl ssh-config --include` adds the line (SkyPilot adds its own)."""
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         return
+    from gpuctl.provision import sshconfig
+
     ssh_dir = state_root() / "ssh"
     marker, gpuctl_config = ssh_dir / sshconfig.INCLUDE_ASKED, ssh_dir / "config"
     if marker.exists() or sshconfig.includes(Path.home() / ".ssh" / "config", gpuctl_config):
@@ -96,6 +101,8 @@ def hint_ssh_include(reporter: Reporter) -> None:
 def add_ssh_include(reporter: Reporter) -> None:
     """`ssh-config --include`: gpuctl's Include line first in ~/.ssh/config (once), so `ssh NAME`
     and `ssh NAME-worker1` reach a cluster's nodes."""
+    from gpuctl.provision import sshconfig
+
     gpuctl_config, user_config = state_root() / "ssh" / "config", Path.home() / ".ssh" / "config"
     if sshconfig.includes(user_config, gpuctl_config):
         reporter.info(f"{user_config} already includes {gpuctl_config}")
@@ -143,6 +150,7 @@ def consent_to_destroy(name: str, *, yes: bool, registry: Registry,
     that replaces them): never under a job that runs there, then -y or a yes at a terminal (as `sky
     launch` never resizes a cluster unasked). It refuses by raising UserError: nothing is changed."""
     def check(doomed: Doomed) -> None:
+        from gpuctl.common.console import Reporter
         from gpuctl.jobplane import jobs
         from gpuctl.jobplane.runner import JobRunner
         from gpuctl.provision.provisioner import load_inventory_of
@@ -214,6 +222,8 @@ def emit_apply(doc: dict[str, Any], registry: Registry) -> None:
 
 def node_health(inv: Inventory) -> dict[int, str]:
     """reachable / UNREACHABLE (ssh's reason), asked of every node at once."""
+    from gpuctl.provision import ssh
+
     control = ssh.control_dir_for(cluster_dir(inv.cluster) / "cm")
     results = ssh.run_on_all(inv.nodes, "true", control_dir=control, timeout=20)
     health = {}

@@ -9,15 +9,17 @@ why, never $0; local nodes say they have no cloud bill.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import typer
 
 from gpuctl import usage
 from gpuctl.common import output
 from gpuctl.common.output import OutputOption, wants_json
-from gpuctl.providers.base import Price
 from gpuctl.state.registry import Registry, Segment
+
+if TYPE_CHECKING:
+    from gpuctl.providers.base import Price
 
 
 def describe(price: Price, instance_type: str | None, num_nodes: int, use_spot: bool) -> str:

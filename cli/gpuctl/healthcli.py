@@ -8,21 +8,23 @@ for --unhealthy, and the gate reads them to check only what it has not seen heal
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
 from gpuctl import cliargs, usage
 from gpuctl.common import output
-from gpuctl.common.console import Reporter
 from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import JobFailed, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir
-from gpuctl.healthcheck import health
 from gpuctl.jobplane import autostop
-from gpuctl.provision.inventory import Inventory
 from gpuctl.state.registry import Registry
+
+if TYPE_CHECKING:
+    from gpuctl.common.console import Reporter
+    from gpuctl.healthcheck import health
+    from gpuctl.provision.inventory import Inventory
 
 GateOption = typer.Option(None, "--health-check/--no-health-check",
                           help="Check every node's health before the job (default: on for GPU nodes not yet "
@@ -41,6 +43,8 @@ def gate(inv: Inventory, *, registry: Registry, reporter: Reporter, wanted: bool
     """apply's health gate: on by default for GPU nodes, and then only while some node has no healthy
     or degraded verdict yet (new, replaced, or unhealthy last time); JobFailed (exit 1) naming the
     unhealthy nodes and the command that replaces them."""
+    from gpuctl.healthcheck import health
+
     if wanted is False:
         return
     expect = health.expectations(inv, health.recorded_request(inv.cluster))
@@ -85,7 +89,9 @@ def register(app: typer.Typer) -> None:
               output_format: str = OutputOption) -> None:
         """All-reduce across every node and GPU (bandwidth, and whether NCCL used the fabric), or with
         --health each node's own health and what to do with it."""
+        from gpuctl.common.console import Reporter
         from gpuctl.healthcheck import command as healthcheck
+        from gpuctl.healthcheck import health
 
         as_json = wants_json(output_format)
         reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
@@ -121,7 +127,9 @@ def register(app: typer.Typer) -> None:
                                               help="Check the cluster's health once the nodes are ready."),
                  output_format: str = OutputOption) -> None:
         """Make nodes again with Terraform (same rank, name and placement), prepare only them, and check health."""
+        from gpuctl.common.console import Reporter
         from gpuctl.configplane import prepare
+        from gpuctl.healthcheck import health
         from gpuctl.jobplane.runner import JobRunner
         from gpuctl.provision import lifecycle
 
@@ -166,6 +174,8 @@ def register(app: typer.Typer) -> None:
 
 def _unhealthy_ranks(inv: Inventory) -> list[int]:
     """The ranks whose last verdict was unhealthy; UserError when the cluster was never checked."""
+    from gpuctl.healthcheck import health
+
     if not (cluster_dir(inv.cluster) / health.HEALTH_FILE).is_file():
         raise UserError(f"--unhealthy: cluster '{inv.cluster}' has no health report yet; run "
                         f"`gpuctl check {inv.cluster} --health` first")

@@ -10,27 +10,30 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from gpuctl import cliargs
 from gpuctl.common import output
-from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ClusterNotFound, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir
-from gpuctl.jobplane import joblogs, jobs
-from gpuctl.jobplane.runner import JobRunner
 from gpuctl.provision.inventory import load_inventory
 from gpuctl.spec.request import check_cluster_name
 from gpuctl.state.registry import AUTODOWNED, STOPPED, TERMINAL_JOB_STATES, JobRecord, Registry
+
+if TYPE_CHECKING:
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane.runner import JobRunner
 
 
 def _runner(name: str, registry: Registry, reporter: Reporter) -> JobRunner | None:
     """The job runner of cluster `name` as it is now (no bucket call: adopted already), or None when
     no node of it can be asked: no inventory (torn down, never made), or it stopped or took itself
     down (its jobs are read as after `down`, without waiting on ssh to nodes that are not there)."""
+    from gpuctl.jobplane.runner import JobRunner
+
     path = cluster_dir(name) / "inventory.yml"
     inv = load_inventory(path, cluster=name) if path.is_file() else None
     record = registry.cluster(name)
@@ -86,6 +89,8 @@ def _table(rows: list[JobRecord]) -> None:
 
 def _rows(runner: JobRunner | None, registry: Registry, name: str) -> list[JobRecord]:
     """The cluster's jobs, each unwatched unfinished one brought up to date from its head."""
+    from gpuctl.jobplane import jobs
+
     return [jobs.refresh(runner, job) if runner is not None else job for job in registry.jobs(name)]
 
 
@@ -93,6 +98,8 @@ def queue(name: Optional[str] = typer.Argument(None, metavar="NAME",
                                                 help="Cluster whose jobs to list (default: every cluster's)."),
           output_format: str = OutputOption) -> None:
     """List a cluster's jobs (or every cluster's): state, start and end time, and each rank's exit code."""
+    from gpuctl.common.console import Reporter
+
     as_json = wants_json(output_format)
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     if name is None:
@@ -149,6 +156,9 @@ def logs(
     output_format: str = OutputOption,
 ) -> None:
     """Show a job's output, live or after the fact (in the order it came; kept after `down`)."""
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane import joblogs, jobs
+
     as_json = wants_json(output_format)
     if as_json and not status_only:
         raise UserError("--output json: with `gpuctl logs` only together with --status (logs are text)")
@@ -198,6 +208,8 @@ def logs(
 def _purge(name: str) -> None:
     """`logs NAME --purge`: the saved logs of the cluster's ended jobs go (an unfinished job's are still
     being written); once the cluster is gone, its job records too."""
+    from gpuctl.jobplane import joblogs
+
     check_cluster_name(name)
     registry = Registry()
     registry.adopt(name)
@@ -222,6 +234,7 @@ def keep_before_down(names: list[str], registry: Registry, reporter: Reporter) -
     saved from the head's copy, one call each, so `gpuctl logs` still shows them afterwards: every
     job still running, and the KEEP_ENDED latest ended ones with no copy here (a watcher that died,
     jobs run from another machine with shared state). A head that does not answer is said once."""
+    from gpuctl.jobplane import joblogs
     from gpuctl.provision import ssh  # only `down` asks a head this way
 
     for name in names:

@@ -15,24 +15,24 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from gpuctl import autostopcli, cliargs, usage
 from gpuctl.common import output
-from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ClusterNotFound, ProvisionError, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir
-from gpuctl.configplane import prepare
-from gpuctl.jobplane import autostop, jobs
-from gpuctl.jobplane.runner import JobRunner
+from gpuctl.jobplane import autostop
 from gpuctl.providers import get_provider
-from gpuctl.provision import lifecycle, ssh
-from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.request import check_cluster_name
 from gpuctl.state.registry import AUTODOWNED, STOPPED, TERMINAL_JOB_STATES, ClusterRecord, JobRecord, Registry
+
+if TYPE_CHECKING:
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.provision.inventory import Inventory
 
 WAIT_POLL_S = 5.0  # between rounds of ssh to the nodes that did not answer yet
 
@@ -79,6 +79,8 @@ def stop_targets(names: list[str], registry: Registry) -> list[ClusterRecord]:
 
 def unfinished_jobs(runner: JobRunner) -> list[JobRecord]:
     """The cluster's jobs that still run, as the head says now (a head that does not answer: as recorded)."""
+    from gpuctl.jobplane import jobs
+
     name = runner.inv.cluster
     found = [jobs.refresh(runner, j) for j in runner.registry.jobs(name) if j.status not in TERMINAL_JOB_STATES]
     return [j for j in found if j.status not in TERMINAL_JOB_STATES]
@@ -99,6 +101,8 @@ def consent(running: dict[str, list[JobRecord]], yes: bool) -> None:
 def end_jobs(runner: JobRunner, found: list[JobRecord]) -> list[int]:
     """End each job on every node (its process tree, its secrets; logs fetched) and record it
     CANCELLED, saying the stop ended it; the ids."""
+    from gpuctl.jobplane import jobs
+
     for job in found:
         runner.cancel(job.job_id, jobs.job_nodes(runner.inv, job))
         runner.registry.update_job(runner.inv.cluster, job.job_id, status="CANCELLED",
@@ -118,6 +122,9 @@ def wait_for_ssh(inv: Inventory, *, reporter: Reporter, timeout: float) -> None:
     """Until every node answers ssh, each host key checked against the one pinned (a different key is
     a UserError naming the node, nothing sent); ProvisionError naming the nodes still silent after
     `timeout` seconds."""
+    from gpuctl.configplane import prepare
+    from gpuctl.provision import ssh
+
     control = ssh.control_dir_for(cluster_dir(inv.cluster) / "cm")
     waiting = list(inv.nodes)
     reasons: dict[int, str] = {}
@@ -157,6 +164,10 @@ def stopped_nodes(record: ClusterRecord, inv: Inventory) -> list[str]:
 def start_cluster(record: ClusterRecord, *, registry: Registry, reporter: Reporter) -> Inventory:
     """Start a stopped cluster and make it ready for jobs (answering ssh, prepared, its autostop armed
     again); its inventory."""
+    from gpuctl.configplane import prepare
+    from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.provision import lifecycle
+
     name = record.name
     inv = lifecycle.start_cluster(name, reporter=reporter, registry=registry)
     wait_for_ssh(inv, reporter=reporter, timeout=prepare.wait_timeout())
@@ -179,6 +190,10 @@ def register(app: typer.Typer) -> None:
                                                                   "(they are cancelled)."),
               output_format: str = OutputOption) -> None:
         """Stop a cluster's nodes and keep their disks (as `sky stop`); `gpuctl start` brings them back."""
+        from gpuctl.common.console import Reporter
+        from gpuctl.jobplane.runner import JobRunner
+        from gpuctl.provision import lifecycle
+
         as_json, registry = wants_json(output_format), Registry()
         reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
         records = stop_targets(names or [], registry)
@@ -221,6 +236,8 @@ def register(app: typer.Typer) -> None:
     def start_(name: str = typer.Argument(..., metavar="NAME", help="A stopped cluster."),
                output_format: str = OutputOption) -> None:
         """Start a stopped cluster again: the same nodes and disks, no task file needed (as `sky start`)."""
+        from gpuctl.common.console import Reporter
+
         as_json, registry = wants_json(output_format), Registry()
         reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
         record = _current(check_cluster_name(name), registry)

@@ -15,6 +15,7 @@ import typer
 
 from gpuctl import cliargs
 from gpuctl.common.console import Reporter
+from gpuctl.provision import sshconfig
 from gpuctl.state.lock import cluster_lock
 
 
@@ -155,7 +156,7 @@ def test_an_include_written_with_a_tilde_counts_and_a_read_only_config_is_said_i
     def read_only(*args: object) -> None:
         raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(cliargs.sshconfig, "add_include", read_only)
+    monkeypatch.setattr(sshconfig, "add_include", read_only)
     with pytest.raises(UserError, match=r"^could not add `Include .*` to .*/\.ssh/config \(Read-only file system\); "
                                         r"add it there yourself, or use `gpuctl ssh NAME`$"):
         cliargs.add_ssh_include(Reporter())

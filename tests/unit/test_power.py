@@ -16,7 +16,7 @@ from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.providers import get_provider
-from gpuctl.provision import lifecycle
+from gpuctl.provision import lifecycle, ssh
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import JobRecord, Registry
 
@@ -61,7 +61,7 @@ def test_start_waits_until_every_node_answers(tmp_path: Path, monkeypatch: pytes
         now = next(rounds)
         return {n.rank: subprocess.CompletedProcess(["ssh"], now[n.rank][0], "", now[n.rank][1]) for n in targets}
 
-    monkeypatch.setattr(powercli.ssh, "run_on_all", run_on_all)
+    monkeypatch.setattr(ssh, "run_on_all", run_on_all)
     monkeypatch.setattr(powercli, "WAIT_POLL_S", 0.01)
     powercli.wait_for_ssh(inv, reporter=Reporter(plain=True), timeout=30)
     assert seen == [[0, 1], [1]]  # a node that answered is not asked again
@@ -70,7 +70,7 @@ def test_start_waits_until_every_node_answers(tmp_path: Path, monkeypatch: pytes
 def test_start_refuses_a_node_whose_host_key_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_on_all, _ = answers({0: (0, ""), 1: (255, "@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@\n"
                                                   "Host key verification failed.")})
-    monkeypatch.setattr(powercli.ssh, "run_on_all", run_on_all)
+    monkeypatch.setattr(ssh, "run_on_all", run_on_all)
     with pytest.raises(UserError) as err:
         powercli.wait_for_ssh(nodes(2, tmp_path), reporter=Reporter(plain=True), timeout=30)
     assert err.value.message.startswith("worker1 (198.51.100.3): its SSH host key is not the one gpuctl recorded")
@@ -79,7 +79,7 @@ def test_start_refuses_a_node_whose_host_key_changed(tmp_path: Path, monkeypatch
 def test_start_names_the_nodes_that_never_answered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_on_all, calls = answers({0: (255, "ssh: connect to host 198.51.100.2 port 22: Connection timed out"),
                                  1: (0, "")})
-    monkeypatch.setattr(powercli.ssh, "run_on_all", run_on_all)
+    monkeypatch.setattr(ssh, "run_on_all", run_on_all)
     monkeypatch.setattr(powercli, "WAIT_POLL_S", 0.05)
     with pytest.raises(ProvisionError) as err:
         powercli.wait_for_ssh(nodes(2, tmp_path), reporter=Reporter(plain=True), timeout=0.2)

@@ -12,24 +12,30 @@ import json
 from typing import Any, Sequence
 
 from gpuctl.common.console import Reporter
-from gpuctl.common.safetext import clean, printable
 from gpuctl.common.errors import JobFailed
+from gpuctl.common.safetext import clean, printable
 from gpuctl.jobplane.events import Event
 from gpuctl.jobplane.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobRunner, JobSpec
-from gpuctl.provision.inventory import Inventory
+from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import Registry
 
 
 class CollectingRunner(JobRunner):
     """A JobRunner that keeps every rank's run-stage lines in `lines`, by rank (printable), and shows
-    them only whole (its print_line judges whole lines)."""
+    them only whole (its print_line judges whole lines); a line holding `hide` (a probe's document)
+    is kept but not shown."""
 
     live_partials = False
 
-    def __init__(self, inv: Inventory, *, reporter: Reporter, registry: Registry) -> None:
+    def __init__(self, inv: Inventory, *, reporter: Reporter, registry: Registry, hide: str | None = None) -> None:
         super().__init__(inv, reporter=reporter, registry=registry)
         self.lines: dict[int, list[str]] = {n.rank: [] for n in inv.nodes}
+        self.hide = hide
+
+    def print_line(self, node: Node, line: str, **how: Any) -> None:
+        if self.hide is None or self.hide not in line:
+            super().print_line(node, line, **how)
 
     def output_text(self, event: Event) -> str | None:
         if event.stage == STAGE_RUN and event.rank in self.lines:

@@ -20,17 +20,19 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from gpuctl.common.console import Reporter
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.common.safetext import clean, printable, whole_number
-from gpuctl.healthcheck import collect
-from gpuctl.jobplane.runner import JobSpec
 from gpuctl.providers import get_provider
-from gpuctl.provision.inventory import Inventory, Node
+from gpuctl.provision.inventory import Inventory
 from gpuctl.state.registry import Registry
+
+if TYPE_CHECKING:
+    from gpuctl.common.console import Reporter
+
+# The job part (the runner) loads when a check runs: `status` reads only the saved verdicts.
 
 MARK = "__GPUCTL_HEALTH__"  # nodehealth.MARK (nodehealth.py is not imported here: it runs on the nodes)
 JOB_NAME = "gpuctl-health"
@@ -154,6 +156,8 @@ def first_text(node: Mapping[str, Any]) -> str:
 
 def markers(lines: Sequence[str]) -> list[dict[str, Any]]:
     """The probe's node documents in these lines."""
+    from gpuctl.healthcheck import collect
+
     return [rec for rec in collect.markers(lines, MARK) if rec.get("kind") == "node"]
 
 
@@ -248,24 +252,19 @@ def status_doc(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:
 # -- the job ---------------------------------------------------------------------------------------
 
 
-class _HealthRunner(collect.CollectingRunner):
-    """Keeps every rank's lines; the probe's document stays off the screen."""
-
-    def print_line(self, node: Node, line: str, **how: Any) -> None:
-        if MARK not in line:
-            super().print_line(node, line, **how)
-
-
 def run_health(inv: Inventory, *, registry: Registry, reporter: Reporter, level: int = 1,
                expect: Expectations | None = None) -> Report:
     """The health job on every node, judged and recorded. Ctrl-C and UserErrors pass through.
     `expect`: what the nodes were made with, when the caller already read it."""
+    from gpuctl.healthcheck import collect
+    from gpuctl.jobplane.runner import JobSpec
+
     expect = expect or expectations(inv, recorded_request(inv.cluster))
     local = get_provider(inv.cloud).local
     spec = JobSpec(name=JOB_NAME, run=run_script(expect, level, python=sys.executable if local else None),
                    file_mounts={NODE_FILE: Path(__file__).resolve().parent / "nodehealth.py"},
                    num_nodes=len(inv.nodes), gpus_per_node=inv.head.gpus, internal_mounts=frozenset({NODE_FILE}))
-    runner = _HealthRunner(inv, reporter=reporter, registry=registry)
+    runner = collect.CollectingRunner(inv, reporter=reporter, registry=registry, hide=MARK)  # the document unshown
     job_id, failure = collect.run_probe_job(runner, spec, registry)
     report = analyze(inv, runner.lines, job_id=job_id, failure=failure)
     if report.answered:  # a job no node answered says nothing of them

@@ -20,17 +20,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir
-from gpuctl.common.safetext import clean, printable
-from gpuctl.jobplane import payload, protocol
 from gpuctl.providers import get_provider
-from gpuctl.provision import ssh
-from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.autostop import Autostop, parse_autostop
 from gpuctl.state.registry import AUTODOWNED, STOPPED, Registry
+
+if TYPE_CHECKING:
+    from gpuctl.provision.inventory import Inventory
+
+# The ssh and payload layers load when a head is asked: `status` and the refusals of a gone
+# cluster read only the saved setting and the registry.
 
 SETTING_FILE = "autostop.json"
 LEASE_ENV = "GPUCTL_LEASE_MINUTES"
@@ -70,11 +72,17 @@ def lease_seconds(minutes: float | None = None) -> float:
 
 
 def _control_dir(inv: Inventory) -> Path:
+    from gpuctl.provision import ssh
+
     return ssh.control_dir_for(cluster_dir(inv.cluster) / "cm")
 
 
 def _call(inv: Inventory, action: str, *, document: Mapping[str, Any] | None = None,
           extra: tuple[str, ...] = (), timeout: float = 60) -> dict[str, Any]:
+    from gpuctl.common.safetext import clean, printable
+    from gpuctl.jobplane import protocol
+    from gpuctl.provision import ssh
+
     command = " ".join([protocol.AGENT, protocol.CMD_AUTOSTOP, action, *extra])
     proc = ssh.run_ssh(inv.head, command, _control_dir(inv), timeout=timeout,
                        input=json.dumps(document) if document is not None else None)
@@ -101,6 +109,8 @@ class Armed:
 
 def arm(inv: Inventory, setting: Autostop, *, request: Mapping[str, Any], lease_s: float = 0.0) -> Armed:
     """Give the head the setting and how to take every node down; start its watcher."""
+    from gpuctl.jobplane import payload
+
     provider = get_provider(inv.cloud)
     plan = provider.power_off(cluster_dir(inv.cluster), [n.rank for n in inv.nodes], inv.head.ssh_user, request,
                               down=setting.down)
@@ -196,6 +206,7 @@ def reconcile(name: str, status: str, registry: Registry) -> tuple[str | None, f
 
     Local nodes leave word where they were made; cloud nodes are asked of the cloud (one call), and
     only for a cluster that holds an autostop setting: no other can have stopped itself."""
+    from gpuctl.provision import ssh
     from gpuctl.provision.provisioner import load_inventory_of
 
     record = registry.cluster(name)

@@ -22,17 +22,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ClusterNotFound, UserError
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.providers import get_provider, price_quote
-from gpuctl.provision import ssh, sshconfig
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.request import ClusterRequest, check_cluster_name
 from gpuctl.state.lock import HeldLock, cluster_lock
 from gpuctl.state.registry import STOPPED, Registry
 
 if TYPE_CHECKING:
+    from gpuctl.common.console import Reporter
     from gpuctl.provision.provisioner import Doomed
 
 
@@ -116,6 +115,8 @@ def _trust_host_keys(inv: Inventory) -> None:
     """Only the current nodes' host keys: those of nodes Terraform replaced go (a new node has a new
     id, so a new entry), and keys read where the nodes were made are pinned, so first contact is
     checked, not trusted."""
+    from gpuctl.provision import ssh
+
     if not inv.head.known_hosts:
         return
     ssh.forget_host_keys(Path(inv.head.known_hosts), {n.host_key_alias for n in inv.nodes}, keep_only=True)
@@ -135,7 +136,7 @@ def replace_nodes(name: str, ranks: Sequence[int], *, reporter: Reporter, regist
     (prepare.forget(cluster_dir, old nodes)). UserError for a cluster that does not exist or a rank
     it does not have.
     """
-    from gpuctl.provision import provisioner
+    from gpuctl.provision import provisioner, ssh
 
     check_cluster_name(name)
     with _changing(name, "gpuctl replace", reporter, registry):
@@ -183,7 +184,7 @@ def stop_cluster(name: str, *, reporter: Reporter, registry: Registry) -> float:
     Under the cluster's lock. The registry says STOPPED only once Terraform stopped every node
     (a failed stop leaves it UP, billing as it may still be), the cost history stops counting,
     and the ssh masters to the nodes are told to exit. The caller ends the cluster's jobs first."""
-    from gpuctl.provision import provisioner
+    from gpuctl.provision import provisioner, ssh
 
     with _changing(name, "gpuctl stop", reporter, registry), \
             reporter.stage(f"Stopping cluster '{name}'", phase="provision") as step:
@@ -327,7 +328,7 @@ def remove_containers(name: str, reporter: Reporter) -> None:
     """
     import subprocess  # only `down` of a cluster that ran containers needs it
 
-    from gpuctl.provision import containers, provisioner
+    from gpuctl.provision import containers, provisioner, ssh
 
     cdir = cluster_dir(name)
     inv = provisioner.load_inventory_of(name) if (cdir / containers.CONTAINERS_MARK).exists() else None
@@ -351,6 +352,8 @@ def remove_containers(name: str, reporter: Reporter) -> None:
 
 def write_ssh_config(inv: Inventory) -> Path:
     """`$GPUCTL_STATE_DIR/ssh/<name>.conf`, plus `ssh/config` that includes every cluster's file."""
+    from gpuctl.provision import sshconfig
+
     ssh_dir = state_root() / "ssh"
     path = sshconfig.write(inv, ssh_dir / f"{inv.cluster}.conf")
     (ssh_dir / "config").write_text(f"# gpuctl: Include this file from ~/.ssh/config\nInclude {ssh_dir}/*.conf\n")
