@@ -89,7 +89,7 @@ def assert_nothing_created(moto: MotoServer) -> None:
     assert client.describe_launch_templates()["LaunchTemplates"] == []
 
 
-def gpuctl(*args: str, env: dict[str, str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+def gpuctl(*args: str, env: dict[str, str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     """Run the CLI in its own process group, so a timeout also ends its terraform."""
     proc = subprocess.Popen([*GPUCTL, *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -116,7 +116,7 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
                                                          _isolated_state: Path) -> None:
     """One provisioning run (terraform apply is the slow part) covering the whole path:
     us-east-1a has no capacity, so gpuctl destroys that attempt and provisions in
-    us-east-1b; then inventory, SSH ingress and `down` are checked."""
+    us-east-1b; then inventory, SSH ingress, a replace and `down` are checked."""
     name = "moto-train"
     task = task_file(tmp_path, f"""\
         name: {name}
@@ -132,35 +132,73 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
         """)
     boto3.client("iam", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing",
                  aws_secret_access_key="testing").create_instance_profile(InstanceProfileName="moto-data-reader")
-    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing",
-                      aws_secret_access_key="testing")
-    s3.create_bucket(Bucket="gpuctl-team-state")
-    shared = {"GPUCTL_STATE_BUCKET": "gpuctl-team-state", "GPUCTL_STATE_ENDPOINT_URL": moto.url}
+    s3 = shared_state_bucket(moto)
     with CapacityShortage(moto.url, zones=["us-east-1a"]) as proxy:
         # one provider retry, so the capacity error surfaces at once (gpuctl.common.config)
-        env = {**aws_env, **shared, "GPUCTL_AWS_ENDPOINT_URL": proxy.url, "GPUCTL_AWS_MAX_RETRIES": "1",
+        env = {**aws_env, **shared_state(moto), "GPUCTL_AWS_ENDPOINT_URL": proxy.url, "GPUCTL_AWS_MAX_RETRIES": "1",
                "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
         up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
         assert up.returncode == 0, up.stdout + up.stderr
         check_cluster(moto, proxy, up.stdout, name, _isolated_state)
         check_module_inventory(_isolated_state / "clusters" / name, env, tmp_path)
-        # the nodes stop themselves (autostop's shutdown): the next apply starts the same nodes again
-        ids = sorted(i["InstanceId"] for i in running(moto, name))
-        ec2(moto).stop_instances(InstanceIds=ids)
-        assert running(moto, name) == []
-        again = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
-        assert again.returncode == 0, again.stdout + again.stderr
-        assert sorted(i["InstanceId"] for i in running(moto, name)) == ids
-        check_stop_and_start(moto, name, env, _isolated_state, tmp_path, ids)
         check_replace(moto, name, env, _isolated_state / "clusters" / name)
         # a CI runner that never saw the cluster takes it down: the Terraform state and the
         # rendered root (with the endpoint it was made with) come from the state bucket
         down = gpuctl("down", name, env={**env, "GPUCTL_STATE_DIR": str(tmp_path / "fresh-runner")}, cwd=tmp_path)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert [o["Key"] for o in s3.list_objects_v2(Bucket="gpuctl-team-state").get("Contents", [])] == []
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=STATE_BUCKET).get("Contents", [])] == []
     assert running(moto, name) == []
     assert len(instances(moto, name)) == 5  # terminated, not forgotten by moto (the first of ranks 1 and 2 too)
     assert [v for v in ec2(moto).describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []
+
+
+def test_stopped_nodes_come_back_with_apply_and_with_stop_and_start(tmp_path: Path, moto: MotoServer,
+                                                                     aws_env: dict[str, str],
+                                                                     _isolated_state: Path) -> None:
+    """The same instances, stopped and started again: by themselves (autostop's shutdown) then
+    `gpuctl apply`, and by `gpuctl stop` / `gpuctl start` through Terraform (its own test beside the
+    failover one above, so the two long Terraform chains run side by side)."""
+    name = "moto-power"
+    task = task_file(tmp_path, f"""\
+        name: {name}
+        num_nodes: 2
+        resources:
+          infra: aws/{REGION}/us-east-1b
+          instance_type: t3.micro
+          image_id: {MOTO_UBUNTU_AMI}
+        run: echo never runs with --provision-only
+        """)
+    s3 = shared_state_bucket(moto)
+    env = {**aws_env, **shared_state(moto), "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
+    up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
+    assert up.returncode == 0, up.stdout + up.stderr
+    ids = sorted(i["InstanceId"] for i in running(moto, name))
+    assert len(ids) == 2
+    # the nodes stop themselves (autostop's shutdown): the next apply starts the same nodes again
+    ec2(moto).stop_instances(InstanceIds=ids)
+    assert running(moto, name) == []
+    again = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert sorted(i["InstanceId"] for i in running(moto, name)) == ids
+    check_stop_and_start(moto, name, env, _isolated_state, tmp_path, ids)
+    down = gpuctl("down", name, env=env, cwd=tmp_path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=STATE_BUCKET).get("Contents", [])] == []
+    assert running(moto, name) == []
+
+
+STATE_BUCKET = "gpuctl-team-state"
+
+
+def shared_state(moto: MotoServer) -> dict[str, str]:
+    return {"GPUCTL_STATE_BUCKET": STATE_BUCKET, "GPUCTL_STATE_ENDPOINT_URL": moto.url}
+
+
+def shared_state_bucket(moto: MotoServer) -> object:
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    s3.create_bucket(Bucket=STATE_BUCKET)
+    return s3
 
 
 STOP_KEYS = {"schema", "command", "ok", "cluster", "status", "stopped_at", "cancelled"}
@@ -175,9 +213,9 @@ def node_states_in_terraform(moto: MotoServer, name: str) -> list[str]:
     """The nodes' states in Terraform's state, which lives in the state bucket (its S3 backend)."""
     s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing",
                       aws_secret_access_key="testing")
-    key = next(o["Key"] for o in s3.list_objects_v2(Bucket="gpuctl-team-state")["Contents"]
+    key = next(o["Key"] for o in s3.list_objects_v2(Bucket=STATE_BUCKET)["Contents"]
                if o["Key"].endswith(f"clusters/{name}/terraform.tfstate"))
-    tfstate = json.loads(s3.get_object(Bucket="gpuctl-team-state", Key=key)["Body"].read())
+    tfstate = json.loads(s3.get_object(Bucket=STATE_BUCKET, Key=key)["Body"].read())
     return [i["attributes"]["state"] for r in tfstate["resources"] if r["type"] == "aws_ec2_instance_state"
             for i in r["instances"]]
 
@@ -196,7 +234,7 @@ def check_stop_and_start(moto: MotoServer, name: str, env: dict[str, str], state
     import time
 
     registry = Registry(path=state / "state.db", remote=None)
-    job = registry.new_job(name, name="train", num_nodes=3)  # a job the registry says still runs
+    job = registry.new_job(name, name="train", num_nodes=len(ids))  # a job the registry says still runs
     registry.update_job(name, job.job_id, status="RUNNING", started_at=time.time())
     asked = gpuctl("stop", name, env=env, cwd=tmp_path)  # no terminal to ask on and no -y: refused
     assert asked.returncode == 2 and error_line(asked) == (
@@ -211,7 +249,7 @@ def check_stop_and_start(moto: MotoServer, name: str, env: dict[str, str], state
     assert (doc["ok"], doc["cluster"], doc["status"], doc["cancelled"]) == (True, name, "STOPPED", [job.job_id])
     assert before <= doc["stopped_at"] <= time.time()
     assert states(moto, name) == {i: "stopped" for i in ids}  # the same instances, stopped, not terminated
-    assert node_states_in_terraform(moto, name) == ["stopped"] * 3  # Terraform's state says so
+    assert node_states_in_terraform(moto, name) == ["stopped"] * len(ids)  # Terraform's state says so
     ended = registry.job(name, job.job_id)
     assert (ended.status, ended.detail) == ("CANCELLED", "ended by `gpuctl stop`: the cluster was stopped")
     assert registry.cluster(name).status == "STOPPED" and registry.history(name)[-1].ended_how == "stop"
@@ -237,7 +275,7 @@ def check_stop_and_start(moto: MotoServer, name: str, env: dict[str, str], state
         error_line(start).endswith(f"did not answer ssh within 1 s (GPUCTL_WAIT_TIMEOUT); `gpuctl status {name} "
                                    f"--refresh` shows each node, `gpuctl stop {name}` stops it again"), start.stderr
     assert states(moto, name) == {i: "running" for i in ids}
-    assert node_states_in_terraform(moto, name) == ["running"] * 3
+    assert node_states_in_terraform(moto, name) == ["running"] * len(ids)
     assert registry.cluster(name).status == "UP" and registry.history(name)[-1].ended_how is None  # counting again
     assert not (state / "clusters" / name / "stopped.json").exists()
     up = gpuctl("start", name, "-o", "json", env=env, cwd=tmp_path)
@@ -261,12 +299,12 @@ def check_replace(moto: MotoServer, name: str, env: dict[str, str], cdir: Path) 
     touched; the inventory follows, with rank 2's new address."""
     by_rank = {rank_of(i): i["InstanceId"] for i in running(moto, name)}
     ec2(moto).terminate_instances(InstanceIds=[by_rank[1]])
-    lost = gpuctl_python(LOST_NODES_PY, name, env=env, timeout=120)
+    lost = gpuctl_python(LOST_NODES_PY, name, env=env, timeout=300)
     assert lost.returncode == 0, lost.stdout + lost.stderr
     assert list(json.loads(lost.stdout)) == ["1"], lost.stdout
     assert json.loads(lost.stdout)["1"].startswith(f"instance {by_rank[1]} is terminated"), lost.stdout
     old_address = {rank_of(i): i["PrivateIpAddress"] for i in running(moto, name)}[2]
-    rep = gpuctl_python(REPLACE_NODES_PY, name, "1", "2", env=env, timeout=240)
+    rep = gpuctl_python(REPLACE_NODES_PY, name, "1", "2", env=env, timeout=600)
     assert rep.returncode == 0, rep.stdout + rep.stderr
     now = {rank_of(i): i for i in running(moto, name)}
     assert sorted(now) == [0, 1, 2]
@@ -278,8 +316,8 @@ def check_replace(moto: MotoServer, name: str, env: dict[str, str], cdir: Path) 
     planned = [json.loads(line)["change"] for line in (cdir / "terraform" / "logs" / "apply.log").read_text().splitlines()
                if line.startswith("{") and '"type":"planned_change"' in line]
     made = {c["resource"]["addr"]: c["action"] for c in planned if c["action"] != "update"}
-    # (moto forgets an instance's user_data and groups once it was stopped and started, as above: the
-    # others show an in-place update on every apply, their re-apply's as well; none is made again)
+    # (moto can show an in-place update of an instance it keeps on a re-apply; none of the
+    # others is made again)
     assert {addr: action for addr, action in made.items() if "[2]" not in addr} == {
         "module.cluster.aws_instance.node[1]": "create",  # terminated: gone from the state
         "module.cluster.aws_ec2_instance_state.node[1]": "create"}, planned
