@@ -187,6 +187,31 @@ def test_cancel_stops_the_countdown_and_renew_extends_the_lease(tmp_path: Path) 
     _wait(tmp_path / "off-2", 15)
 
 
+def test_a_job_that_came_during_the_hook_holds_the_cluster_until_it_ends(tmp_path: Path) -> None:
+    """The hook runs while the cluster counts as idle; a job submitted meanwhile (here: by the hook
+    itself, its coordinator a process this test holds) is seen after it, and the power-off waits
+    for the job's end."""
+    home = tmp_path / "home"
+    (home / ".gpuctl").mkdir(parents=True)
+    job = home / ".gpuctl" / "jobs" / "9-late"
+    holder = subprocess.Popen(["sleep", "60"])  # the late job's coordinator
+    try:
+        hook = f"mkdir -p {job} && echo {holder.pid} > {job}/events.supervisor && touch {tmp_path}/hooked"
+        _agent(home, "set", stdin=_setting(tmp_path, hook=hook, hook_timeout=30))
+        _wait(tmp_path / "hooked", 15)
+        log = home / ".gpuctl" / "autostop.log"
+        deadline = time.monotonic() + 15
+        while "busy again after the hook (job 9-late)" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, log.read_text() if log.exists() else "no autostop log"
+            time.sleep(0.1)
+        time.sleep(1.5)  # three of the watcher's looks (minute_s 0.5)
+        assert not (tmp_path / "off-1").exists(), "powered off under the job that came during the hook"
+    finally:
+        holder.kill()
+        holder.wait()
+    _wait(tmp_path / "off-2", 30)  # the job ended: idle again, the hook again, then the power-off
+
+
 def test_a_cancel_during_the_power_off_says_it_came_too_late(tmp_path: Path) -> None:
     home = tmp_path / "home"
     (home / ".gpuctl").mkdir(parents=True)

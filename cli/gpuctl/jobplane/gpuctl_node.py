@@ -1463,6 +1463,14 @@ def too_late(settle_s=2.0):
         time.sleep(0.1)
 
 
+def going():
+    """The power-off under way ("down" or "stop"), or None: a job submitted now is refused. The
+    submission's directory exists before this is read, and the watcher writes the phase before it
+    looks for jobs a last time: one of the two sees the other."""
+    phase = (read_json(AUTOSTOP_STATE) or {}).get("phase")
+    return phase if phase in ("down", "stop") and watcher_running() else None
+
+
 def busy_reason(config, now):
     """Why the cluster is not idle now, from the head alone; None when it is."""
     jobs = active_jobs(now=now)
@@ -1612,6 +1620,16 @@ def cmd_autostop_watch(args):
                 _write_state(phase=action, idle_since=idle_since, busy=None, pid=os.getpid())
                 if read_json(AUTOSTOP_CONFIG) is None:  # the commit point: see too_late
                     log("cancelled before the power-off: nothing stopped")
+                    continue
+                # The phase is written, so a job submitted from now on is refused (going); one that came
+                # during the hook, or just before, and an ssh session opened meanwhile, hold the cluster.
+                busy = busy_reason(config, time.time())
+                if not busy and config.get("wait_for", "jobs_and_ssh") == "jobs_and_ssh":
+                    busy = next(("ssh session on " + w for w in worker_sessions(config)), None)
+                if busy:
+                    log("busy again after the hook (%s): waiting" % busy)
+                    idle_since = time.time()
+                    _write_state(phase="watching", idle_since=idle_since, busy=busy, pid=os.getpid())
                     continue
                 power_off(config)
                 return 0
@@ -4485,6 +4503,13 @@ def cmd_submit(args):
         problem = cannot_write(exc, jobdir)
         return answer_without_job(out, ev(EV_HELLO, 0, HELLO_PROBLEM, problem), {
             "status": "FAILED", "ranks": [0], "detail": describe_by_node(payload["peers"], {0: problem})})
+    phase = going()
+    if phase:  # autostop's power-off began: the job would be cut off with the nodes
+        shutil.rmtree(jobdir, ignore_errors=True)
+        what = "take it down (autodown)" if phase == "down" else "stop it (autostop)"
+        return answer_without_job(out, b"", {"status": "FAILED", "ranks": [], "detail": (
+            "the cluster is going: autostop began to %s, so the job was not started; `gpuctl apply` "
+            "brings the cluster back" % what)})
     ensure_watcher()  # an autostop watcher killed, or gone with a reboot, comes back with the next job
     with open(os.path.join(jobdir, "coordinator.log"), "ab") as log:
         proc = subprocess.Popen([sys.executable, agent_file(), CMD_COORDINATE, payload["job"]],

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from gpuctl.jobplane.agent.autostop import ensure_watcher
+from gpuctl.jobplane.agent.autostop import ensure_watcher, going
 from gpuctl.jobplane.agent.buckets import check_bucket_sources, parse_secrets, rclone_env
 from gpuctl.jobplane.agent.follow import OUTPUT_HEADS, Out, ev, follow_stage
 from gpuctl.jobplane.agent.jobdir import (
@@ -380,6 +380,13 @@ def cmd_submit(args):
         problem = cannot_write(exc, jobdir)
         return answer_without_job(out, ev(EV_HELLO, 0, HELLO_PROBLEM, problem), {
             "status": "FAILED", "ranks": [0], "detail": describe_by_node(payload["peers"], {0: problem})})
+    phase = going()
+    if phase:  # autostop's power-off began: the job would be cut off with the nodes
+        shutil.rmtree(jobdir, ignore_errors=True)
+        what = "take it down (autodown)" if phase == "down" else "stop it (autostop)"
+        return answer_without_job(out, b"", {"status": "FAILED", "ranks": [], "detail": (
+            "the cluster is going: autostop began to %s, so the job was not started; `gpuctl apply` "
+            "brings the cluster back" % what)})
     ensure_watcher()  # an autostop watcher killed, or gone with a reboot, comes back with the next job
     with open(os.path.join(jobdir, "coordinator.log"), "ab") as log:
         proc = subprocess.Popen([sys.executable, agent_file(), CMD_COORDINATE, payload["job"]],
