@@ -641,6 +641,7 @@ def down(names: list[str] = typer.Argument(None, metavar="NAME...", help="Cluste
     as_json, registry = wants_json(output_format), Registry()
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
     targets = cliargs.down_targets(names or [], all_clusters, registry)
+    cliargs.refuse_managed(targets)  # a managed job's cluster goes with the job (`gpuctl jobs cancel ID`)
     if all_clusters and targets:  # every cluster, named by nobody: only with a yes (down NAME stays unasked, for CI)
         listed = ", ".join(targets)
         cliargs.confirm(f"Tear down {len(targets)} cluster(s): {listed}? Their nodes and what is on them go.",

@@ -144,29 +144,40 @@ def confirm(question: str, *, yes: bool, refusal: str) -> None:
         raise UserError("not confirmed; nothing was changed")
 
 
+def jobs_running(name: str, inv: Inventory, registry: Registry, ranks: set[int] | None = None) -> list[Any]:
+    """The cluster's jobs that still run (on any of `ranks`), each asked of the head: a record can
+    say RUNNING of a job that ended unwatched."""
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane import jobs
+    from gpuctl.jobplane.runner import JobRunner
+
+    runner = JobRunner(inv, reporter=Reporter(stream=sys.stderr), registry=registry)
+    running = []
+    for job in registry.jobs(name):
+        if job.status in TERMINAL_JOB_STATES:
+            continue
+        if ranks is not None and not ranks & {n.rank for n in jobs.job_nodes(inv, job)}:
+            continue
+        job = jobs.refresh(runner, job)
+        if job.status not in TERMINAL_JOB_STATES:
+            running.append(job)
+    return running
+
+
 def consent_to_destroy(name: str, *, yes: bool, registry: Registry,
                        reporter: Reporter | None = None) -> Callable[[Doomed], None]:
     """apply's say before its plan destroys nodes of cluster `name` (a smaller num_nodes, a setting
     that replaces them): never under a job that runs there, then -y or a yes at a terminal (as `sky
     launch` never resizes a cluster unasked). It refuses by raising UserError: nothing is changed."""
     def check(doomed: Doomed) -> None:
-        from gpuctl.common.console import Reporter
-        from gpuctl.jobplane import jobs
-        from gpuctl.jobplane.runner import JobRunner
         from gpuctl.provision.provisioner import load_inventory_of
 
         inv = load_inventory_of(name)
-        doomed_ranks = {n.rank for n in doomed.nodes}
         if inv is not None:
-            runner = JobRunner(inv, reporter=Reporter(stream=sys.stderr), registry=registry)
-            for job in registry.jobs(name):
-                if job.status in TERMINAL_JOB_STATES or not doomed_ranks & {n.rank for n in jobs.job_nodes(inv, job)}:
-                    continue
-                job = jobs.refresh(runner, job)  # a record can say RUNNING of a job that ended unwatched
-                if job.status not in TERMINAL_JOB_STATES:
-                    raise UserError(f"{doomed.describe()}, where job {job.job_id} ({job.status}) runs: it would be "
-                                    f"killed; wait for it to end or cancel it (gpuctl cancel {name} {job.job_id}), "
-                                    "then apply again; nothing was changed")
+            for job in jobs_running(name, inv, registry, {n.rank for n in doomed.nodes})[:1]:
+                raise UserError(f"{doomed.describe()}, where job {job.job_id} ({job.status}) runs: it would be "
+                                f"killed; wait for it to end or cancel it (gpuctl cancel {name} {job.job_id}), "
+                                "then apply again; nothing was changed")
         with reporter.paused() if reporter is not None else contextlib.nullcontext():  # the stage's live line
             confirm(f"{doomed.describe()[0].upper()}{doomed.describe()[1:]}. Go on?", yes=yes,
                     refusal=doomed.refusal())
@@ -184,6 +195,19 @@ def down_targets(names: list[str], all_clusters: bool, registry: Registry) -> li
         return list(dict.fromkeys(check_cluster_name(name) for name in names))
     registry.adopt_all()
     return [record.name for record in registry.clusters()]
+
+
+def refuse_managed(clusters: list[str]) -> None:
+    """UserError, before anything is torn down, when a managed job that has not ended runs on one of
+    `clusters`: removing it under the job would leave its supervisor to make it again or lose the job."""
+    from gpuctl.managed.owner import running_jobs_of
+
+    held = running_jobs_of(clusters)
+    if not held:
+        return
+    named = "; ".join(f"cluster '{c}' is managed job {j.id}'s ({j.name}, {j.status})" for c, j in sorted(held.items()))
+    cancel = " and ".join(f"`gpuctl jobs cancel {j.id}`" for j in sorted(held.values(), key=lambda j: j.id))
+    raise UserError(f"{named}: {cancel} ends it and removes its cluster; nothing was torn down")
 
 
 def down_document(results: list[Teardown], one: bool) -> dict[str, Any]:

@@ -125,6 +125,10 @@ def register(app: typer.Typer) -> None:
                                                 help="Every node whose last health verdict was unhealthy."),
                  recheck: bool = typer.Option(True, "--health-check/--no-health-check",
                                               help="Check the cluster's health once the nodes are ready."),
+                 force: bool = typer.Option(False, "--force", help="Replace even while a job runs on the cluster: "
+                                            "the job is cancelled first (replacing one node ends it everywhere)."),
+                 yes: bool = typer.Option(False, "-y", "--yes",
+                                          help="Ask nothing: on a terminal replace asks first, naming the nodes."),
                  output_format: str = OutputOption) -> None:
         """Make nodes again with Terraform (same rank, name and placement), prepare only them, and check health."""
         from gpuctl.common.console import Reporter
@@ -148,6 +152,7 @@ def register(app: typer.Typer) -> None:
                 output.emit("replace", document)
             return
         old = {n.rank: n for n in inv.nodes if n.rank in ranks}
+        _consent_to_replace(name, inv, [old[r] for r in ranks], registry, reporter, force=force, yes=yes)
         new_inv = lifecycle.replace_nodes(name, ranks, reporter=reporter, registry=registry)
         cdir = cluster_dir(name)
         prepare.forget(cdir, list(old.values()))
@@ -170,6 +175,34 @@ def register(app: typer.Typer) -> None:
             output.emit("replace", document)
         if report is not None and report.problem is not None:
             raise JobFailed(report.problem)
+
+
+def _consent_to_replace(name: str, inv: Inventory, nodes: list[Any], registry: Registry, reporter: Reporter, *,
+                        force: bool, yes: bool) -> None:
+    """Before a node is made again: never under a managed job (its supervisor replaces nodes), never
+    silently under a running job (a distributed job ends everywhere when one node goes): refused
+    naming it, or with --force cancelled first; on a terminal, a yes (or -y)."""
+    from gpuctl.jobplane import jobs
+    from gpuctl.jobplane.runner import JobRunner
+
+    cliargs.refuse_managed([name])
+    listed = ", ".join(f"{n.name} (rank {n.rank})" for n in nodes)
+    running = cliargs.jobs_running(name, inv, registry)
+    if running and not force:
+        ids = ", ".join(str(j.job_id) for j in running)
+        raise UserError(f"job(s) {ids} still run on cluster '{name}' and replacing {listed} ends them; wait for "
+                        f"them (`gpuctl queue {name}`), cancel them (`gpuctl cancel {name} --all`), or replace "
+                        "anyway with --force; nothing was replaced")
+    if not yes and sys.stdin.isatty() and sys.stderr.isatty():
+        ending = f" Job(s) {', '.join(str(j.job_id) for j in running)} are cancelled first." if running else ""
+        cliargs.confirm(f"Make {listed} of cluster '{name}' again? What is on those nodes goes.{ending}", yes=False,
+                        refusal="")
+    if running:
+        runner = JobRunner(inv, reporter=reporter, registry=registry)
+        for job in running:
+            runner.cancel(job.job_id, jobs.job_nodes(inv, job))
+            registry.update_job(name, job.job_id, detail=f"cancelled by `gpuctl replace --force` ({listed})")
+            reporter.info(f"Job {job.job_id} cancelled: replacing {listed} would have ended it")
 
 
 def _unhealthy_ranks(inv: Inventory) -> list[int]:

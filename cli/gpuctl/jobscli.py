@@ -185,8 +185,13 @@ def launch_(file: Path = typer.Argument(..., metavar="FILE", help="Task YAML in 
     as_json = wants_json(output_format)
     envs = parse_env_assignments(env or [])
     secrets = parse_env_assignments(secret or [], flag="--secret", secret=True)
+    from gpuctl.common.yamlfile import read_text
+    from gpuctl.provision.provisioner import cluster_exists
+    from gpuctl.state.registry import Registry
+
+    text = read_text(file, what="task YAML file", source=str(file))  # read once: what is checked is what runs
     task = load_task(file, env_overrides=envs, secret_overrides=secrets, infra_override=infra,
-                     resources_check=resources_problem)
+                     resources_check=resources_problem, text=text)
     job_name = name or task.name or file.stem
     req = request_for(task, name=launch.cluster_name(job_name, 0), infra=infra, num_nodes=num_nodes,
                       base_dir=file.resolve().parent)
@@ -202,8 +207,10 @@ def launch_(file: Path = typer.Argument(..., metavar="FILE", help="Task YAML in 
         typer.echo("warning: resources.autostop: a managed job's cluster goes when the job ends; the setting "
                    "is not used", err=True)
     store = _store()
-    job = launch.create(name=job_name, file=file, envs=envs, secrets=secrets, infra=infra, num_nodes=num_nodes,
-                        store=store)
+    registry = Registry()
+    job = launch.create(name=job_name, file=file, text=text, envs=envs, secrets=dict(task.secrets), infra=infra,
+                        num_nodes=num_nodes, store=store,
+                        taken=lambda c: cluster_exists(c) or registry.cluster(c) is not None)
     pid = launch.spawn(job.id)
     if not launch.wait_claimed(store, job.id, pid):
         raise UserError(f"managed job {job.id}: its supervisor did not start; see "

@@ -150,7 +150,7 @@ def logs(
     by_rank: bool = typer.Option(False, "--by-rank", help="A saved log grouped by rank (each stage's lines rank "
                                  "after rank) instead of in the order the lines came."),
     status_only: bool = typer.Option(False, "--status", help="Print no logs; exit 0 if the job succeeded "
-                                     "(100 failed, 101 not finished, 103 cancelled)."),
+                                     "(100 failed or lost, 101 not finished, 103 cancelled)."),
     purge: bool = typer.Option(False, "--purge", help="Remove the cluster's saved logs (its ended jobs'), and "
                                "once the cluster is gone its job records too."),
     output_format: str = OutputOption,
@@ -201,7 +201,7 @@ def logs(
         if not joblogs.is_watched(job.cluster, job.job_id):  # its watcher's copy is current, and being written
             joblogs.fetch(runner.inv, job.job_id, job.node_job, control_dir=runner.control_dir)
         jobs.print_saved_logs(reporter, inv, job, ranks, by_rank=by_rank, tail=tail)
-    if job.status in ("FAILED", "FAILED_SETUP", "CANCELLED"):
+    if job.status in ("FAILED", "FAILED_SETUP", "CANCELLED", "LOST"):
         raise typer.Exit(1)
 
 

@@ -200,6 +200,7 @@ EXAMPLES = {
         'gpuctl replace demo worker3',
         'gpuctl replace demo --unhealthy',
         'gpuctl replace demo 2 5 -o json',
+        'gpuctl replace demo worker3 --force -y   (cancels the running job first, asks nothing)',
     ),
     'down': (
         'gpuctl down demo',

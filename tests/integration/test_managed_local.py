@@ -287,3 +287,86 @@ def test_a_spot_notice_lets_the_ranks_checkpoint_and_replaces_the_doomed_node(mj
     terms = (mj.ckpt / "terms").read_text().split("\n")
     assert "term 1 1" in terms  # worker1's rank had its SIGTERM to checkpoint
     fp.assert_gone()
+
+
+# -- truth under faults (issue 35) ------------------------------------------------------------------
+
+TERMINAL = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "FAILED_SUPERVISOR", "FAILED_NO_RESOURCE", "LOST")
+
+
+def test_a_job_never_takes_a_users_cluster_of_its_name_and_a_quick_one_has_a_start_time(mj: Managed) -> None:
+    """The user's own cluster is called what job 1's would be: the job makes its own beside it, and
+    its end leaves the user's cluster alone. A job over before the supervisor's first look still
+    says when it started."""
+    users = mj.root / "users.yaml"
+    users.write_text("name: mjt-mj1\nresources:\n  infra: local\n")
+    mj.gpuctl("apply", str(users), "--provision-only").check()
+    try:
+        job_id = mj.launch(mj.task(1, steps=0))
+        final = mj.wait_status(job_id, TERMINAL, 180)
+        assert final.status == "SUCCEEDED", mj.supervisor_log(job_id)
+        assert job_id == 1 and final.cluster == "mjt-mj1-2", final.cluster
+        assert final.started_at is not None and final.submitted_at <= final.started_at <= final.ended_at
+        assert mj.doc(job_id)["started_at"] == final.started_at
+        shown = json.loads(mj.gpuctl("status", "mjt-mj1", "-o", "json").check().stdout)["clusters"][0]
+        assert shown["status"] == "UP" and len(shown["nodes"]) == 1  # the user's, untouched
+        assert mj.gpuctl("exec", "mjt-mj1", "--", "true").returncode == 0
+    finally:
+        mj.gpuctl("down", "mjt-mj1")
+
+
+def test_the_task_as_launched_runs_whatever_happens_to_its_files_and_down_refuses_its_cluster(
+        mj: Managed) -> None:
+    """Once `jobs launch` returned, the task file is deleted and the workdir's program edited. Attempt
+    1 fails (a user error, one restart allowed); attempt 2, and the supervisor revived after a
+    SIGKILL during it, run the program as launched. `down` of the job's cluster is refused."""
+    workdir = mj.root / "wd"
+    workdir.mkdir()
+    (workdir / "prog.sh").write_text("echo program ORIGINAL\n")
+    task = mj.task(1, steps=24, recovery="{max_restarts_on_errors: 1}", envs={"FAIL_1_0": "3"})
+    task.write_text(task.read_text().replace("run: |\n", "workdir: wd\nrun: |\n  bash prog.sh\n", 1))
+    job_id = mj.launch(task)
+    task.unlink()
+    (workdir / "prog.sh").write_text("echo program EDITED\n")
+    running = wait_for("attempt 2 running", lambda: (j := mj.job(job_id)).status == "RUNNING" and j.attempt == 2
+                       and len(mj.started(2)) == 1 and j, 180, interval=0.1)
+    cluster = running.cluster
+    for argv in (("down", cluster), ("down", "-a", "-y")):
+        refused = mj.gpuctl(*argv)
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+            f"error: cluster '{cluster}' is managed job {job_id}'s (mjt, RUNNING): `gpuctl jobs cancel {job_id}` "
+            "ends it and removes its cluster; nothing was torn down"), refused.describe()
+    os.kill(running.supervisor_pid, signal.SIGKILL)
+    mj.gpuctl("jobs", "queue").check()  # revives one, which reads the task as launched
+    final = mj.wait_status(job_id, TERMINAL, 180)
+    assert final.status == "SUCCEEDED" and final.supervisor_pid != running.supervisor_pid, mj.supervisor_log(job_id)
+    logs = mj.gpuctl("jobs", "logs", str(job_id), "--no-follow").check().stdout
+    assert logs.count("program ORIGINAL") >= 2 and "EDITED" not in logs, logs
+    kept = mj.state / "managed" / "trees"
+    assert not kept.exists() or not [p for p in kept.iterdir() if not p.name.startswith(".")]  # released
+
+
+def test_a_job_that_ends_while_no_supervisor_lives_keeps_its_outcome(mj: Managed,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor is SIGKILLed while the attempt runs; the attempt ends, the lease runs out and the
+    cluster removes itself, its head leaving the job's outcome behind. The cluster job's status is
+    a terminal answer at once, and the revived supervisor records SUCCEEDED, never makes the
+    cluster again."""
+    from gpuctl.providers import get_provider
+
+    monkeypatch.setenv("GPUCTL_TEST_MINUTE_SECONDS", "1")
+    monkeypatch.setenv("GPUCTL_LEASE_MINUTES", "3")
+    job_id = mj.launch(mj.task(1, steps=16))
+    running = wait_for("every rank", lambda: (j := mj.job(job_id)).status == "RUNNING" and mj.started(1) and j,
+                       120, interval=0.1)
+    os.kill(running.supervisor_pid, signal.SIGKILL)
+    cluster = mj.cluster(job_id)
+    wait_for("the cluster removed itself", lambda: get_provider("local").removed_itself(cluster.cdir), 120)
+    asked = time.monotonic()
+    polled = mj.gpuctl("logs", cluster.name, str(running.cluster_job), "--status")
+    assert polled.returncode == 0 and time.monotonic() - asked < 60, polled.describe()
+    mj.gpuctl("jobs", "queue").check()
+    final = mj.wait_status(job_id, TERMINAL, 120)
+    assert final.status == "SUCCEEDED", mj.supervisor_log(job_id)
+    assert len(mj.started(1)) == 1 and [e for e in mj.events() if e[0] == "end"]
+    assert not mj.started(2) and not cluster.cdir.exists()  # never made again; its records removed

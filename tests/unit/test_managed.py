@@ -105,11 +105,14 @@ def test_ranks_lost_with_every_node_up_restart_from_their_own_budget() -> None:
                   transient_so_far=0).status == "SUCCEEDED"
 
 
+TASK = "resources:\n  infra: local\nrun: 'true'\n"
+
+
 def test_store_claims_once_keeps_events_and_private_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
     store = Store()
-    job = launch.create(name="Train LLM!", file=tmp_path / "t.yaml", envs={"A": "1"}, secrets={"TOKEN": "s3cr3t"},
-                        infra=None, num_nodes=None, store=store)
+    job = launch.create(name="Train LLM!", file=tmp_path / "t.yaml", text=TASK, envs={"A": "1"},
+                        secrets={"TOKEN": "s3cr3t"}, infra=None, num_nodes=None, store=store)
     assert job.cluster == f"train-llm-mj{job.id}" and job.task_id.endswith(f"_{job.cluster}_{job.id}")
     assert "s3cr3t" not in store.path.read_bytes().decode(errors="replace")
     assert oct(store.path.stat().st_mode & 0o777) == "0o600"
@@ -162,7 +165,7 @@ def test_cli_refusals_are_one_line_with_exit_2(tmp_path: Path) -> None:
 
 def test_logs_of_an_attempt_that_never_was_is_one_line(tmp_path: Path) -> None:
     store = Store(tmp_path / "state" / "managed.db")
-    job = launch.create(name="t", file=tmp_path / "t.yaml", envs={}, secrets={}, infra=None, num_nodes=None,
+    job = launch.create(name="t", file=tmp_path / "t.yaml", text=TASK, envs={}, secrets={}, infra=None, num_nodes=None,
                         store=store)
     proc = _gpuctl(tmp_path, "jobs", "logs", str(job.id), "--attempt", "3")
     assert proc.returncode == 2 and "has 0 attempt(s) so far" in proc.stderr and "Traceback" not in proc.stderr
@@ -173,9 +176,9 @@ def _supervised_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **fields: o
 
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
     task = tmp_path / "t.yaml"
-    task.write_text("resources:\n  infra: local\nrun: 'true'\n")
+    task.write_text(TASK)
     store = Store()
-    job = launch.create(name="t", file=task, envs={}, secrets={"TOKEN": "x"}, infra=None, num_nodes=None,
+    job = launch.create(name="t", file=task, text=TASK, envs={}, secrets={"TOKEN": "x"}, infra=None, num_nodes=None,
                         store=store)
     if fields:
         store.update(job.id, **fields)
@@ -234,7 +237,7 @@ def test_following_a_job_shows_the_supervisors_progress_as_it_comes(tmp_path: Pa
 
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
     store = Store()
-    job = launch.create(name="t", file=tmp_path / "t.yaml", envs={}, secrets={}, infra=None, num_nodes=None,
+    job = launch.create(name="t", file=tmp_path / "t.yaml", text=TASK, envs={}, secrets={}, infra=None, num_nodes=None,
                         store=store)
     log = supervisor_log(job.id)
     log.write_text("10:00:00 supervisor 1 takes managed job 1\n==> Provisioning 2 local node(s)\n")
@@ -259,3 +262,86 @@ def test_following_a_job_shows_the_supervisors_progress_as_it_comes(tmp_path: Pa
     assert progress.getvalue().splitlines()[2:] == ["10:00:09 attempt 1: starting every rank", "10:00:10 half a line"]
     from_now.show()
     assert later.getvalue().splitlines() == ["10:00:09 attempt 1: starting every rank", "10:00:10 half a line"]
+
+
+def test_launch_keeps_the_task_and_its_files_and_names_a_free_cluster(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a job runs is what `jobs launch` read: the task (secret values left out of it), its
+    workdir as a node would get it and its local file_mount sources, kept content-addressed; the
+    user's files may change or go. Its cluster's name is one no cluster has."""
+    from gpuctl.managed import freeze
+    from gpuctl.providers import resources_problem
+    from gpuctl.spec import load_task
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    workdir = tmp_path / "wd"
+    (workdir / "big").mkdir(parents=True)
+    (workdir / "train.py").write_text("print('v1')\n")
+    (workdir / ".gitignore").write_text("big/\n")
+    (workdir / "big" / "blob").write_text("left out, as the sync leaves it out")
+    (tmp_path / "data.txt").write_text("d1")
+    text = ("name: t\nworkdir: wd\nsecrets:\n  TOKEN: literal-s3cr3t\nfile_mounts:\n  /opt/data.txt: ./data.txt\n"
+            "  /mnt/b: s3://bucket/x\nresources:\n  infra: local\nrun: python train.py\n")
+    task = tmp_path / "t.yaml"
+    task.write_text(text)
+    store = Store()
+    first = launch.create(name="t", file=task, text=text, envs={}, secrets={"TOKEN": "literal-s3cr3t"}, infra=None,
+                          num_nodes=None, store=store, taken=lambda c: c == "t-mj1")
+    assert first.cluster == "t-mj1-2" and first.task_id.endswith("_t-mj1-2_1")
+    kept = freeze.frozen_task(first)
+    assert kept is not None and "literal-s3cr3t" not in kept.read_text()
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    task.unlink()
+    (workdir / "train.py").write_text("print('v2')\n")
+    (tmp_path / "data.txt").unlink()
+    loaded = load_task(kept, secret_overrides=read_secrets(first.id), resources_check=resources_problem)
+    assert loaded.workdir is not None and (loaded.workdir / "train.py").read_text() == "print('v1')\n"
+    assert not (loaded.workdir / "big").exists()
+    assert [p.read_text() for p in loaded.file_mounts.values()] == ["d1"]
+    assert list(loaded.bucket_mounts) == ["/mnt/b"] and loaded.secrets == {"TOKEN": "literal-s3cr3t"}
+    # the same workdir launched again is kept once; the trees go with the last job that used them
+    (workdir / "train.py").write_text("print('v1')\n")
+    (tmp_path / "data.txt").write_text("d1")
+    task.write_text(text)
+    second = launch.create(name="t", file=task, text=text, envs={}, secrets={}, infra=None, num_nodes=None,
+                           store=store)
+    assert second.cluster == "t-mj2" and second.launch["frozen"]["trees"] == first.launch["frozen"]["trees"]
+    trees = tmp_path / "state" / "managed" / "trees"
+    store.set_status(first.id, "SUCCEEDED")
+    freeze.release(store.get(first.id), store)
+    assert sorted(p.name for p in trees.iterdir()) == sorted(first.launch["frozen"]["trees"])  # still used
+    store.set_status(second.id, "LOST")
+    freeze.release(store.get(second.id), store)
+    assert list(trees.iterdir()) == []
+
+
+def test_a_supervisor_that_cannot_read_its_task_says_why_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job launched before gpuctl kept its task, whose file is gone: one end, naming the file."""
+    supervisor, store, job = _supervised_job(tmp_path, monkeypatch, status="RUNNING")
+    launch_doc = {k: v for k, v in job.launch.items() if k != "frozen"}
+    store.update(job.id, launch=json.dumps(launch_doc))
+    (tmp_path / "t.yaml").unlink()
+    assert supervisor.Supervisor(job.id).run() == 1
+    ended = store.get(job.id)
+    assert ended.status == "FAILED_SUPERVISOR" and f"{tmp_path / 't.yaml'} is gone" in ended.reason, ended.reason
+
+
+def test_a_workdir_that_cannot_be_kept_refuses_the_launch_and_leaves_no_job(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuctl.common.errors import UserError
+    from gpuctl.managed import freeze
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "wd").mkdir()
+    text = "workdir: wd\nresources:\n  infra: local\nrun: 'true'\n"
+    (tmp_path / "t.yaml").write_text(text)
+
+    def unreadable(src: Path, dest: Path) -> None:  # rsync's "Permission denied" on a file it cannot read
+        raise UserError(f"could not keep a copy of the workdir {src} for the managed job: Permission denied")
+
+    monkeypatch.setattr(freeze, "_copy_workdir", unreadable)
+    with pytest.raises(UserError, match="could not keep a copy of the workdir"):
+        launch.create(name="t", file=tmp_path / "t.yaml", text=text, envs={}, secrets={"K": "v"}, infra=None,
+                      num_nodes=None, store=Store())
+    assert Store().all() == [] and not (tmp_path / "state" / "managed" / "1").exists()
+    assert [p.name for p in (tmp_path / "state" / "managed" / "trees").iterdir()] == []

@@ -26,7 +26,7 @@ from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.providers import get_provider
 from gpuctl.spec.autostop import Autostop, parse_autostop
-from gpuctl.state.registry import AUTODOWNED, STOPPED, Registry
+from gpuctl.state.registry import AUTODOWNED, STOPPED, TERMINAL_JOB_STATES, Registry
 
 if TYPE_CHECKING:
     from gpuctl.provision.inventory import Inventory
@@ -230,6 +230,39 @@ def reconcile(name: str, status: str, registry: Registry) -> tuple[str | None, f
             what, when = STOPPED, max(times, default=time.time())
     if what is not None and status != what:
         registry.set_cluster_status(name, what)
+        if what == AUTODOWNED:
+            _record_outcomes_left(name, registry, provider.outcomes_left(cluster_dir(name)))
+        # nobody saw how what still ran there ended: said, so a poll of it (`logs --status`) ends
+        registry.end_jobs(name, "its cluster " + ("took itself down (autodown)" if what == AUTODOWNED else
+                                                  "stopped itself (autostop)")
+                          + " while no gpuctl watched the job; its outcome is unknown", status="LOST")
         registry.close_segment(name, "autodown" if what == AUTODOWNED else "stopped", at=when)
         ssh.exit_masters(cluster_dir(name) / "cm")  # their connections went with the nodes
     return what, when
+
+
+def _record_outcomes_left(name: str, registry: Registry, left: Mapping[str, Mapping[str, Any]]) -> None:
+    """The outcomes the head left as it removed itself (local nodes: its job.json files), recorded for
+    the jobs nobody saw end, as a watcher would have recorded them."""
+    if not left:
+        return
+    import sys
+
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane import client, jobs
+    from gpuctl.jobplane.events import Outcome
+    from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.provision.provisioner import load_inventory_of
+
+    inv = load_inventory_of(name)
+    if inv is None:
+        return
+    runner = JobRunner(inv, reporter=Reporter(stream=sys.stderr, plain=True), registry=registry)
+    for job in registry.jobs(name):
+        doc = left.get(job.node_job)
+        if job.status in TERMINAL_JOB_STATES or doc is None:
+            continue
+        outcome = Outcome.from_data(str(doc.get("status")), dict(doc))
+        if outcome.status not in TERMINAL_JOB_STATES or outcome.detail == client.COORDINATOR_GONE:
+            continue  # nothing its nodes could still be asked about: LOST below
+        runner.settle(job.job_id, jobs.job_nodes(inv, job), outcome)

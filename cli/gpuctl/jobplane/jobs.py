@@ -26,8 +26,9 @@ from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import TERMINAL_JOB_STATES, JobRecord, Registry
 
-# `gpuctl logs --status` exit codes (SkyPilot's JobExitCode values).
-STATUS_EXIT = {"SUCCEEDED": 0, "FAILED": 100, "FAILED_SETUP": 100, "CANCELLED": 103}
+# `gpuctl logs --status` exit codes (SkyPilot's JobExitCode values; LOST, a job whose cluster went
+# with its outcome unknown, did not succeed: FAILED's).
+STATUS_EXIT = {"SUCCEEDED": 0, "FAILED": 100, "FAILED_SETUP": 100, "CANCELLED": 103, "LOST": 100}
 NOT_FINISHED_EXIT = 101
 
 

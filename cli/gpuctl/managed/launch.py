@@ -9,15 +9,17 @@ dead one still holds it (store.claim), so two commands reviving at once start on
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from gpuctl.jobplane import joblogs
+from gpuctl.managed import freeze
 from gpuctl.managed.store import ManagedJob, Store, supervisor_log, write_secrets
 from gpuctl.spec.request import PORTABLE_NAME_MAX
 
@@ -40,19 +42,56 @@ def task_id(cluster: str, job_id: int, submitted_at: float) -> str:
     return f"gpuctl-managed-{stamp}_{cluster}_{job_id}"
 
 
-def create(*, name: str, file: Path, envs: Mapping[str, str], secrets: Mapping[str, str], infra: str | None,
-           num_nodes: int | None, store: Store | None = None) -> ManagedJob:
-    """A PENDING job for FILE, with its secrets in its private directory (never in the table)."""
+def create(*, name: str, file: Path, text: str, envs: Mapping[str, str], secrets: Mapping[str, str],
+           infra: str | None, num_nodes: int | None, store: Store | None = None,
+           taken: Callable[[str], bool] = lambda name: False) -> ManagedJob:
+    """A PENDING job for FILE (`text`: the YAML as read and checked), with its task and local files
+    kept (freeze.py) and its secrets in its private directory (never in the table); its cluster's
+    name is one that `taken` (an existing cluster, another job's) does not know."""
     store = store or Store()
     now = time.time()
     # the directory it was launched from: a task's relative workdir is read from there, as apply reads it
     launch = {"file": str(file.resolve()), "cwd": os.getcwd(), "envs": dict(envs), "infra": infra,
-              "num_nodes": num_nodes}
-    job = store.create(name=name, launch=launch, cluster_of=lambda i: cluster_name(name, i),
-                       task_id_of=lambda i: task_id(cluster_name(name, i), i, now))
+              "num_nodes": num_nodes, "cluster_token": cluster_token()}
+    used = {job.cluster for job in store.all()}
+
+    def cluster_of(job_id: int) -> str:
+        return free_cluster_name(name, job_id, lambda c: c in used or taken(c))
+
+    job = store.create(name=name, launch=launch, cluster_of=cluster_of,
+                       task_id_of=lambda i: task_id(cluster_of(i), i, now))
     if secrets:
         write_secrets(job.id, dict(secrets))
-    return job
+    try:
+        frozen = freeze.freeze(job.id, file, text)
+    except BaseException:  # refused (UserError) or interrupted: no job is left behind
+        store.delete(job.id)
+        raise
+    store.update(job.id, launch=json.dumps({**launch, "frozen": frozen}))
+    return store.get(job.id) or job
+
+
+def free_cluster_name(job_name: str, job_id: int, taken: Callable[[str], bool]) -> str:
+    """`<name>-mj<id>`, or with a short suffix when a cluster (the user's own `gpuctl apply`) or
+    another job already has that name: a managed job never runs on, nor removes, a cluster it did
+    not make."""
+    first = cluster_name(job_name, job_id)
+    if not taken(first):
+        return first
+    for n in range(2, 1000):
+        suffix = f"-mj{job_id}-{n}"
+        candidate = cluster_name(job_name, job_id).removesuffix(f"-mj{job_id}")[: MAX_CLUSTER_NAME - len(suffix)]
+        candidate = candidate.rstrip("-") + suffix
+        if not taken(candidate):
+            return candidate
+    raise RuntimeError(f"no free cluster name for managed job {job_id}")
+
+
+def cluster_token() -> str:
+    """The token a job's cluster is stamped with when its supervisor makes it (owner.json)."""
+    import secrets
+
+    return secrets.token_hex(16)
 
 
 def spawn(job_id: int) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -24,8 +25,9 @@ from typing import Any, Iterator
 from gpuctl.common.paths import state_root
 
 STATES = ("PENDING", "STARTING", "RUNNING", "RECOVERING", "CANCELLING", "SUCCEEDED", "CANCELLED", "FAILED",
-          "FAILED_SETUP", "FAILED_NO_RESOURCE", "FAILED_SUPERVISOR")
-TERMINAL = ("SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_NO_RESOURCE", "FAILED_SUPERVISOR")
+          "FAILED_SETUP", "FAILED_NO_RESOURCE", "FAILED_SUPERVISOR", "LOST")
+# LOST: the job's cluster went while no supervisor watched it, and no record of the attempt's end survived
+TERMINAL = ("SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_NO_RESOURCE", "FAILED_SUPERVISOR", "LOST")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS managed_jobs (
@@ -182,6 +184,13 @@ class Store:
         job = self.get(job_id)
         assert job is not None
         return job
+
+    def delete(self, job_id: int) -> None:
+        """A job refused before it started (its files could not be kept): no row, no directory."""
+        with self._connect() as db:
+            db.execute("DELETE FROM managed_jobs WHERE id = ?", (job_id,))
+            db.execute("DELETE FROM managed_events WHERE job = ?", (job_id,))
+        shutil.rmtree(managed_root() / str(job_id), ignore_errors=True)
 
     def get(self, job_id: int) -> ManagedJob | None:
         with self._connect() as db:

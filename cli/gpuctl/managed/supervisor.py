@@ -34,7 +34,7 @@ from gpuctl.common.errors import JobFailed, ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.jobplane import autostop, joblogs
 from gpuctl.jobplane.runner import JobRunner, JobSpec
-from gpuctl.managed import fencing
+from gpuctl.managed import fencing, freeze, owner
 from gpuctl.managed.launch import supervisor_alive
 from gpuctl.managed.policy import AttemptEnd, Decision, decide
 from gpuctl.managed.store import Event, ManagedJob, Store, attempt_log, drop_secrets, read_secrets
@@ -125,7 +125,8 @@ class Supervisor:
             return 0  # another supervisor claimed it first
         job = self.job()
         if job.supervisor_runs > MAX_SUPERVISOR_RUNS:
-            return self.finish("FAILED_SUPERVISOR", f"its supervisor stopped {job.supervisor_runs - 1} times")
+            last = f"; the last time: {job.reason}" if (job.reason or "").startswith("supervisor error") else ""
+            return self.finish("FAILED_SUPERVISOR", f"its supervisor stopped {job.supervisor_runs - 1} times{last}")
         self.say(f"supervisor {self.pid} takes managed job {job.id} ({job.name}) in state {job.status}")
         try:
             return self._run(job)
@@ -134,8 +135,9 @@ class Supervisor:
             return 0
         except Cancelled:
             return self.finish("CANCELLED", "cancelled by the user")
-        except Exception:  # noqa: BLE001 - the job must not be left without an owner and a reason
+        except Exception as exc:  # noqa: BLE001 - the job must not be left without an owner and a reason
             self.say("supervisor error:\n" + traceback.format_exc())
+            self.store.update(self.job_id, reason=f"supervisor error: {type(exc).__name__}: {exc}"[:500])
             raise
         finally:
             if self.lease is not None:
@@ -143,15 +145,27 @@ class Supervisor:
 
     def _run(self, job: ManagedJob) -> int:
         self.check_cancel()  # a cancel that found no supervisor started this one
-        task, req, recovery = self.load(job)
-        resumed = job.status not in ("PENDING",) and provisioner.cluster_exists(job.cluster)
-        if not resumed:
+        try:
+            task, req, recovery = self.load(job)
+        except UserError as exc:  # its task cannot be read again: said once, not retried
+            return self.finish("FAILED_SUPERVISOR", f"its task could not be loaded: {exc.message}")
+        mine = owner.owns(job)
+        if job.status == "PENDING":
+            if provisioner.cluster_exists(job.cluster) and not mine:
+                return self.finish("FAILED_SUPERVISOR", f"a cluster named {job.cluster} exists and is not this "
+                                   "job's; it was left untouched", take_down=False)
+            owner.stamp(job)  # before anything is made: a half-made cluster is this job's too
             self.store.set_status(job.id, "STARTING")
             inv = self.bring_up(req, task)
+        elif not mine:
+            return self.gone(job, own=False)
+        elif get_provider(req.cloud).removed_itself(cluster_dir(job.cluster)) is not None:
+            return self.gone(job, own=True)  # its lease ran out with no supervisor to renew it
         else:
             inv = provisioner.load_inventory_of(job.cluster) or self.bring_up(req, task)
         end: AttemptEnd | None = None
         attempt = job.attempt
+        resumed = job.status != "PENDING"
         if resumed and job.status == "RUNNING" and job.cluster_job is not None:
             self.say(f"watching attempt {job.attempt} again (cluster job {job.cluster_job})")
             self.arm(inv)
@@ -182,7 +196,12 @@ class Supervisor:
         launch = job.launch
         if launch.get("cwd") and Path(launch["cwd"]).is_dir():
             os.chdir(launch["cwd"])  # relative paths in the task mean what they meant at launch
-        task = load_task(launch["file"], env_overrides=launch.get("envs") or {},
+        # the task as launched, its local files the copies kept then (freeze.py); a job launched by an
+        # older gpuctl has only the user's file
+        kept = freeze.frozen_task(job)
+        if kept is None and not Path(launch["file"]).is_file():
+            raise UserError(f"{launch['file']} is gone (this job was launched before gpuctl kept a copy)")
+        task = load_task(kept or launch["file"], env_overrides=launch.get("envs") or {},
                          secret_overrides=read_secrets(job.id), infra_override=launch.get("infra"),
                          resources_check=resources_problem)
         req = request_for(task, name=job.cluster, infra=launch.get("infra"), num_nodes=launch.get("num_nodes"),
@@ -333,6 +352,9 @@ class Supervisor:
         else:
             status = record.status
         job = self.job()
+        if job.started_at is None and record is not None and record.started_at is not None:
+            # an attempt that ended between two looks of the monitor still started
+            self.store.update(job.id, started_at=record.started_at)
         answers = fencing.query(inv, job.task_id, job.attempt, ranks=[n.rank for n in alive])
         for rank, answer in answers.items():
             if answer.doomed:
@@ -424,24 +446,51 @@ class Supervisor:
 
     # -- the end -------------------------------------------------------------------------------
     def finish(self, status: str, reason: str | None, *, exit_code: int | None = None,
-               failed_rank: int | None = None) -> int:
-        """Take the cluster down, check nothing of it is left, then record the job's end."""
+               failed_rank: int | None = None, take_down: bool = True) -> int:
+        """Take the cluster down (only one this job made), check nothing of it is left, then record
+        the job's end."""
         job = self.store.get(self.job_id)
         assert job is not None
+        take_down = take_down and owner.owns(job)
         if status == "CANCELLED":
             self.store.set_status(job.id, "CANCELLING")
-        self.say(f"job ends {status}" + (f": {reason}" if reason else "") + "; taking its cluster down")
+        self.say(f"job ends {status}" + (f": {reason}" if reason else "")
+                 + ("; taking its cluster down" if take_down else ""))
         if self.lease is not None:
             self.lease.__exit__(None, None, None)
             self.lease = None
-        left = self.take_down(job.cluster)
+        left = self.take_down(job.cluster) if take_down else None
         drop_secrets(job.id)
         if left:
             reason = f"{reason}; cluster NOT fully removed: {left}" if reason else f"cluster NOT fully removed: {left}"
         self.store.set_status(job.id, status, reason=reason, exit_code=exit_code, failed_rank=failed_rank,
                               destroyed=0 if left else 1)
+        ended = self.store.get(job.id)
+        if ended is not None and ended.terminal:
+            freeze.release(ended, self.store)
         self.say(f"managed job {job.id}: {status}")
         return 0 if status == "SUCCEEDED" else 1
+
+    def gone(self, job: ManagedJob, *, own: bool) -> int:
+        """The job's cluster went while no supervisor watched (`gpuctl down`, its own autodown once
+        the lease ran out): never made again. The attempt's outcome, where a record of it survived,
+        else LOST with why. `own`: what is left of it (records of an autodown) is the job's to
+        remove."""
+        cluster = self.registry.cluster(job.cluster)
+        if own and cluster is not None:  # the outcomes its head left as it went are recorded first
+            autostop.reconcile(job.cluster, cluster.status, self.registry)
+        record = self.registry.job(job.cluster, job.cluster_job) if job.cluster_job is not None else None
+        if record is not None and record.status in ("SUCCEEDED", "FAILED", "FAILED_SETUP") and record.ended_at:
+            codes = dict(record.returncodes or {})
+            failed = record.failed_rank
+            if job.started_at is None and record.started_at is not None:
+                self.store.update(job.id, started_at=record.started_at)
+            return self.finish(record.status, None if record.status == "SUCCEEDED" else record.detail,
+                               exit_code=codes.get(failed) if failed is not None else None, failed_rank=failed,
+                               take_down=own)
+        how = "it removed itself once no supervisor renewed its lease" if own else "it was removed (`gpuctl down`)"
+        return self.finish("LOST", f"its cluster {job.cluster} is gone ({how}) while the job was {job.status}; "
+                           f"the outcome of attempt {job.attempt} is unknown", take_down=own)
 
     def take_down(self, cluster: str) -> str | None:
         """Destroy the cluster and check it: None when nothing is left, else what is.
@@ -450,6 +499,11 @@ class Supervisor:
         private copy of the cluster's records taken before `down` removes them (a local node's
         namespace and sshd; an instance's state in EC2)."""
         inv = provisioner.load_inventory_of(cluster)
+        if inv is None and not (cluster_dir(cluster) / "terraform").exists():
+            # stamped (owner.json) but nothing made yet: no Terraform to ask
+            shutil.rmtree(cluster_dir(cluster), ignore_errors=True)
+            self.registry.forget(cluster)
+            return None
         request = provisioner.load_cluster(cluster)[0] if inv is not None else {}
         with tempfile.TemporaryDirectory(prefix="gpuctl-down-check-") as tmp:
             records = Path(tmp) / cluster

@@ -242,6 +242,12 @@ class Provider(Protocol):
         """Why this cluster cannot stop (or, `down`, remove) itself, asked before anything is made; None: it can."""
         ...
 
+    def outcomes_left(self, cluster_dir: Path) -> dict[str, dict[str, Any]]:
+        """What a cluster that removed itself left of its jobs' ends (the head's job.json, by the
+        head's job name), where its head could leave word on this machine; else nothing (the
+        jobs nobody saw end are then LOST)."""
+        ...
+
     def removed_itself(self, cluster_dir: Path, *, finished: bool = True) -> float | None:
         """When the cluster took itself down (autodown), as the nodes left word; None: it did not.
         `finished` False: when it began, also where it never finished (what is left must go)."""
@@ -370,6 +376,9 @@ class BaseProvider:
 
     def removed_itself(self, cluster_dir: Path, *, finished: bool = True) -> float | None:
         return None
+
+    def outcomes_left(self, cluster_dir: Path) -> dict[str, dict[str, Any]]:
+        return {}
 
     def lost_nodes(self, cluster_dir: Path, inv: ClusterRef, request: Mapping[str, Any] | None) -> dict[int, str]:
         return {}  # nothing to ask but the nodes themselves

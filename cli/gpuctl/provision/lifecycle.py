@@ -83,7 +83,8 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
             reporter.info(f"Cluster '{req.name}' took itself down (autodown): clearing its state to make it again")
             provisioner.destroy(req.name)
             registry.close_segment(req.name, "autodown", at=removed)
-            registry.end_jobs(req.name, "its cluster took itself down (autodown) before gpuctl saw the job end")
+            registry.end_jobs(req.name, "its cluster took itself down (autodown) before gpuctl saw the job end; "
+                              "its outcome is unknown", status="LOST")
             registry.remove_cluster(req.name)  # its age starts again; its jobs and history stay
         try:
             inv = provisioner.provision(

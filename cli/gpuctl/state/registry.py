@@ -45,7 +45,8 @@ _CONFIGURED: Any = object()  # Registry(remote=...) default: the configured remo
 SCHEMA_VERSION = 2  # 2: jobs.token
 
 JOB_STATES = ("PENDING", "SETTING_UP", "RUNNING", "SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
-TERMINAL_JOB_STATES = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
+# LOST: its cluster went while nobody watched the job, and no record of its end survived
+TERMINAL_JOB_STATES = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "LOST")
 AUTODOWNED = "AUTODOWNED"  # a cluster's status once it took itself down (autodown)
 STOPPED = "STOPPED"  # ... once its nodes stopped themselves (autostop; cloud nodes only)
 
@@ -308,13 +309,14 @@ class Registry:
         with self._connect() as db:
             db.execute("DELETE FROM jobs WHERE cluster=?", (cluster,))
 
-    def end_jobs(self, cluster: str, why: str) -> None:
-        """The cluster is gone: its jobs not yet ended are CANCELLED, here only (its rows stay, with
-        their logs, for `queue` and `logs`; the bucket's go with the cluster)."""
+    def end_jobs(self, cluster: str, why: str, *, status: str = "CANCELLED") -> None:
+        """The cluster is gone: its jobs not yet ended are CANCELLED (or LOST: nobody ended them and
+        their outcome is unknown), here only (its rows stay, with their logs, for `queue` and `logs`;
+        the bucket's go with the cluster)."""
         with self._connect() as db:
-            db.execute(f"UPDATE jobs SET status='CANCELLED', ended_at=?, detail=COALESCE(detail, ?) WHERE cluster=? "
+            db.execute(f"UPDATE jobs SET status=?, ended_at=?, detail=COALESCE(detail, ?) WHERE cluster=? "
                        f"AND status NOT IN ({','.join('?' * len(TERMINAL_JOB_STATES))})",
-                       (time.time(), why, cluster, *TERMINAL_JOB_STATES))
+                       (status, time.time(), why, cluster, *TERMINAL_JOB_STATES))
 
     # history: what each cluster cost while it lived (cost-report), this state dir's own
     def open_segment(self, name: str, *, cloud: str, region: str | None, instance_type: str | None,

@@ -61,6 +61,7 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ALLOCATION_FILE = "local.json"
 AUTODOWN_FILE = "autodown"  # in the nodes' state directory: when the head began removing the cluster
 AUTODOWN_LOG = "autodown.log"  # beside it: the head's autostop log, as it was before the head went
+AUTODOWN_JOBS = "autodown-jobs"  # and its jobs' outcomes (job.json, by the head's job name)
 # A netns cluster gets a /23 (the bridge and 509 nodes; clusters made before kept their /24: 253);
 # a loopback cluster a block of PORT_BLOCK ports.
 SUBNET_PREFIX = 23
@@ -634,6 +635,11 @@ class LocalProvider(BaseProvider):
         head.append(enter + ["bash", "-c", 'umask 077; cp -- "$1" "$2" 2>/dev/null || true', "gpuctl-autodown",
                              str(state_dir / "node0" / "home" / ".gpuctl" / "autostop.log"),
                              str(state_dir / AUTODOWN_LOG)])
+        # and so do its jobs' outcomes (job.json): a job that ended while no gpuctl watched is recorded
+        head.append(enter + ["bash", "-c", 'umask 077; mkdir -p -- "$2" && for d in "$1"/*/; do '
+                             'n=${d%/}; n=${n##*/}; [ -f "$d/job.json" ] && cp -- "$d/job.json" "$2/$n.json"; '
+                             'done; true', "gpuctl-autodown", str(state_dir / "node0" / "home" / ".gpuctl" / "jobs"),
+                             str(state_dir / AUTODOWN_JOBS)])
         head.append(run_down("node.sh", state_dir / "node0" / "node.env", "" if netns else done))
         if netns:
             head.append(run_down("bridge.sh", state_dir / "bridge.env", done))
@@ -648,6 +654,18 @@ class LocalProvider(BaseProvider):
             return float(lines[1] if finished else lines[0])
         except (OSError, ValueError, IndexError):
             return None
+
+    def outcomes_left(self, cluster_dir: Path) -> dict[str, dict[str, Any]]:
+        """The head's job.json files, copied beside AUTODOWN_FILE before it removed itself."""
+        found: dict[str, dict[str, Any]] = {}
+        for path in sorted((nodes_dir(Path(cluster_dir).resolve()) / AUTODOWN_JOBS).glob("*.json")):
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("status"), str):
+                found[path.stem] = doc
+        return found
 
     def cleanup(self, cluster_dir: Path) -> None:
         """Remove nodes and a bridge Terraform never recorded (an apply that was
@@ -664,6 +682,7 @@ class LocalProvider(BaseProvider):
             _run_script(scripts / "bridge.sh", "down", nodestate.read_env(bridge_env))
         with contextlib.suppress(OSError):
             (state_dir / AUTODOWN_LOG).unlink(missing_ok=True)
+            shutil.rmtree(state_dir / AUTODOWN_JOBS, ignore_errors=True)
             (state_dir / AUTODOWN_FILE).unlink()
             state_dir.rmdir()
         release(cluster_dir)
