@@ -303,11 +303,14 @@ def test_local_nodes_remove_themselves_through_the_anchor_and_older_clusters_are
     assert plan.workers == {} and plan.removes and "cannot be stopped" in plan.notes[0]
     enter = ["sudo", "-n", "bash", str(local.module_dir() / "scripts" / "hostns.sh"), "42", "777"]
     assert all(argv[:len(enter)] == enter for argv in plan.head)
-    # word of the start, workers, the head's log kept, then the head, then the bridge with word of the end
+    # word of the start, workers, the head's log and its jobs' outcomes kept, then the head, then the
+    # bridge with word of the end
     targets = [argv[-3] if "down" in argv[len(enter) + 2] else argv[-1] for argv in plan.head]
     assert targets == [str(nodes / "autodown"), str(nodes / "node1" / "node.env"), str(nodes / "node2" / "node.env"),
-                       str(nodes / "autodown.log"), str(nodes / "node0" / "node.env"), str(nodes / "bridge.env")]
+                       str(nodes / "autodown.log"), str(nodes / "autodown-jobs"), str(nodes / "node0" / "node.env"),
+                       str(nodes / "bridge.env")]
     assert plan.head[3][-2] == str(nodes / "node0" / "home" / ".gpuctl" / "autostop.log")
+    assert plan.head[4][-2] == str(nodes / "node0" / "home" / ".gpuctl" / "jobs")
     assert local.removed_itself(cdir) is None
     (nodes / "autodown").write_text("100\n")
     assert local.removed_itself(cdir) is None and local.removed_itself(cdir, finished=False) == 100.0
@@ -437,3 +440,30 @@ def test_apply_down_does_not_remove_a_cluster_whose_job_goes_on(monkeypatch: pyt
         with autostopcli.down_after_job("c", setting, False, reporter=reporter, registry=None):  # type: ignore[arg-type]
             raise JobFailed("rank 1 failed")
     assert torn == ["c"]
+
+
+def test_jobs_of_a_cluster_that_removed_itself_unwatched_end_lost_and_a_poll_of_them_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No gpuctl watched the job when the cluster took itself down, and its head left no outcome:
+    the record says LOST and why (not RUNNING for ever), and `logs --status` answers at once."""
+    import subprocess
+    import sys
+
+    from gpuctl.jobplane import autostop as controller
+    from gpuctl.state.registry import Registry
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    registry = Registry(remote=None)
+    registry.upsert_cluster("c1", cloud="local", region=None, zone=None, num_nodes=1, status="UP", request={})
+    job = registry.new_job("c1", name="train", num_nodes=1)
+    registry.update_job("c1", job.job_id, status="RUNNING", started_at=time.time())
+    nodes = tmp_path / "clusters" / "c1" / "nodes"
+    nodes.mkdir(parents=True)
+    (nodes / "autodown").write_text("100\n160\n")
+    assert controller.reconcile("c1", "UP", registry) == ("AUTODOWNED", 160.0)
+    ended = registry.job("c1", job.job_id)
+    assert ended.status == "LOST" and "took itself down (autodown)" in ended.detail and "unknown" in ended.detail
+    polled = subprocess.run([sys.executable, "-m", "gpuctl", "logs", "c1", str(job.job_id), "--status"],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path)})
+    assert polled.returncode == 100, polled.stderr
