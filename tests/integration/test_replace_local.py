@@ -95,3 +95,31 @@ def yaml_node_ids(cluster: Cluster) -> list[str]:
     """The node ids of inventory.yml in rank order."""
     hosts = yaml.safe_load((cluster.cdir / "inventory.yml").read_text())["all"]["children"]["gpuctl_nodes"]["hosts"]
     return [h["gpuctl_node_id"] for h in sorted(hosts.values(), key=lambda h: h["gpuctl_rank"])]
+
+
+def test_replace_under_a_running_job_is_refused_unless_forced(tmp_path: Path) -> None:
+    """Replacing one node ends a distributed job everywhere: refused in one line naming the job, the
+    nodes untouched; with --force the job is cancelled first (its record says why), then the node
+    made again. No terminal here, so nothing is asked."""
+    name = "rplj"
+    cluster = Cluster(name, tmp_path / "state")
+    task = tmp_path / "c.yaml"
+    task.write_text(f'name: {name}\nnum_nodes: 2\nresources:\n  infra: local\nrun: "sleep 120"\n')
+    try:
+        cluster.gpuctl("apply", str(task), "-d").check()
+        before = cluster.footprint()
+        refused = cluster.gpuctl("replace", name, "worker1", "--no-health-check")
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+            f"error: job(s) 1 still run on cluster '{name}' and replacing worker1 (rank 1) ends them; wait for them "
+            f"(`gpuctl queue {name}`), cancel them (`gpuctl cancel {name} --all`), or replace anyway with --force; "
+            "nothing was replaced"), refused.describe()
+        assert cluster.footprint().sshd == before.sshd
+        forced = cluster.gpuctl("replace", name, "worker1", "--force", "--no-health-check", "-o", "json").check()
+        assert [r["name"] for r in json.loads(forced.stdout)["replaced"]] == ["worker1"], forced.describe()
+        assert "Job 1 cancelled: replacing worker1 (rank 1) would have ended it" in forced.stderr, forced.describe()
+        job = json.loads(cluster.gpuctl("queue", name, "-o", "json").check().stdout)["jobs"][0]
+        assert job["status"] == "CANCELLED" and "gpuctl replace --force" in job["detail"], job
+        after = cluster.footprint()
+        assert after.sshd[0] == before.sshd[0] and after.sshd[1] != before.sshd[1]
+    finally:
+        cluster.down_quietly()
