@@ -154,7 +154,7 @@ run: "true"
             wait_for("the cluster to remove itself once the session ended",
                      lambda: status_doc(cluster)["status"] == "AUTODOWNED", timeout=60)
         except BaseException:  # what the head's watcher logged (kept beside its word) and what still runs
-            for kept in sorted((cluster.cdir / "nodes").glob("autodown*")):
+            for kept in sorted(p for p in (cluster.cdir / "nodes").glob("autodown*") if p.is_file()):
                 print(kept, kept.read_text(), sep="\n")
             print(subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,args"], capture_output=True, text=True).stdout)
             raise

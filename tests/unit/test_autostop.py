@@ -301,7 +301,8 @@ def test_local_nodes_remove_themselves_through_the_anchor_and_older_clusters_are
     (nodes / "bridge.env").write_text("LN_BRIDGE=gb1\nLN_STATE_DIR=%s\nLN_ANCHOR=42\nLN_ANCHOR_START=777\n" % nodes)
     plan = local.power_off(cdir, [0, 1, 2], "gpuctl", {}, down=False)
     assert plan.workers == {} and plan.removes and "cannot be stopped" in plan.notes[0]
-    enter = ["sudo", "-n", "bash", str(local.module_dir() / "scripts" / "hostns.sh"), "42", "777"]
+    enter = ["sudo", "-n", "bash", "-c", (local.module_dir() / "scripts" / "hostns.sh").read_text(), "hostns.sh",
+             "42", "777"]
     assert all(argv[:len(enter)] == enter for argv in plan.head)
     # word of the start, workers, the head's log and its jobs' outcomes kept, then the head, then the
     # bridge with word of the end

@@ -619,8 +619,11 @@ class LocalProvider(BaseProvider):
             if not bridge.get("LN_ANCHOR") or not bridge.get("LN_ANCHOR_START"):
                 raise UserError(f"cluster at {cdir}: its nodes were made by an older gpuctl, without the anchor "
                                 "autostop needs; run gpuctl down and apply it again")
+            # hostns.sh goes as text: from a clone in a private home the node sees the module's files
+            # only through its own cover, which goes with the head before the bridge's last step
             enter = (["sudo", "-n"] if ssh_user != "root" else []) + [
-                "bash", str(scripts / "hostns.sh"), bridge["LN_ANCHOR"], bridge["LN_ANCHOR_START"]]
+                "bash", "-c", (scripts / "hostns.sh").read_text(), "hostns.sh", bridge["LN_ANCHOR"],
+                bridge["LN_ANCHOR_START"]]
 
         def run_down(script: str, env_file: Path, then: str = "") -> list[str]:
             return enter + ["bash", "-c", 'set -a; . "$1"; set +a; bash "$2" down' + then, "gpuctl-autodown",
