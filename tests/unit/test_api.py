@@ -450,3 +450,19 @@ def test_down_of_a_cluster_that_does_not_exist_says_so(tmp_path: Path, monkeypat
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
     gpuctl.Cluster(name="nosuch").down()
     assert "Cluster 'nosuch' does not exist; nothing to tear down." in capsys.readouterr().out
+
+
+def test_a_nodes_traceback_gets_the_source_lines_it_could_not_read(tmp_path: Path) -> None:
+    """The function's module lies where the node cannot read it (a clone in a private home): the
+    traceback shown here has its lines from this machine's copy; lines the node had stay as they were."""
+    from gpuctl.api.cluster import with_source_lines
+
+    module = tmp_path / "train.py"
+    module.write_text("def step(x):\n    raise ValueError(f'bad shard {x}')\n")
+    remote = (f'Traceback (most recent call last):\n  File "{module}", line 2, in step\n'
+              f'  File "/usr/lib/python3/x.py", line 9, in other\n    kept = as_it_was()\n'
+              "ValueError: bad shard 1\n")
+    assert with_source_lines(remote) == (
+        f'Traceback (most recent call last):\n  File "{module}", line 2, in step\n'
+        "    raise ValueError(f'bad shard {x}')\n"
+        f'  File "/usr/lib/python3/x.py", line 9, in other\n    kept = as_it_was()\nValueError: bad shard 1\n')

@@ -20,7 +20,9 @@ fingerprint, so a new package prepares the nodes once more).
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
 import secrets as _secrets
 import shlex
 import sys
@@ -35,6 +37,7 @@ from gpuctl.api.plugins import Plugin
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobFailed, PrepareFailed, UserError
 from gpuctl.common.paths import cluster_dir, state_root
+from gpuctl.common.safetext import printable
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobOutcome, JobRunner, JobSpec
@@ -70,6 +73,25 @@ class RemoteError(JobFailed):
         self.remote_traceback = str(record.get("traceback") or "")
         self.missing_module = record.get("missing_module")
         self.exception = exception
+
+
+_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+), in .*$')
+
+
+def with_source_lines(tb: str) -> str:
+    """A node's traceback with the source lines it could not read filled in from this machine's
+    files (the function's module in a private home, or only on this machine): as a local one reads."""
+    out: list[str] = []
+    lines = tb.splitlines()
+    for i, line in enumerate(lines):
+        out.append(line)
+        frame = _FRAME.match(line)
+        shown = i + 1 < len(lines) and lines[i + 1].startswith("    ")
+        if frame and not shown:
+            source = linecache.getline(frame["path"], int(frame["line"])).strip()
+            if source:
+                out.append(f"    {printable(source)}")
+    return "\n".join(out) + ("\n" if tb.endswith("\n") else "")
 
 
 class _CallRunner(JobRunner):
@@ -474,7 +496,7 @@ def _failure(exc: JobFailed, collector: wire.Collector, job_nodes: Sequence[Node
         message = (f"the function cannot be loaded on {where}: {what} (Python {rec.get('python')} at "
                    f"{rec.get('executable')}){hint}")
     else:
-        rec = records[first]
+        rec = {**records[first], "traceback": with_source_lines(str(records[first].get("traceback") or ""))}
         node = by_rank[first]
         what = {"call": "raised", "result": "returned a value that cannot be pickled:"}.get(str(rec.get("stage")),
                                                                                            "raised")
