@@ -610,3 +610,15 @@ def test_ssh_infra_adopts_a_hand_written_inventory(tmp_path: Path) -> None:
     assert not provisioner.cluster_exists("mine")
     with pytest.raises(UserError, match="lists 2 host\\(s\\) but num_nodes is 3"):
         provisioner.provision(ClusterRequest(name="mine", num_nodes=3, cloud="ssh", inventory_path=inv_file))
+
+
+def test_a_state_file_an_interrupted_apply_left_empty_is_terraforms_to_read(fake_tf: FakeTerraform,
+                                                                              tmp_path: Path) -> None:
+    """Ctrl-C while terraform wrote its state can leave terraform.tfstate empty: the next command
+    runs (terraform reads an empty state as none), never a traceback of the library in between."""
+    root = TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin))
+    root.workdir.mkdir(parents=True)
+    (root.workdir / "terraform.tfstate").write_text("")
+    fake_tf.will(stdout="Terraform has been successfully initialized!\n")
+    root.init()
+    assert fake_tf.argv[0] == "init" and not any(a.startswith("-state") for a in fake_tf.argv)

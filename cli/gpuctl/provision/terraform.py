@@ -35,6 +35,7 @@ ROOT_FILE = "main.tf.json"
 LOCK_TIMEOUT = "120s"
 CAPACITY_MARKERS = ("InsufficientInstanceCapacity",)
 MAX_ERROR_LINES = 15
+UNREAD_STATE = ".gpuctl-python-terraform-reads-no-state"  # see Root._run
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _BOX = re.compile(r"^\s*[│╷╵]\s?")
@@ -233,7 +234,10 @@ class TerraformRoot:
         """Run one terraform command in the workdir; raise ProvisionError on failure. Its log is
         logs/COMMAND.log, or logs/LOG_AS.log."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        tf = Terraform(working_dir=str(self.workdir), terraform_bin_path=self._binary())
+        # python-terraform parses the state before and after every command; gpuctl reads none of it, and
+        # a state file an interrupted apply left empty would end in its traceback: it is given a name
+        # that never exists (terraform itself still uses terraform.tfstate: no -state is passed)
+        tf = Terraform(working_dir=str(self.workdir), terraform_bin_path=self._binary(), state=UNREAD_STATE)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)  # python-terraform's log.warn
