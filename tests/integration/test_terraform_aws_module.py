@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -189,6 +192,42 @@ def module_copy(tmp_path_factory: pytest.TempPathFactory, tf_env: dict[str, str]
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def mocked_env(module_copy: Path, tf_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """tf_env for `terraform test` with mock providers: one AWS provider process, started here in
+    debug mode, serves every run its schema (TF_REATTACH_PROVIDERS), where Terraform 1.11 starts a
+    provider of its own twice per run (about 1 s of CPU each, 170 times for this module's runs).
+    Mocked runs only read the schema, so the two terraform processes can share it."""
+    import ctypes
+    import signal as signals
+
+    # (a path pattern: init may link the version directory to the mirror, which rglob would not enter)
+    binary = next((module_copy / ".terraform" / "providers").glob(
+        "registry.terraform.io/hashicorp/aws/*/*/terraform-provider-aws_*"))
+
+    def die_with_the_worker() -> None:  # PR_SET_PDEATHSIG: a killed test run leaves no provider behind
+        ctypes.CDLL(None).prctl(1, signals.SIGTERM)
+
+    proc = subprocess.Popen([str(binary), "-debug"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=tf_env, preexec_fn=die_with_the_worker)
+    try:
+        lines: queue.Queue[str] = queue.Queue()  # read all along: its logs must never fill the pipe
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
+        reattach, deadline = None, time.monotonic() + 120
+        while reattach is None:  # it prints the setting once it listens
+            found = re.search(r"TF_REATTACH_PROVIDERS='([^']+)'",
+                              lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            reattach = found[1] if found else None
+        yield {**tf_env, "TF_REATTACH_PROVIDERS": reattach}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def test_fmt(module_copy: Path, tf_env: dict[str, str]) -> None:
     ok(terraform(["fmt", "-check", "-recursive", "-diff", "-no-color"], module_copy, tf_env))
 
@@ -242,16 +281,17 @@ def test_run_counts_are_pinned() -> None:
     assert counts == EXPECTED_RUNS
 
 
-def test_terraform_test_passes(module_copy: Path, tf_env: dict[str, str]) -> None:
+def test_terraform_test_passes(module_copy: Path, mocked_env: dict[str, str]) -> None:
     # Two terraform processes side by side, with about half the runs each, halve the wall
     # time; mocked runs keep their state in memory, so they share the directory safely.
     first = ["efa_layout", "validations"]
     groups = [first, sorted(set(EXPECTED_RUNS) - set(first))]
-    flags = parallelism_flag(tf_env)
+    flags = parallelism_flag(mocked_env)
     with ThreadPoolExecutor(max_workers=len(groups)) as pool:
         procs = list(pool.map(
             lambda files: terraform(
-                ["test", "-no-color", *flags, *[f"-filter=tests/{f}.tftest.hcl" for f in files]], module_copy, tf_env
+                ["test", "-no-color", *flags, *[f"-filter=tests/{f}.tftest.hcl" for f in files]], module_copy,
+                mocked_env
             ),
             groups,
         ))
@@ -265,7 +305,7 @@ def test_terraform_test_passes(module_copy: Path, tf_env: dict[str, str]) -> Non
         assert "... skip" not in out and "... fail" not in out, out
 
 
-def test_cross_input_errors_say_what_to_do(module_copy: Path, tf_env: dict[str, str]) -> None:
+def test_cross_input_errors_say_what_to_do(module_copy: Path, mocked_env: dict[str, str]) -> None:
     cases_dir = module_copy / "message-cases"
     cases_dir.mkdir()
     for name, (variables, overrides, _) in MESSAGE_CASES.items():
@@ -280,7 +320,7 @@ def test_cross_input_errors_say_what_to_do(module_copy: Path, tf_env: dict[str, 
             "}\n\n"
             f'run "{name}" {{\n  command = plan\n\n  variables {{\n    {variables}\n  }}\n{overrides}}}\n'
         )
-    proc = terraform(["test", "-no-color", "-test-directory=message-cases"], module_copy, tf_env)
+    proc = terraform(["test", "-no-color", "-test-directory=message-cases"], module_copy, mocked_env)
     out = proc.stdout
     assert proc.returncode != 0, out
     assert f"0 passed, {len(MESSAGE_CASES)} failed" in out, out
