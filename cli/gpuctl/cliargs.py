@@ -25,6 +25,7 @@ from gpuctl.state.registry import AUTODOWNED, STOPPED, TERMINAL_JOB_STATES, Regi
 
 if TYPE_CHECKING:
     from gpuctl.common.console import Reporter
+    from gpuctl.jobplane.runner import JobRunner
     from gpuctl.provision.inventory import Inventory, Node
     from gpuctl.provision.lifecycle import Teardown
     from gpuctl.provision.provisioner import Doomed
@@ -128,13 +129,16 @@ def cancels_on_interrupt(flag: bool) -> bool:
     return flag or os.environ.get(CANCEL_ON_INTERRUPT_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def confirm(question: str, *, yes: bool, refusal: str) -> None:
+def confirm(question: str, *, yes: bool, refusal: str | None) -> None:
     """Go on only with consent to something that destroys nodes or stops jobs: `-y`, or a yes typed at
     a terminal (as `sky down` asks). Without a terminal nobody can answer, so nothing waits: the
-    refusal line (what would be lost, and that -y does it) ends the command with exit code 2."""
+    refusal line (what would be lost, and that -y does it) ends the command with exit code 2; a
+    command named explicitly (`replace NAME NODE`) has no refusal and goes on."""
     if yes:
         return
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        if refusal is None:
+            return
         raise UserError(refusal)
     try:
         agreed = typer.confirm(question, default=False, err=True)
@@ -144,16 +148,14 @@ def confirm(question: str, *, yes: bool, refusal: str) -> None:
         raise UserError("not confirmed; nothing was changed")
 
 
-def jobs_running(name: str, inv: Inventory, registry: Registry, ranks: set[int] | None = None) -> list[Any]:
+def jobs_running(runner: JobRunner, ranks: set[int] | None = None) -> list[Any]:
     """The cluster's jobs that still run (on any of `ranks`), each asked of the head: a record can
-    say RUNNING of a job that ended unwatched."""
-    from gpuctl.common.console import Reporter
+    say RUNNING of a job that ended unwatched (a head that does not answer: as recorded)."""
     from gpuctl.jobplane import jobs
-    from gpuctl.jobplane.runner import JobRunner
 
-    runner = JobRunner(inv, reporter=Reporter(stream=sys.stderr), registry=registry)
+    inv, registry = runner.inv, runner.registry
     running = []
-    for job in registry.jobs(name):
+    for job in registry.jobs(inv.cluster):
         if job.status in TERMINAL_JOB_STATES:
             continue
         if ranks is not None and not ranks & {n.rank for n in jobs.job_nodes(inv, job)}:
@@ -170,11 +172,14 @@ def consent_to_destroy(name: str, *, yes: bool, registry: Registry,
     that replaces them): never under a job that runs there, then -y or a yes at a terminal (as `sky
     launch` never resizes a cluster unasked). It refuses by raising UserError: nothing is changed."""
     def check(doomed: Doomed) -> None:
+        from gpuctl.common.console import Reporter
+        from gpuctl.jobplane.runner import JobRunner
         from gpuctl.provision.provisioner import load_inventory_of
 
         inv = load_inventory_of(name)
         if inv is not None:
-            for job in jobs_running(name, inv, registry, {n.rank for n in doomed.nodes})[:1]:
+            runner = JobRunner(inv, reporter=Reporter(stream=sys.stderr), registry=registry)
+            for job in jobs_running(runner, {n.rank for n in doomed.nodes})[:1]:
                 raise UserError(f"{doomed.describe()}, where job {job.job_id} ({job.status}) runs: it would be "
                                 f"killed; wait for it to end or cancel it (gpuctl cancel {name} {job.job_id}), "
                                 "then apply again; nothing was changed")

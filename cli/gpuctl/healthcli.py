@@ -187,18 +187,17 @@ def _consent_to_replace(name: str, inv: Inventory, nodes: list[Any], registry: R
 
     cliargs.refuse_managed([name])
     listed = ", ".join(f"{n.name} (rank {n.rank})" for n in nodes)
-    running = cliargs.jobs_running(name, inv, registry)
+    runner = JobRunner(inv, reporter=reporter, registry=registry)
+    running = cliargs.jobs_running(runner)
     if running and not force:
         ids = ", ".join(str(j.job_id) for j in running)
         raise UserError(f"job(s) {ids} still run on cluster '{name}' and replacing {listed} ends them; wait for "
                         f"them (`gpuctl queue {name}`), cancel them (`gpuctl cancel {name} --all`), or replace "
                         "anyway with --force; nothing was replaced")
-    if not yes and sys.stdin.isatty() and sys.stderr.isatty():
-        ending = f" Job(s) {', '.join(str(j.job_id) for j in running)} are cancelled first." if running else ""
-        cliargs.confirm(f"Make {listed} of cluster '{name}' again? What is on those nodes goes.{ending}", yes=False,
-                        refusal="")
+    ending = f" Job(s) {', '.join(str(j.job_id) for j in running)} are cancelled first." if running else ""
+    cliargs.confirm(f"Make {listed} of cluster '{name}' again? What is on those nodes goes.{ending}", yes=yes,
+                    refusal=None)
     if running:
-        runner = JobRunner(inv, reporter=reporter, registry=registry)
         for job in running:
             runner.cancel(job.job_id, jobs.job_nodes(inv, job))
             registry.update_job(name, job.job_id, detail=f"cancelled by `gpuctl replace --force` ({listed})")

@@ -77,15 +77,6 @@ def stop_targets(names: list[str], registry: Registry) -> list[ClusterRecord]:
     return records
 
 
-def unfinished_jobs(runner: JobRunner) -> list[JobRecord]:
-    """The cluster's jobs that still run, as the head says now (a head that does not answer: as recorded)."""
-    from gpuctl.jobplane import jobs
-
-    name = runner.inv.cluster
-    found = [jobs.refresh(runner, j) for j in runner.registry.jobs(name) if j.status not in TERMINAL_JOB_STATES]
-    return [j for j in found if j.status not in TERMINAL_JOB_STATES]
-
-
 def consent(running: dict[str, list[JobRecord]], yes: bool) -> None:
     """Ask once before ending jobs that run (cliargs.confirm: -y, or a yes at a terminal; exit 2 without)."""
     if not running:
@@ -199,7 +190,7 @@ def register(app: typer.Typer) -> None:
         records = stop_targets(names or [], registry)
         runners = {r.name: JobRunner(cliargs.cluster_inventory(r.name), reporter=reporter, registry=registry)
                    for r in records if r.status != STOPPED}
-        running = {name: found for name, runner in runners.items() if (found := unfinished_jobs(runner))}
+        running = {name: found for name, runner in runners.items() if (found := cliargs.jobs_running(runner))}
         consent(running, yes)
         results: list[dict[str, Any]] = []
         for record in records:

@@ -27,9 +27,10 @@ MAX_CLUSTER_NAME = PORTABLE_NAME_MAX  # every provider takes it (AWS: 32)
 CLAIM_GRACE_S = 60.0
 
 
-def cluster_name(job_name: str, job_id: int) -> str:
-    """The job's own cluster: `<name>-mj<id>`, in the characters a cluster name allows."""
-    suffix = f"-mj{job_id}"
+def cluster_name(job_name: str, job_id: int, n: int = 1) -> str:
+    """The job's own cluster: `<name>-mj<id>` (the `n`th choice: `<name>-mj<id>-<n>`), in the
+    characters a cluster name allows."""
+    suffix = f"-mj{job_id}" + (f"-{n}" if n > 1 else "")
     base = re.sub(r"[^a-z0-9-]+", "-", job_name.lower()).strip("-") or "job"
     if not base[0].isalpha():
         base = "j" + base
@@ -72,17 +73,10 @@ def create(*, name: str, file: Path, text: str, envs: Mapping[str, str], secrets
 
 
 def free_cluster_name(job_name: str, job_id: int, taken: Callable[[str], bool]) -> str:
-    """`<name>-mj<id>`, or with a short suffix when a cluster (the user's own `gpuctl apply`) or
-    another job already has that name: a managed job never runs on, nor removes, a cluster it did
-    not make."""
-    first = cluster_name(job_name, job_id)
-    if not taken(first):
-        return first
-    for n in range(2, 1000):
-        suffix = f"-mj{job_id}-{n}"
-        candidate = cluster_name(job_name, job_id).removesuffix(f"-mj{job_id}")[: MAX_CLUSTER_NAME - len(suffix)]
-        candidate = candidate.rstrip("-") + suffix
-        if not taken(candidate):
+    """`<name>-mj<id>`, or the next choice when a cluster (the user's own `gpuctl apply`) or another
+    job already has that name: a managed job never runs on, nor removes, a cluster it did not make."""
+    for n in range(1, 1000):
+        if not taken(candidate := cluster_name(job_name, job_id, n)):
             return candidate
     raise RuntimeError(f"no free cluster name for managed job {job_id}")
 

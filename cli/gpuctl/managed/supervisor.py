@@ -352,9 +352,7 @@ class Supervisor:
         else:
             status = record.status
         job = self.job()
-        if job.started_at is None and record is not None and record.started_at is not None:
-            # an attempt that ended between two looks of the monitor still started
-            self.store.update(job.id, started_at=record.started_at)
+        self.started_as(job, record)
         answers = fencing.query(inv, job.task_id, job.attempt, ranks=[n.rank for n in alive])
         for rank, answer in answers.items():
             if answer.doomed:
@@ -365,6 +363,12 @@ class Supervisor:
         codes = dict(record.returncodes) if record is not None and record.returncodes else {}
         return AttemptEnd(status=status, codes=codes, first_failed=record.failed_rank if record else None,
                           lost=lost)
+
+    def started_as(self, job: ManagedJob, record: Any) -> None:
+        """The job's start from its cluster job's record, when no look of the monitor saw it running
+        (an attempt over between two looks, or while no supervisor lived)."""
+        if job.started_at is None and record is not None and record.started_at is not None:
+            self.store.update(job.id, started_at=record.started_at)
 
     def wait_for_silent(self, inv: Inventory, ranks: list[int]) -> dict[int, str]:
         """Nodes that did not answer: lost once the platform says so, or once silent for the grace
@@ -483,8 +487,7 @@ class Supervisor:
         if record is not None and record.status in ("SUCCEEDED", "FAILED", "FAILED_SETUP") and record.ended_at:
             codes = dict(record.returncodes or {})
             failed = record.failed_rank
-            if job.started_at is None and record.started_at is not None:
-                self.store.update(job.id, started_at=record.started_at)
+            self.started_as(job, record)
             return self.finish(record.status, None if record.status == "SUCCEEDED" else record.detail,
                                exit_code=codes.get(failed) if failed is not None else None, failed_rank=failed,
                                take_down=own)
