@@ -30,18 +30,32 @@ FOLLOW_POLL_S = 0.5
 
 def revive_supervisors(argv: list[str]) -> None:
     """What every gpuctl command does first: start a supervisor again for each managed job not
-    ended whose supervisor died. Only where managed jobs were ever launched (a file to look at);
-    a state it cannot read is left to the `jobs` commands, which say why."""
+    ended whose supervisor died, and with shared state take over another runner's job whose lease
+    ran out. Only where managed jobs can be (a file to look at, or shared state); a state it
+    cannot read is left to the `jobs` commands, which say why."""
+    from gpuctl.common.errors import ProvisionError
     from gpuctl.common.paths import state_root
 
-    if argv[:1] in (["_supervise"], ["jobs"], ["--help"], ["--version"]) or not (state_root() / "managed.db").exists():
+    if argv[:1] in (["_supervise"], ["jobs"], ["--help"], ["--version"]) or not argv:
+        return
+    try:
+        from gpuctl.state import remotestate
+
+        shared = remotestate.current() is not None
+    except UserError:
+        return  # a broken state setting: the command itself says so
+    if not shared and not (state_root() / "managed.db").exists():
         return
     from gpuctl.managed.launch import revive
 
     try:
-        revive()
-    except (sqlite3.Error, OSError):
+        revive(say=_tell)
+    except (sqlite3.Error, OSError, UserError, ProvisionError):
         pass
+
+
+def _tell(text: str) -> None:
+    typer.echo(text, err=True)
 
 
 def _store() -> Any:
@@ -49,7 +63,7 @@ def _store() -> Any:
     from gpuctl.managed.store import Store
 
     store = Store()
-    revive(store)  # a supervisor that died is started again by whichever command comes next
+    revive(store, say=_tell)  # a supervisor that died is started again by whichever command comes next
     return store
 
 
@@ -282,6 +296,9 @@ def logs_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id (
     as_json = wants_json(output_format)
     store = _store()
     job = _job(store, job_id)
+    elsewhere = _supervised_elsewhere(store, job)
+    if elsewhere is not None:
+        no_follow = True  # its live output is on that runner and on the cluster's head
     if attempt is not None and attempt > max(job.attempt, 1):
         raise UserError(f"--attempt {attempt}: managed job {job_id} has {job.attempt} attempt(s) so far")
     if as_json:
@@ -301,8 +318,98 @@ def logs_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id (
                             progress=Progress(job_id, sys.stderr, from_start=False) if live else None)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    if elsewhere is not None:
+        typer.echo(elsewhere, err=True)
     if final.terminal:
         _say_end(final)
+
+
+def _supervised_elsewhere(store: Any, job: Any) -> str | None:
+    """Shared state: a job another runner's supervisor holds, with its kept attempt logs brought
+    here; what to say of its live output. None for a job of this runner's."""
+    if store.bucket is None:
+        return None
+    from gpuctl.managed import shared
+    from gpuctl.managed.store import attempt_log, supervisor_log
+
+    shared.pull_logs(store.bucket, job.id, lambda k: attempt_log(job.id, k) if k else supervisor_log(job.id))
+    lease = shared.read_lease(store.bucket, job.id)
+    if job.terminal or lease is None or lease.runner == shared.runner_identity()["id"]:
+        return None
+    live = (f"; its live output: gpuctl logs {job.cluster} {job.cluster_job}" if job.cluster_job else "")
+    return f"Managed job {job.id} attempt {job.attempt} is supervised by {lease.text()}{live}"
+
+
+def _seconds_of(text: str, flag: str) -> float:
+    """'540', '540s', '9m', '1h' -> seconds."""
+    import re
+
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text or "")
+    if not found:
+        raise UserError(f"{flag} '{text}': give a duration such as 540s, 9m or 1h")
+    return float(found.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[found.group(2)]
+
+
+@jobs_app.command("supervise", cls=usage.HelpCommand, epilog=usage.examples_of("jobs supervise"))
+def supervise_cmd(duration: str = typer.Option(..., "--for", metavar="DURATION",
+                                               help="How long this runner supervises (e.g. 9m)."),
+                  poll: str = typer.Option("30s", "--poll", metavar="DURATION",
+                                           help="How often it looks for jobs left without a supervisor."),
+                  output_format: str = OutputOption) -> None:
+    """Supervise the shared state's managed jobs from this runner for a while (a scheduled CI job):
+    take over every job whose supervisor stopped renewing its lease, then hand each back once its
+    ranks run and the time is up, so the next run takes it over at once."""
+    from gpuctl.jobplane.joblogs import same_process
+    from gpuctl.managed import launch, shared
+
+    as_json = wants_json(output_format)
+    span, every = _seconds_of(duration, "--for"), max(1.0, _seconds_of(poll, "--poll"))
+    store = _store_only()
+    if store.bucket is None:
+        raise UserError("jobs supervise: managed jobs are this machine's without shared state (state.backend: s3 "
+                        "or GPUCTL_STATE_BUCKET); here every gpuctl command starts a supervisor that died again")
+    until = time.time() + span
+    taken: set[int] = set()
+    me = shared.runner_identity()["id"]
+
+    def mine_running() -> list[int]:
+        alive = []
+        for job_id in sorted(taken):
+            lease = shared.read_lease(store.bucket, job_id)
+            if lease is not None and lease.runner == me and same_process(int(lease.holder.get("pid") or 0),
+                                                                         str(lease.holder.get("start") or "")):
+                alive.append(job_id)
+        return alive
+
+    while True:
+        taken.update(launch.revive(store, say=_tell, until=until))
+        if time.time() >= until:
+            break
+        time.sleep(min(every, max(0.0, until - time.time())))
+    waiting = mine_running()
+    if waiting:
+        _tell(f"Time is up: waiting for managed job(s) {', '.join(map(str, waiting))} to hand back "
+              "(once every rank runs) or end")
+    while waiting:
+        time.sleep(2.0)
+        waiting = mine_running()
+    store.pull()
+    jobs = [store.get(j) for j in sorted(taken)]
+    if as_json:
+        output.emit("jobs supervise", {"ok": True, "supervised": [job_document(j, store.events(j.id))
+                                                                   for j in jobs if j is not None]})
+        return
+    for j in jobs:
+        if j is not None:
+            typer.echo(f"Managed job {j.id} ({j.name}): {j.status}" + (f", attempt {j.attempt}" if j.attempt else ""))
+    if not taken:
+        typer.echo("No managed job needed a supervisor.")
+
+
+def _store_only() -> Any:
+    from gpuctl.managed.store import Store
+
+    return Store()
 
 
 @jobs_app.command("cancel", cls=usage.HelpCommand, epilog=usage.examples_of("jobs cancel"))
@@ -318,15 +425,17 @@ def cancel_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id
     job = _job(store, job_id)
     say = (lambda text: typer.echo(text, err=True)) if as_json else typer.echo
     if not job.terminal:
-        store.update(job_id, cancel_requested=1)
-        if not launch.supervisor_alive(job):
+        store.request_cancel(job_id)
+        if store.bucket is None and not launch.supervisor_alive(job):
             launch.spawn(job_id)  # the supervisor is the one that takes the cluster down
         say(f"Cancelling managed job {job_id} ({job.status}); removing its cluster {job.cluster}")
         deadline = time.monotonic() + timeout
         while not job.terminal and time.monotonic() < deadline:
-            time.sleep(FOLLOW_POLL_S)
-            job = _job(store, job_id)
-            if not job.terminal and not launch.supervisor_alive(job) and job.supervisor_pid is not None:
+            time.sleep(FOLLOW_POLL_S if store.bucket is None else 2.0)
+            job = store.refresh(job_id) or job
+            if store.bucket is not None:
+                launch.revive(store, say=_tell)
+            elif not job.terminal and not launch.supervisor_alive(job) and job.supervisor_pid is not None:
                 launch.revive(store)
         if not job.terminal:
             raise UserError(f"managed job {job_id}: not cancelled within {timeout:g} s (state {job.status}); "

@@ -242,6 +242,10 @@ EXAMPLES = {
         'gpuctl jobs logs 3 --attempt 2 --no-follow',
         'gpuctl jobs logs 3 --supervisor',
     ),
+    'jobs supervise': (
+        'gpuctl jobs supervise --for 9m   (a scheduled CI job, every 10 minutes, with shared state)',
+        'gpuctl jobs supervise --for 1h --poll 30s -o json',
+    ),
     'jobs cancel': (
         'gpuctl jobs cancel 3',
     ),

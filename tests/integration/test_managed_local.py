@@ -8,6 +8,7 @@ and resumes from the step rank 0 checkpointed. Ticks are 1 s here (GPUCTL_MANAGE
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from e2e import Cluster, needs_local_nodes, run_gpuctl, wait_for
+from e2e import Cluster, needs_local_nodes, queue_rows, run_gpuctl, wait_for
 
 from gpuctl.managed.store import Store
 
@@ -370,3 +371,106 @@ def test_a_job_that_ends_while_no_supervisor_lives_keeps_its_outcome(mj: Managed
     assert final.status == "SUCCEEDED", mj.supervisor_log(job_id)
     assert len(mj.started(1)) == 1 and [e for e in mj.events() if e[0] == "end"]
     assert not mj.started(2) and not cluster.cdir.exists()  # never made again; its records removed
+
+
+STATE_BUCKET = "gpuctl-managed-state"
+
+
+def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
+        mj: Managed, tmp_path: Path, moto_server, tf_cli_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shared state in S3 (moto on loopback). Runner A launches a 3-node job with a secret; its
+    supervisor is SIGKILLed and its state dir removed, all but the local nodes' homes (they stand
+    for the cloud's machines, which outlive a runner); then a worker is lost. Runner B, which never
+    saw the job, names the secret it lacks and takes nothing over; given it, its next `jobs queue`
+    takes the job over: only the lost node is replaced, every rank starts again with the same task
+    id and no duplicate, and when the job ends nothing of it is left (nodes, bucket, secrets)."""
+    import boto3
+    from mototest import fake_aws_env
+
+    s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=moto_server.url, aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    try:
+        s3.create_bucket(Bucket=STATE_BUCKET)
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    prefix = f"mj-{os.getpid()}-{int(time.time())}"
+    for key, value in {**fake_aws_env(moto_server.url, {}), "GPUCTL_STATE_BUCKET": STATE_BUCKET,
+                       "GPUCTL_STATE_PREFIX": prefix, "GPUCTL_STATE_ENDPOINT_URL": moto_server.url,
+                       "TF_CLI_CONFIG_FILE": str(tf_cli_config), "GPUCTL_MANAGED_LEASE_S": "15"}.items():
+        monkeypatch.setenv(key, value)
+
+    def keys(under: str = "") -> list[str]:
+        return [o["Key"] for o in s3.list_objects_v2(Bucket=STATE_BUCKET, Prefix=f"{prefix}/{under}")
+                .get("Contents", [])]
+
+    task = mj.task(3, steps=60)
+    digest = hashlib.sha256(b"s3cr3t").hexdigest()  # the script names the secret's hash, never the secret
+    task.write_text(task.read_text().replace(
+        "run: |\n", f"run: |\n  [ \"$(printf %s \"$MJ_TOKEN\" | sha256sum | cut -d' ' -f1)\" = {digest} ] || exit 55\n"))
+    state_a = mj.state
+    monkeypatch.setenv("MJ_TOKEN", "s3cr3t")
+    job_id = int(json.loads(mj.gpuctl("jobs", "launch", str(task), "-d", "--secret", "MJ_TOKEN", "-o", "json")
+                            .check().stdout)["job"]["id"])
+    assert f"{prefix}/managed/jobs/{job_id}.json" in keys("managed/")
+    assert not [k for k in keys() if b"s3cr3t" in s3.get_object(Bucket=STATE_BUCKET, Key=k)["Body"].read()]
+    state_b = tmp_path / "runner-b"
+    try:
+        running = mj.wait_status(job_id, ("RUNNING",), 150)
+        wait_for("every rank of attempt 1", lambda: len(mj.started(1)) == 3, 30)
+        wait_for("a checkpoint", lambda: mj.step() >= 8, 60)
+        cluster = mj.cluster(job_id)
+        before = cluster.footprint()
+
+        # runner A is gone: its supervisor killed, its state dir removed (the nodes' homes stay)
+        os.kill(running.supervisor_pid, signal.SIGKILL)
+        for path in state_a.iterdir():
+            if path.name != "clusters":
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        for path in (state_a / "clusters" / cluster.name).iterdir():
+            if path.name != "nodes":
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        killed = kill_node(before.netns[1])
+        time.sleep(16)  # the lease's term
+
+        # runner B lacks the secret: it says which, and takes nothing over
+        monkeypatch.delenv("MJ_TOKEN")
+        refused = run_gpuctl("jobs", "queue", state_dir=state_b).check()
+        assert f"Managed job {job_id} (mjt) needs a supervisor" in refused.stderr, refused.describe()
+        assert "MJ_TOKEN is not set in its environment" in refused.stderr
+        assert not (state_b / "managed" / str(job_id) / "secrets.json").exists()
+        monkeypatch.setenv("MJ_TOKEN", "s3cr3t")
+        took = run_gpuctl("jobs", "queue", state_dir=state_b).check()
+        assert f"Taking over managed job {job_id} (mjt): its supervisor on " in took.stderr, took.describe()
+        assert "stopped renewing its lease" in took.stderr
+        assert [r[:3] for r in queue_rows(took.stdout)] == [[str(job_id), "mjt", "RUNNING"]], took.stdout
+        store_b = Store(state_b / "managed.db", remote=None)
+        wait_for("every rank of attempt 2", lambda: len(mj.started(2)) == 3, 120)
+        after = cluster.footprint()  # the nodes stay where runner A's Terraform put them
+        assert after.sshd[0] == before.sshd[0] and after.sshd[2] == before.sshd[2]  # the others untouched
+        assert after.sshd[1] != before.sshd[1]
+        final = wait_for("the job's end", lambda: (j := store_b.get(job_id)) is not None and j.terminal and j, 150,
+                         interval=0.5)
+        log_b = (state_b / "managed" / str(job_id) / "supervisor.log").read_text()
+        assert final.status == "SUCCEEDED", log_b
+        assert final.destroyed and final.recoveries == 1, final
+        ids = {(e[3], e[4]) for e in mj.events() if e[0] == "start"}
+        assert ids == {(final.task_id, final.task_id)}
+        assert not (mj.ckpt / "dupes").exists(), (mj.ckpt / "dupes").read_text()
+        assert len([e for e in mj.events() if e[0] == "end" and e[2] == "2"]) == 3
+        [event] = store_b.events(job_id)
+        assert event.resumed_at is not None and event.resumed_at - killed < 120, (event, killed)
+        logs = run_gpuctl("jobs", "logs", str(job_id), "--no-follow", state_dir=state_b).check().stdout
+        assert "== attempt 2: after rank 1 lost (" in logs
+        # nothing is left: the nodes, the cluster's and the job's objects but its row and logs, the secret
+        assert not before.nodes_left() and not after.nodes_left(), before.nodes_left() + after.nodes_left()
+        assert not (state_b / "clusters" / cluster.name).exists()
+        left = keys()
+        assert not [k for k in left if "/clusters/" in k or "/trees/" in k or k.endswith(("lease.json", "task.yaml"))]
+        assert f"{prefix}/managed/jobs/{job_id}.json" in left
+        assert not (state_b / "managed" / str(job_id) / "secrets.json").exists()
+    finally:
+        if not ((j := Store(state_b / "managed.db", remote=None).get(job_id)) and j.terminal):
+            sys.stderr.write(run_gpuctl("jobs", "cancel", str(job_id), state_dir=state_b, timeout=300).describe())
+    # runner A, back with a fresh state dir, sees the job's end
+    queue_a = json.loads(mj.gpuctl("jobs", "queue", "-o", "json").check().stdout)["jobs"]
+    assert [(j["id"], j["status"]) for j in queue_a] == [(job_id, "SUCCEEDED")]

@@ -139,18 +139,44 @@ def _tree_of(path: str) -> str:
 
 
 def frozen_task(job: ManagedJob) -> Path | None:
-    """The kept task of a job launched by this gpuctl (None for one launched before)."""
+    """The kept task of a job launched by this gpuctl (None for one launched before), in this
+    state dir (a runner that took the job over keeps it where its launcher did)."""
     frozen = job.launch.get("frozen") or {}
-    return Path(frozen["task"]) if frozen.get("task") else None
+    return job_dir(job.id) / FROZEN_TASK if frozen.get("task") else None
+
+
+def push(job: ManagedJob, store: Store) -> None:
+    """Leave the kept task and trees in the shared state bucket, for a runner that takes over."""
+    from gpuctl.managed import shared
+
+    task = frozen_task(job)
+    if store.bucket is not None and task is not None:
+        shared.push_frozen(store.bucket, job.id, task, (job.launch.get("frozen") or {}).get("trees") or (),
+                           trees_root())
+
+
+def pull(job: ManagedJob, store: Store) -> str | None:
+    """This runner's copy of the kept task and trees of a job launched elsewhere; what is missing."""
+    from gpuctl.managed import shared
+
+    task = frozen_task(job)
+    if store.bucket is None or task is None:
+        return None
+    return shared.pull_frozen(store.bucket, job.id, task, (job.launch.get("frozen") or {}).get("trees") or (),
+                              trees_root())
 
 
 def release(job: ManagedJob, store: Store | None = None) -> None:
     """Remove the trees of an ended job that no job still running refers to."""
     store = store or Store()
+    store.pull()  # with shared state, other runners' jobs may use the same trees
     mine = set((job.launch.get("frozen") or {}).get("trees") or ())
-    if not mine:
-        return
     used = {t for other in store.all() if other.id != job.id and not other.terminal
             for t in (other.launch.get("frozen") or {}).get("trees") or ()}
     for tree in mine - used:
         shutil.rmtree(trees_root() / tree, ignore_errors=True)
+    if store.bucket is not None:
+        from gpuctl.managed import shared
+
+        shared.release_trees(store.bucket, mine, used)
+        shared.remove_kept(store.bucket, job.id)

@@ -5,6 +5,11 @@ supervisor.log), on the machine that holds the Terraform state and the credentia
 keeps it alive: every `gpuctl jobs ...` command (and `gpuctl status`) looks for jobs that have not
 ended and whose supervisor is gone, and starts one again. The new one claims the job only if the
 dead one still holds it (store.claim), so two commands reviving at once start one owner.
+
+With shared state the same holds across runners: a job's supervisor holds its lease in the bucket
+(managed/shared.py), and any runner whose command finds a lease run out (or a job nobody ever
+claimed) brings the job's kept task, files and secrets to itself and starts a supervisor, which
+takes the lease only if it is still the run-out one.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ def create(*, name: str, file: Path, text: str, envs: Mapping[str, str], secrets
     now = time.time()
     # the directory it was launched from: a task's relative workdir is read from there, as apply reads it
     launch = {"file": str(file.resolve()), "cwd": os.getcwd(), "envs": dict(envs), "infra": infra,
-              "num_nodes": num_nodes, "cluster_token": cluster_token()}
+              "num_nodes": num_nodes, "cluster_token": cluster_token(), "secrets": sorted(secrets)}
+    store.pull()  # with shared state, other runners' jobs name clusters too
     used = {job.cluster for job in store.all()}
 
     def cluster_of(job_id: int) -> str:
@@ -69,7 +75,13 @@ def create(*, name: str, file: Path, text: str, envs: Mapping[str, str], secrets
         store.delete(job.id)
         raise
     store.update(job.id, launch=json.dumps({**launch, "frozen": frozen}))
-    return store.get(job.id) or job
+    kept = store.get(job.id) or job
+    try:
+        freeze.push(kept, store)  # shared state: for whichever runner takes the job over
+    except BaseException:
+        store.delete(job.id)
+        raise
+    return kept
 
 
 def free_cluster_name(job_name: str, job_id: int, taken: Callable[[str], bool]) -> str:
@@ -88,15 +100,20 @@ def cluster_token() -> str:
     return secrets.token_hex(16)
 
 
-def spawn(job_id: int) -> int:
-    """Start a supervisor for the job, detached; its PID (it claims the job itself)."""
+def spawn(job_id: int, *, until: float | None = None) -> int:
+    """Start a supervisor for the job, detached; its PID (it claims the job itself). `until`: the
+    time it hands the job back at (`jobs supervise --for`), once every rank runs."""
     log = supervisor_log(job_id)
+    extra = {HAND_BACK_ENV: repr(until)} if until is not None else {}
     with open(log, "ab") as out:
         os.chmod(log, 0o600)
         proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "_supervise", str(job_id)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, "GPUCTL_PLAIN": "1"})
+                                start_new_session=True, env={**os.environ, "GPUCTL_PLAIN": "1", **extra})
     return proc.pid
+
+
+HAND_BACK_ENV = "GPUCTL_MANAGED_HAND_BACK_AT"
 
 
 def supervisor_alive(job: ManagedJob) -> bool:
@@ -116,9 +133,13 @@ def wait_claimed(store: Store, job_id: int, pid: int, timeout: float = 30.0) -> 
     return False
 
 
-def revive(store: Store | None = None) -> list[int]:
-    """Start a supervisor for every job not ended whose supervisor died; the ids revived."""
+def revive(store: Store | None = None, *, say: Callable[[str], None] | None = None,
+           until: float | None = None) -> list[int]:
+    """Start a supervisor for every job not ended whose supervisor died; the ids revived. With
+    shared state, also for another runner's job whose lease ran out (`say` tells of each)."""
     store = store or Store()
+    if store.bucket is not None:
+        return _revive_shared(store, say or (lambda text: None), until)
     if not store.path.exists():
         return []
     revived = []
@@ -127,6 +148,62 @@ def revive(store: Store | None = None) -> list[int]:
         # a job whose launcher died before its supervisor claimed it counts too, once it had the time
         unclaimed = job.supervisor_pid is None and now - job.submitted_at > CLAIM_GRACE_S
         if not job.terminal and (unclaimed or job.supervisor_pid is not None) and not supervisor_alive(job):
-            spawn(job.id)
+            spawn(job.id, until=until)
             revived.append(job.id)
     return revived
+
+
+def _revive_shared(store: Store, say: Callable[[str], None], until: float | None) -> list[int]:
+    from gpuctl.managed import shared
+
+    store.pull()
+    me = shared.runner_identity()["id"]
+    revived = []
+    for job in store.all():
+        if job.terminal or supervisor_alive(job):
+            continue  # ended, or a supervisor of this runner's has it (or is taking its lease)
+        lease = shared.read_lease(store.bucket, job.id)
+        if lease is None:
+            if time.time() - job.submitted_at <= CLAIM_GRACE_S:
+                continue  # its launcher is starting its supervisor
+            why = "no supervisor ever took it"
+        elif lease.runner == me:
+            if joblogs.same_process(int(lease.holder.get("pid") or 0), str(lease.holder.get("start") or "")):
+                continue
+            why = None  # this runner's own supervisor died: started again, as with local state
+        elif not lease.expired:
+            continue
+        else:
+            why = f"its supervisor on {lease.text()} stopped renewing its lease {lease.age:.0f} s ago"
+        if lease is None or lease.runner != me:
+            problem = take_over(store, job)
+            if problem is not None:
+                say(f"Managed job {job.id} ({job.name}) needs a supervisor ({why}), but this runner cannot "
+                    f"take it over: {problem}")
+                continue
+            say(f"Taking over managed job {job.id} ({job.name}): {why}")
+        spawn(job.id, until=until)
+        revived.append(job.id)
+    return revived
+
+
+def take_over(store: Store, job: ManagedJob) -> str | None:
+    """What a supervisor on this runner needs of a job launched elsewhere: its kept task and files
+    from the bucket, its secrets from this runner's environment. Why it cannot, else None."""
+    from gpuctl.managed import shared
+    from gpuctl.managed.store import drop_secrets
+
+    names = job.launch.get("secrets") or []
+    found, missing = shared.missing_secrets(names)
+    if missing:
+        return (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set in its environment "
+                "(a job's secrets are never in the state bucket: set them, by name, on every runner "
+                "that may take jobs over)")
+    problem = freeze.pull(job, store)
+    if problem is not None:
+        return problem
+    if found:
+        write_secrets(job.id, found)
+    else:
+        drop_secrets(job.id)
+    return None

@@ -8,6 +8,10 @@ raise it, and the nodes refuse ranks of an epoch older than the newest they saw.
 
 Each job's directory (`managed/<id>/`, 0700) holds the supervisor's log, each attempt's output
 (`attempt-K.log`) and, until the job ends, the secrets the ranks need (secrets.json, 0600).
+
+With shared state the table is this runner's working copy of the bucket's rows (managed/shared.py):
+ids are allocated in the bucket, the lease's holder writes its job's row through, and `pull` brings
+in what other runners wrote.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gpuctl.common.paths import state_root
+
+_CONFIGURED: Any = object()  # Store(remote=...) default: the configured shared state, if any
+ROWS_SYNC_FILE = ".rows-sync.json"
 
 STATES = ("PENDING", "STARTING", "RUNNING", "RECOVERING", "CANCELLING", "SUCCEEDED", "CANCELLED", "FAILED",
           "FAILED_SETUP", "FAILED_NO_RESOURCE", "FAILED_SUPERVISOR", "LOST")
@@ -153,8 +160,14 @@ def drop_secrets(job_id: int) -> None:
 class Store:
     """The managed jobs table; every write is one transaction."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, remote: Any = _CONFIGURED) -> None:
         self.path = path or state_root() / "managed.db"
+        if remote is _CONFIGURED:
+            from gpuctl.state import remotestate
+
+            remote = remotestate.current()
+        self.bucket: Any = remote.store if remote is not None else None  # S3Store of the shared state
+        self.lease: Any = None  # a supervisor's shared.Lease: only while it holds it does it write the row
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -172,15 +185,27 @@ class Store:
             db.close()
 
     def create(self, *, name: str, launch: dict[str, Any], cluster_of: Any, task_id_of: Any) -> ManagedJob:
-        """A new PENDING job; its cluster and task id are made from its id (`cluster_of(id)`)."""
+        """A new PENDING job; its cluster and task id are made from its id (`cluster_of(id)`). With
+        shared state the id is one no runner has (its row created in the bucket first)."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
-            cur = db.execute("INSERT INTO managed_jobs (name, cluster, status, task_id, launch, submitted_at) "
-                             "VALUES (?, '', 'PENDING', '', ?, ?)", (name, json.dumps(launch), time.time()))
-            job_id = int(cur.lastrowid or 0)
+            now = time.time()
+            if self.bucket is not None:
+                from gpuctl.managed import shared
+
+                floor = int(db.execute("SELECT COALESCE(MAX(id), 0) FROM managed_jobs").fetchone()[0])
+                job_id = shared.allocate(self.bucket, floor, lambda i: {"id": i, "name": name, "status": "PENDING",
+                                                                         "submitted_at": now})
+                db.execute("INSERT INTO managed_jobs (id, name, cluster, status, task_id, launch, submitted_at) "
+                           "VALUES (?, ?, '', 'PENDING', '', ?, ?)", (job_id, name, json.dumps(launch), now))
+            else:
+                cur = db.execute("INSERT INTO managed_jobs (name, cluster, status, task_id, launch, submitted_at) "
+                                 "VALUES (?, '', 'PENDING', '', ?, ?)", (name, json.dumps(launch), now))
+                job_id = int(cur.lastrowid or 0)
             db.execute("UPDATE managed_jobs SET cluster = ?, task_id = ? WHERE id = ?",
                        (cluster_of(job_id), task_id_of(job_id), job_id))
             db.execute("COMMIT")
+        self.push(job_id)
         job = self.get(job_id)
         assert job is not None
         return job
@@ -191,6 +216,10 @@ class Store:
             db.execute("DELETE FROM managed_jobs WHERE id = ?", (job_id,))
             db.execute("DELETE FROM managed_events WHERE job = ?", (job_id,))
         shutil.rmtree(managed_root() / str(job_id), ignore_errors=True)
+        if self.bucket is not None:
+            from gpuctl.managed import shared
+
+            shared.delete_job(self.bucket, job_id)
 
     def get(self, job_id: int) -> ManagedJob | None:
         with self._connect() as db:
@@ -209,6 +238,7 @@ class Store:
         cols = ", ".join(f"{k} = ?" for k in fields)
         with self._connect() as db:
             db.execute(f"UPDATE managed_jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+        self.push(job_id)
 
     def set_status(self, job_id: int, status: str, **fields: Any) -> None:
         """A new state, unless the job already ended (a late write never revives it)."""
@@ -220,6 +250,7 @@ class Store:
         with self._connect() as db:
             db.execute(f"UPDATE managed_jobs SET {cols} WHERE id = ? AND status NOT IN "
                        f"({', '.join('?' * len(TERMINAL))})", (status, *fields.values(), job_id, *TERMINAL))
+        self.push(job_id)
 
     def claim(self, job_id: int, pid: int, start: str, *, previous: tuple[int | None, str | None]) -> bool:
         """Take the job for supervisor (pid, start) if `previous` still holds it: compare-and-set,
@@ -239,12 +270,14 @@ class Store:
             db.execute("INSERT INTO managed_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (event.job, event.attempt, event.kind, event.cause, json.dumps(event.nodes),
                         event.detected_at, event.resumed_at, event.exit_code, event.failed_rank))
+        self.push(event.job)
 
     def resumed(self, job_id: int, attempt: int, at: float) -> None:
         """The attempt that followed an event has every rank running again."""
         with self._connect() as db:
             db.execute("UPDATE managed_events SET resumed_at = ? WHERE job = ? AND attempt = ? "
                        "AND resumed_at IS NULL", (at, job_id, attempt - 1))
+        self.push(job_id)
 
     def events(self, job_id: int) -> list[Event]:
         with self._connect() as db:
@@ -254,6 +287,104 @@ class Store:
                       nodes=json.loads(r["nodes"] or "[]"), detected_at=r["detected_at"],
                       resumed_at=r["resumed_at"], exit_code=r["exit_code"], failed_rank=r["failed_rank"])
                 for r in rows]
+
+    def request_cancel(self, job_id: int) -> None:
+        """Ask the job's supervisor, on this runner or any other, to cancel it: a flag here and a word
+        in the bucket, never a write of the row (its supervisor's alone)."""
+        with self._connect() as db:
+            db.execute("UPDATE managed_jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+        if self.bucket is not None:
+            from gpuctl.managed import shared
+
+            shared.request_cancel(self.bucket, job_id)
+
+    # -- shared state ------------------------------------------------------------------------------
+    def push(self, job_id: int) -> None:
+        """Write the job's row through to the bucket (shared state): by its launcher, before any
+        supervisor, then only by the supervisor that holds its lease."""
+        if self.bucket is None:
+            return
+        from gpuctl.managed import shared
+
+        if self.lease is not None:
+            self.lease.check()
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM managed_jobs WHERE id = ?", (job_id,)).fetchone()
+            events = db.execute("SELECT * FROM managed_events WHERE job = ? ORDER BY attempt, detected_at",
+                                (job_id,)).fetchall()
+        if row is None:
+            return
+        data = dict(row)
+        data["launch"] = json.loads(data["launch"])
+        shared.put_row(self.bucket, data, [dict(e) for e in events], shared.runner_identity()["id"])
+
+    def pull(self) -> None:
+        """Bring in the rows other runners wrote (shared state only): those changed since the last
+        pull, except a job whose supervisor lives here (it writes that row itself)."""
+        if self.bucket is None:
+            return
+        from gpuctl.jobplane.joblogs import same_process
+        from gpuctl.managed import shared
+
+        listed = shared.listed_rows(self.bucket)
+        sync = managed_root() / ROWS_SYNC_FILE
+        try:
+            seen = json.loads(sync.read_text())
+        except (OSError, ValueError):
+            seen = {}
+        me = shared.runner_identity()["id"]
+        for job_id, etag in sorted(listed.items()):
+            local = self.get(job_id) if self.path.exists() else None
+            if seen.get(str(job_id)) == etag and local is not None:
+                continue
+            if local is not None and local.supervisor_pid is not None \
+                    and same_process(local.supervisor_pid, local.supervisor_start or ""):
+                continue
+            doc = shared.get_row(self.bucket, job_id)
+            if doc is None:
+                continue
+            if local is not None and local.task_id and local.task_id != doc["job"].get("task_id"):
+                continue  # a job of this state dir's own from before it shared its state: kept as it is
+            self._import(doc, mine=doc.get("runner") == me)
+            seen[str(job_id)] = etag
+        managed_root().mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = sync.with_name(f"{ROWS_SYNC_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(seen, sort_keys=True))
+        tmp.replace(sync)
+
+    def refresh(self, job_id: int) -> ManagedJob | None:
+        """The job as the bucket has it now (shared state), else as here."""
+        if self.bucket is not None:
+            from gpuctl.managed import shared
+
+            doc = shared.get_row(self.bucket, job_id)
+            local = self.get(job_id)
+            if doc is not None and (local is None or local.task_id == doc["job"].get("task_id")):
+                self._import(doc, mine=doc.get("runner") == shared.runner_identity()["id"])
+        return self.get(job_id)
+
+    def _import(self, doc: dict[str, Any], *, mine: bool) -> None:
+        row = {k: v for k, v in doc["job"].items() if k in _COLUMNS}
+        row["launch"] = json.dumps(row.get("launch") or {})
+        if not mine:  # another runner's process: nothing this machine can look up
+            row["supervisor_pid"] = row["supervisor_start"] = None
+        cols = ", ".join(row)
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(f"INSERT OR REPLACE INTO managed_jobs ({cols}) VALUES ({', '.join('?' * len(row))})",
+                       tuple(row.values()))
+            db.execute("DELETE FROM managed_events WHERE job = ?", (row["id"],))
+            for e in doc.get("events") or []:
+                db.execute("INSERT INTO managed_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (row["id"], e.get("attempt", 0), e.get("kind", ""), e.get("cause", ""),
+                            e.get("nodes") or "[]", e.get("detected_at") or 0, e.get("resumed_at"),
+                            e.get("exit_code"), e.get("failed_rank")))
+            db.execute("COMMIT")
+
+
+_COLUMNS = ("id", "name", "cluster", "status", "task_id", "attempt", "recoveries", "transient", "restarts", "launch",
+            "submitted_at", "started_at", "ended_at", "reason", "exit_code", "failed_rank", "cluster_job",
+            "supervisor_pid", "supervisor_start", "supervisor_runs", "cancel_requested", "destroyed")
 
 
 def _job(row: sqlite3.Row) -> ManagedJob:

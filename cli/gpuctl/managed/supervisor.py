@@ -13,7 +13,9 @@ A node that only stops answering gets a grace before it counts as lost.
 No controller VM: if this process dies, the next `gpuctl jobs ...` command starts another one,
 which claims the job (compare-and-set on its PID and start time) and carries on: a RUNNING attempt
 is watched again, anything else is fenced, then recovered. The cluster's own lease (autostop's)
-takes the cluster down if no supervisor comes back.
+takes the cluster down if no supervisor comes back. With shared state the supervisor also holds
+the job's lease in the bucket (managed/shared.py), so that one on another runner can take over;
+`jobs supervise --for` has it hand the job back once every rank runs.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from gpuctl.common.errors import JobFailed, ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.jobplane import autostop, joblogs
 from gpuctl.jobplane.runner import JobRunner, JobSpec
-from gpuctl.managed import fencing, freeze, owner
-from gpuctl.managed.launch import supervisor_alive
+from gpuctl.managed import fencing, freeze, owner, shared
+from gpuctl.managed.launch import HAND_BACK_ENV, supervisor_alive
 from gpuctl.managed.policy import AttemptEnd, Decision, decide
-from gpuctl.managed.store import Event, ManagedJob, Store, attempt_log, drop_secrets, read_secrets
+from gpuctl.managed.store import Event, ManagedJob, Store, attempt_log, drop_secrets, read_secrets, supervisor_log
 from gpuctl.providers import get_provider
 from gpuctl.provision import lifecycle, provisioner
 from gpuctl.provision.inventory import Inventory
@@ -77,6 +79,18 @@ class Superseded(Exception):
     """Another supervisor owns the job now: this one must touch nothing more."""
 
 
+class HandBack(Exception):
+    """`jobs supervise --for` ran its time, and every rank runs: the job's lease is given up for the
+    next runner to take, the attempt goes on."""
+
+
+def hand_back_at() -> float | None:
+    try:
+        return float(os.environ[HAND_BACK_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
 class AttemptRunner(JobRunner):
     """A JobRunner whose jobs nobody else watches: the supervisor follows them itself."""
 
@@ -104,13 +118,18 @@ class Supervisor:
             raise Superseded(f"managed job {self.job_id} is gone from the state")
         if (job.supervisor_pid, job.supervisor_start) != (self.pid, self.start):
             raise Superseded(f"managed job {self.job_id} is owned by supervisor {job.supervisor_pid}")
+        if self.store.lease is not None:
+            try:
+                self.store.lease.check()
+            except shared.LeaseLost as exc:
+                raise Superseded(str(exc)) from None
         return job
 
     def say(self, text: str) -> None:
         self.reporter.info(f"{time.strftime('%H:%M:%S')} {text}")
 
     def check_cancel(self) -> None:
-        if self.job().cancel_requested:
+        if self.job().cancel_requested or (self.store.lease is not None and self.store.lease.cancelled):
             raise Cancelled()
 
     # -- the whole life ------------------------------------------------------------------------
@@ -123,6 +142,8 @@ class Supervisor:
         if not self.store.claim(self.job_id, self.pid, self.start,
                                 previous=(job.supervisor_pid, job.supervisor_start)):
             return 0  # another supervisor claimed it first
+        if self.store.bucket is not None and not self.take_lease():
+            return 0
         job = self.job()
         if job.supervisor_runs > MAX_SUPERVISOR_RUNS:
             last = f"; the last time: {job.reason}" if (job.reason or "").startswith("supervisor error") else ""
@@ -130,8 +151,14 @@ class Supervisor:
         self.say(f"supervisor {self.pid} takes managed job {job.id} ({job.name}) in state {job.status}")
         try:
             return self._run(job)
-        except Superseded as exc:
+        except (Superseded, shared.LeaseLost) as exc:
             self.say(f"stopping: {exc}")
+            if self.store.lease is not None and self.store.lease.lost_to is not None:
+                drop_secrets(self.job_id)  # another runner's supervisor has the job, and its own copy
+            return 0
+        except HandBack:
+            self.say("handing the job back: every rank runs, and this runner's time (`jobs supervise --for`) "
+                     "is up; the next runner to look takes it over")
             return 0
         except Cancelled:
             return self.finish("CANCELLED", "cancelled by the user")
@@ -142,9 +169,50 @@ class Supervisor:
         finally:
             if self.lease is not None:
                 self.lease.__exit__(None, None, None)
+            if self.store.lease is not None:
+                self.keep_logs()
+                self.store.lease.release()
+
+    def take_lease(self) -> bool:
+        """Shared state: hold the job's lease in the bucket, if it is free, run out, or this runner's
+        own from a supervisor that died."""
+        from gpuctl.jobplane.joblogs import same_process
+
+        lease = shared.Lease(self.store.bucket, self.job_id, pid=self.pid, start=self.start)
+
+        def may_take(view: shared.LeaseView) -> bool:
+            if view.runner == lease.me["id"]:
+                return not same_process(int(view.holder.get("pid") or 0), str(view.holder.get("start") or ""))
+            return view.expired
+
+        holder = lease.acquire(may_take)
+        if holder is not None:
+            self.say(f"managed job {self.job_id} is supervised by {holder.text()}, whose lease runs; stopping")
+            if holder.runner != lease.me["id"]:
+                drop_secrets(self.job_id)
+            return False
+        self.store.lease = lease
+        self.store.push(self.job_id)  # the bucket's row now says which runner supervises the job
+        self.say(f"holding managed job {self.job_id}'s lease in the state bucket ({lease.me['who']}, "
+                 f"term {lease.term:g} s)")
+        return True
+
+    def keep_logs(self) -> None:
+        """Shared state: every attempt's output and this log in the bucket, for the other runners."""
+        job = self.store.get(self.job_id)
+        if job is None or self.store.bucket is None:
+            return
+        try:
+            for attempt in range(1, job.attempt + 1):
+                shared.push_log(self.store.bucket, job.id, attempt, attempt_log(job.id, attempt))
+            shared.push_log(self.store.bucket, job.id, 0, supervisor_log(job.id))
+        except (ProvisionError, UserError) as exc:
+            self.say(f"could not keep the logs in the state bucket: {exc}")
 
     def _run(self, job: ManagedJob) -> int:
         self.check_cancel()  # a cancel that found no supervisor started this one
+        if self.store.bucket is not None:
+            self.registry.adopt(job.cluster)  # the cluster as the last runner left it
         try:
             task, req, recovery = self.load(job)
         except UserError as exc:  # its task cannot be read again: said once, not retried
@@ -288,10 +356,15 @@ class Supervisor:
                 self.ended_at = time.time()
                 break
             job = self.job()
-            if job.cancel_requested:
+            if job.cancel_requested or (self.store.lease is not None and self.store.lease.cancelled):
                 self.stop_attempt.set()
                 thread.join()
                 raise Cancelled()
+            until = hand_back_at()
+            if until is not None and time.time() >= until and job.status == "RUNNING" and job.cluster_job:
+                self.stop_attempt.set()  # lets go of the attempt's stream; the ranks run on
+                thread.join()
+                raise HandBack()
             cluster_job = self.cluster_job(inv, before)
             if not running and cluster_job is not None:
                 record = self.registry.job(inv.cluster, cluster_job)
@@ -455,6 +528,9 @@ class Supervisor:
         the job's end."""
         job = self.store.get(self.job_id)
         assert job is not None
+        if self.store.lease is not None and not self.store.lease.held():
+            self.say(f"not ending the job {status}: this supervisor no longer holds its lease")
+            return 0  # a runner that lost the job takes nothing down and writes nothing
         take_down = take_down and owner.owns(job)
         if status == "CANCELLED":
             self.store.set_status(job.id, "CANCELLING")

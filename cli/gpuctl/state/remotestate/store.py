@@ -81,6 +81,40 @@ class S3Store:
             return None
         return str(reply.get("ETag", ""))
 
+    def put_if(self, key: str, data: bytes, etag: str) -> str | None:
+        """Replace `key` only while its ETag is `etag` (If-Match: S3's conditional write, in one
+        request); the new object's ETag, else None (it changed or is gone)."""
+        try:
+            reply = self._call("write", key, lambda: self.client.put_object(
+                Bucket=self.settings.bucket, Key=key, Body=data, IfMatch=etag, **self._encryption()))
+        except (_Missing, _Exists):
+            return None
+        except _Unsupported:  # an S3-compatible store without conditional writes: compare, then write
+            current = self.get_tagged(key)
+            if current is None or current[1] != etag:
+                return None
+            return self.put_etag(key, data)
+        return str(reply.get("ETag", ""))
+
+    def get_aged(self, key: str) -> tuple[bytes, str, float] | None:
+        """The object's bytes, ETag and age in seconds by the store's own clock (its Last-Modified
+        against the reply's Date), so runners whose clocks differ agree on it; None when absent."""
+        from email.utils import parsedate_to_datetime
+
+        try:
+            reply = self._call("read", key, lambda: self.client.get_object(Bucket=self.settings.bucket, Key=key))
+        except _Missing:
+            return None
+        data = reply["Body"].read()
+        modified = reply.get("LastModified")
+        date = (reply.get("ResponseMetadata") or {}).get("HTTPHeaders", {}).get("date")
+        try:
+            now = parsedate_to_datetime(date).timestamp() if date else time.time()
+        except (TypeError, ValueError):
+            now = time.time()
+        age = max(0.0, now - modified.timestamp()) if modified is not None else 0.0
+        return data, str(reply.get("ETag", "")), age
+
     def put_etag(self, key: str, data: bytes) -> str:
         """Write `key`; the ETag the store gave the new object."""
         reply = self._call("write", key, lambda: self.client.put_object(
