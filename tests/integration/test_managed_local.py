@@ -403,7 +403,7 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         return [o["Key"] for o in s3.list_objects_v2(Bucket=STATE_BUCKET, Prefix=f"{prefix}/{under}")
                 .get("Contents", [])]
 
-    task = mj.task(3, steps=60)
+    task = mj.task(3, steps=200)
     digest = hashlib.sha256(b"s3cr3t").hexdigest()  # the script names the secret's hash, never the secret
     task.write_text(task.read_text().replace(
         "run: |\n", f"run: |\n  [ \"$(printf %s \"$MJ_TOKEN\" | sha256sum | cut -d' ' -f1)\" = {digest} ] || exit 55\n"))
@@ -445,6 +445,20 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         assert [r[:3] for r in queue_rows(took.stdout)] == [[str(job_id), "mjt", "RUNNING"]], took.stdout
         store_b = Store(state_b / "managed.db", remote=None)
         wait_for("every rank of attempt 2", lambda: len(mj.started(2)) == 3, 120)
+        # runner B's supervisor dies too; a scheduled `jobs supervise` on runner C takes the job over once
+        # the lease runs out, watches the attempt, and hands it back when its time is up
+        os.kill(wait_for("B's supervisor", lambda: (j := store_b.get(job_id)) and j.status == "RUNNING"
+                         and j.supervisor_pid, 60), signal.SIGKILL)
+        state_c = tmp_path / "runner-c"
+        handed = run_gpuctl("jobs", "supervise", "--for", "20s", "--poll", "2s", state_dir=state_c,
+                            timeout=120).check()
+        assert f"Taking over managed job {job_id} (mjt)" in handed.stderr, handed.describe()
+        assert f"Managed job {job_id} (mjt): RUNNING, attempt 2" in handed.stdout, handed.describe()
+        log_c = (state_c / "managed" / str(job_id) / "supervisor.log").read_text()
+        assert "watching attempt 2 again" in log_c and "handing the job back" in log_c, log_c
+        assert len(mj.started(2)) == 3 and not mj.started(3)  # watched again, never restarted
+        took = run_gpuctl("jobs", "queue", state_dir=state_b).check()  # at once: the lease was given back
+        assert "its last supervisor handed it back" in took.stderr, took.describe()
         after = cluster.footprint()  # the nodes stay where runner A's Terraform put them
         assert after.sshd[0] == before.sshd[0] and after.sshd[2] == before.sshd[2]  # the others untouched
         assert after.sshd[1] != before.sshd[1]

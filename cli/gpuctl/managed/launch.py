@@ -164,9 +164,10 @@ def _revive_shared(store: Store, say: Callable[[str], None], until: float | None
             continue  # ended, or a supervisor of this runner's has it (or is taking its lease)
         lease = shared.read_lease(store.bucket, job.id)
         if lease is None:
-            if time.time() - job.submitted_at <= CLAIM_GRACE_S:
+            if job.supervisor_runs == 0 and time.time() - job.submitted_at <= CLAIM_GRACE_S:
                 continue  # its launcher is starting its supervisor
-            why = "no supervisor ever took it"
+            why = ("no supervisor ever took it" if job.supervisor_runs == 0 else
+                   "its last supervisor handed it back (`jobs supervise --for`) or ended without a word")
         elif lease.runner == me:
             if joblogs.same_process(int(lease.holder.get("pid") or 0), str(lease.holder.get("start") or "")):
                 continue
