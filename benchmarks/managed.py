@@ -33,7 +33,18 @@ The job's state is read from `$GPUCTL_STATE_DIR/managed.db` (gpuctl.managed.stor
 supervisors). The supervisor polls every GPUCTL_MANAGED_TICK_S (default 5 s; --tick sets it), so
 detection and resumed_at carry up to one tick of wait by design.
 
+With --takeover, the state is shared in S3 (a moto server on loopback stands in) and the job's
+first runner dies with the node: runner A launches; once every rank runs, A's supervisor is
+SIGKILLed, A's state dir is removed (all but the local nodes' homes: they stand for the cloud's
+machines) and a node dies, all at once. Runner B, with a state dir of its own, has run `gpuctl
+jobs queue` every --poll seconds (default 30) since the launch, as a scheduled job would; its first
+call after the lease's term (GPUCTL_MANAGED_LEASE_S, 30 s) takes the job over. Measured: the
+kill -> B's taking call, and -> every rank running again (the event's resumed_at in B's store, and
+the rank script's start lines); goal: running again <= poll + 60 s, 0 duplicates, 0 leaked after
+B's `jobs cancel`.
+
   .venv/bin/python benchmarks/managed.py [--nodes 4,16] [--repeats 3] [--tick S] [--plot managed.png] [--json out.json]
+  .venv/bin/python benchmarks/managed.py --takeover [--nodes 4] [--repeats 2] [--poll 30]
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ RANK_SCRIPT = r"""
 exec 9>"$CKPT/rank-$GPUCTL_NODE_RANK.lock"
 if ! flock -n 9; then echo "dup $GPUCTL_NODE_RANK $GPUCTL_ATTEMPT $(date +%s.%N)" >> "$CKPT/dupes"; exit 97; fi
 echo "start $GPUCTL_NODE_RANK $GPUCTL_ATTEMPT $(date +%s.%N)" >> "$CKPT/events"
+echo "$GPUCTL_TASK_ID" >> "$CKPT/tasks"
 step=0
 while [ "$step" -lt "$STEPS" ]; do
   sleep "$STEP_S" & wait $!
@@ -567,6 +579,211 @@ def one_sample(n: int, rep: int, root: Path, env: dict[str, str], timeout: float
     return s
 
 
+# -- --takeover: the first runner dies with the node ---------------------------------------------
+
+GOAL_BEYOND_POLL_S = 60.0
+STATE_BUCKET = "gpuctl-bench-state"
+
+
+@dataclass
+class Takeover:
+    n: int
+    rep: int
+    lost_rank: int
+    poll: float
+    job_id: int | None = None
+    took: float | None = None  # runner B's call that took the job over (its start) - kill
+    running: float | None = None  # event resumed_at - kill
+    ranks: float | None = None  # last `start RANK 2` line - kill
+    same_task: bool | None = None
+    only_lost: bool | None = None
+    duplicates: int | None = None
+    leaked: list[str] = field(default_factory=list)
+    final_status: str | None = None
+    said: str = ""  # runner B's line when it took the job over
+    error: str | None = None
+
+
+def moto_state(root: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """A moto S3 on loopback with the state bucket; the environment every runner shares."""
+    import socket
+
+    import boto3
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(root / "moto.log", "wb")  # noqa: SIM115 - the server's whole life
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    shared = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+              "GPUCTL_STATE_BUCKET": STATE_BUCKET, "GPUCTL_STATE_PREFIX": "bench", "GPUCTL_STATE_ENDPOINT_URL": url}
+    s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=url, aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    wait_for("the moto server", lambda: _bucket(s3), 30, interval=0.2)
+    return server, shared
+
+
+def _bucket(s3: Any) -> bool:
+    try:
+        s3.create_bucket(Bucket=STATE_BUCKET)
+        return True
+    except Exception as exc:  # noqa: BLE001 - not up yet
+        return "BucketAlready" in type(exc).__name__ or "BucketAlready" in str(exc)
+
+
+def one_takeover(n: int, rep: int, root: Path, env: dict[str, str], poll: float, timeout: float) -> Takeover:
+    t = Takeover(n, rep, lost_rank_for(n, rep), poll)
+    env_a = {**env, "GPUCTL_STATE_DIR": str(root / f"a{n}r{rep}")}
+    env_b = {**env, "GPUCTL_STATE_DIR": str(root / f"b{n}r{rep}")}
+    job = Job(root, env_a, n, rep)
+    store_b: Any = None
+    records: list[NodeRecord] = []
+    cdir_a = None
+    try:
+        launched = time.time()
+        t.job_id = job.launch(timeout)
+        from gpuctl.managed.store import Store  # lazy, as Job.store
+        store_b = Store(Path(env_b["GPUCTL_STATE_DIR"]) / "managed.db", remote=None)
+        wait_for(f"managed job {job.id} RUNNING", lambda: _check_alive(job) == "RUNNING", timeout)
+        wait_for(f"every rank of attempt 1 ({n})", lambda: len(job.started(1)) == n, timeout)
+        cdir_a = job.cdir
+        before = read_nodes(cdir_a)
+        records += before.values()
+        supervisor = job.row().supervisor_pid
+        # runner B has polled since the launch; the kill lands somewhere in its period
+        next_poll = launched + poll * (int((time.time() - launched) / poll) + 1)
+        os.kill(supervisor, signal.SIGKILL)
+        for path in Path(env_a["GPUCTL_STATE_DIR"]).iterdir():
+            if path.name != "clusters":
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        for path in cdir_a.iterdir():
+            if path.name != "nodes":
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        lost = before[t.lost_rank]
+        assert lost.netns, f"node{t.lost_rank} has no network namespace"
+        kill = kill_node(lost.netns)
+        print(f"  N={n} rep {rep}: runner A gone, node{t.lost_rank} killed; runner B polls every {poll:g} s",
+              file=sys.stderr, flush=True)
+        deadline = time.monotonic() + timeout
+        while t.took is None:
+            time.sleep(max(0.0, next_poll - time.time()))
+            next_poll += poll
+            asked = time.time()
+            g = bl.run_gpuctl("jobs", "queue", env=env_b, timeout=timeout)
+            said = [ln.text for ln in g.stderr if "Taking over managed job" in ln.text]
+            if said:
+                t.took, t.said = asked - kill, said[0]
+            if time.monotonic() > deadline:
+                raise TimeoutError("runner B never took the job over")
+
+        def resumed() -> Any:
+            row = store_b.get(job.id)
+            if row is None or row.status in TERMINAL:
+                raise RuntimeError(f"job {job.id} is {row.status if row else 'gone'} on runner B")
+            evs = [e for e in store_b.events(job.id) if e.attempt == 1]
+            return evs and evs[0].resumed_at is not None and len(job.started(2)) == n and evs[0]
+
+        ev = wait_for(f"every rank of attempt 2 of job {job.id}", resumed, timeout)
+        t.running = ev.resumed_at - kill
+        t.ranks = max(job.started(2).values()) - kill
+        after = read_nodes(cdir_a)
+        records += after.values()
+        same = [r for r in before if r != t.lost_rank and after.get(r) and after[r].sshd == before[r].sshd
+                and after[r].sshd is not None and bl.proc_alive(*after[r].sshd)]
+        t.only_lost = len(same) == n - 1 and list(ev.nodes) == [str(t.lost_rank)]
+        t.duplicates = job.duplicates()
+        tasks = set((job.ckpt / "tasks").read_text().split())
+        t.same_task = tasks == {store_b.get(job.id).task_id}
+    except Exception as exc:  # noqa: BLE001 - recorded; the job is cancelled and checked below
+        t.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            if t.job_id is not None:
+                g = bl.run_gpuctl("jobs", "cancel", str(t.job_id), env=env_b, timeout=timeout, check=False)
+                if g.proc.returncode != 0:
+                    t.error = (t.error + "; " if t.error else "") + f"jobs cancel exited {g.proc.returncode}"
+                    print(g.describe(), file=sys.stderr)
+                row = store_b.get(t.job_id) if store_b is not None else None
+                t.final_status = row.status if row else None
+                if t.duplicates is None or job.duplicates() > t.duplicates:
+                    t.duplicates = job.duplicates()
+                if cdir_a is not None:
+                    records += read_nodes(cdir_a).values()
+                    cdir_b = Path(env_b["GPUCTL_STATE_DIR"]) / "clusters" / (job.cluster or "?")
+                    t.leaked += [x for x in leftovers(cdir_b, records)]
+                    t.leaked += [f"dir {d}" for d in (cdir_a / "nodes",) if d.exists() and any(d.iterdir())]
+                if (Path(env_b["GPUCTL_STATE_DIR"]) / "managed" / str(t.job_id) / "secrets.json").exists():
+                    t.leaked.append("secrets.json on runner B")
+        finally:
+            job.close()
+    print(f"  N={n} rep {rep}: taken over {bl.fmt_s(t.took, 1)} s, running again {bl.fmt_s(t.running, 1)} s "
+          f"(ranks {bl.fmt_s(t.ranks, 1)} s) after the kill; dupes {t.duplicates}, leaked {len(t.leaked)}"
+          + (f"  ERROR {t.error}" if t.error else ""), file=sys.stderr, flush=True)
+    return t
+
+
+def takeover_main(args: argparse.Namespace) -> int:
+    note = bl.machine_note()
+    samples: list[Takeover] = []
+    with bl.state_dir("gpuctl-bench-mjt-", keep=args.keep) as (root, env):
+        for var in ("GPUCTL_MANAGED_TICK_S", "GPUCTL_MANAGED_GRACE_S", "GPUCTL_MANAGED_BACKOFF_S",
+                    "GPUCTL_MANAGED_LEASE_S"):
+            env.pop(var, None)
+        if args.tick is not None:
+            env["GPUCTL_MANAGED_TICK_S"] = str(args.tick)
+        server, shared = moto_state(root)
+        env.update(shared)
+        try:
+            for n in args.nodes:
+                for rep in range(args.repeats):
+                    samples.append(one_takeover(n, rep, root, env, args.poll, args.timeout))
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+    lease = os.environ.get("GPUCTL_MANAGED_LEASE_S") or "30 (default)"
+    print(f"\nManaged jobs: the first runner and a node die at once; a second runner polls `gpuctl jobs queue` "
+          f"every {args.poll:g} s ({note}); lease term {lease} s, shared state in moto S3\n")
+    rows = [[str(t.n), str(t.rep), f"{t.lost_rank}" + (" (head)" if t.lost_rank == 0 else ""), bl.fmt_s(t.took, 1),
+             bl.fmt_s(t.running, 1), bl.fmt_s(t.ranks, 1),
+             bl.fmt_s(None if t.running is None else t.running - args.poll, 1),
+             "-" if t.only_lost is None else ("yes" if t.only_lost else "NO"),
+             "-" if t.same_task is None else ("yes" if t.same_task else "NO"),
+             "-" if t.duplicates is None else str(t.duplicates), str(len(t.leaked)), t.final_status or "-"]
+            for t in samples]
+    print(bl.table(["N", "repeat", "lost rank", "taken over s", "running again s", "ranks started s",
+                    "beyond poll s", "only lost replaced", "same task id", "duplicates", "leaked",
+                    "after cancel"], rows))
+    print("\ntaken over = runner B's `jobs queue` that took the job (its start) - kill; running again = the "
+          "event's resumed_at (B's supervisor) - kill; ranks started = the rank script's last attempt-2 start - "
+          "kill; beyond poll = running again - the poll interval")
+    for t in samples:
+        if t.said:
+            print(f"  N={t.n} repeat {t.rep}, runner B said: {t.said}")
+        if t.error or t.leaked:
+            print(f"  N={t.n} repeat {t.rep}: {t.error or ''} leaked: {', '.join(t.leaked) or 'nothing'}")
+    checks = []
+    worst = max((t.running for t in samples if t.running is not None), default=None)
+    ok = worst is not None and worst - args.poll <= GOAL_BEYOND_POLL_S and all(t.running is not None for t in samples)
+    checks.append(f"{'PASS' if ok else 'FAIL'}  running again: max {bl.fmt_s(worst, 1)} s after the kill = "
+                  f"poll {args.poll:g} s + {bl.fmt_s(None if worst is None else worst - args.poll, 1)} s "
+                  f"(goal <= poll + {GOAL_BEYOND_POLL_S:g} s)")
+    dup = sum(t.duplicates or 0 for t in samples)
+    checks.append(f"{'PASS' if dup == 0 and all(t.duplicates is not None for t in samples) else 'FAIL'}  "
+                  f"duplicate ranks: {dup} (goal 0)")
+    leaked = sum(len(t.leaked) for t in samples)
+    ok = leaked == 0 and all(t.final_status == "CANCELLED" for t in samples)
+    checks.append(f"{'PASS' if ok else 'FAIL'}  leaked after runner B's cancel: {leaked} (goal 0)")
+    same = all(t.same_task for t in samples)
+    checks.append(f"{'PASS' if same else 'FAIL'}  every attempt's ranks had the job's one task id: "
+                  f"{sum(bool(t.same_task) for t in samples)}/{len(samples)}")
+    only = all(t.only_lost for t in samples)
+    checks.append(f"{'PASS' if only else 'FAIL'}  only the lost node replaced: "
+                  f"{sum(bool(t.only_lost) for t in samples)}/{len(samples)}")
+    print("\n" + "\n".join(checks))
+    return 0 if all(c.startswith("PASS") for c in checks) and not any(t.error for t in samples) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=lambda t: sorted({int(x) for x in t.split(",") if x.strip()}), default=[4, 16],
@@ -577,6 +794,9 @@ def main() -> int:
     ap.add_argument("--plot", type=Path, help="write a PNG (needs matplotlib)")
     ap.add_argument("--json", type=Path, help="write every sample as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the temp state dir (logs)")
+    ap.add_argument("--takeover", action="store_true",
+                    help="shared state: the first runner dies with the node, a second one polls and takes over")
+    ap.add_argument("--poll", type=float, default=30.0, help="--takeover: runner B's poll interval in s (30)")
     args = ap.parse_args()
     if min(args.nodes) < 2:
         ap.error("--nodes: each N must be at least 2 (a worker is killed)")
@@ -584,6 +804,8 @@ def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("the nodes must be netns nodes (run as root): a node dies by its namespace")
     bl.sigterm_as_interrupt()
+    if args.takeover:
+        return takeover_main(args)
     note = bl.machine_note()
     tick = f"{args.tick:g} s" if args.tick is not None else "5 s (default)"
     samples: list[Sample] = []
