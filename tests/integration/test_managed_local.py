@@ -456,6 +456,7 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         assert f"Managed job {job_id} (mjt): RUNNING, attempt 2" in handed.stdout, handed.describe()
         log_c = (state_c / "managed" / str(job_id) / "supervisor.log").read_text()
         assert "watching attempt 2 again" in log_c and "handing the job back" in log_c, log_c
+        assert not (state_c / "managed" / str(job_id) / "secrets.json").exists()  # none kept once handed back
         assert len(mj.started(2)) == 3 and not mj.started(3)  # watched again, never restarted
         took = run_gpuctl("jobs", "queue", state_dir=state_b).check()  # at once: the lease was given back
         assert "its last supervisor handed it back" in took.stderr, took.describe()

@@ -78,6 +78,8 @@ def test_the_lease_goes_to_one_runner_and_a_run_out_one_is_taken_over(remote: Re
     a = shared.Lease(remote.store, 7, pid=os.getpid(), start="a")
     a.term = 1.0  # a short term, as GPUCTL_MANAGED_LEASE_S would give a runner
     assert a.acquire(lambda view: view.expired) is None and a.held() is False  # its margin exceeds the term
+    a._stop.set()  # A's supervisor dies: nothing renews its lease any more
+    a._thread.join()
     as_runner(monkeypatch, tmp_path / "b")
     b = shared.Lease(remote.store, 7, pid=os.getpid(), start="b")
     held = b.acquire(lambda view: view.expired)

@@ -159,6 +159,7 @@ class Supervisor:
         except HandBack:
             self.say("handing the job back: every rank runs, and this runner's time (`jobs supervise --for`) "
                      "is up; the next runner to look takes it over")
+            drop_secrets(self.job_id)  # the next taker reads them from its own environment
             return 0
         except Cancelled:
             return self.finish("CANCELLED", "cancelled by the user")
