@@ -383,7 +383,9 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
     for the cloud's machines, which outlive a runner); then a worker is lost. Runner B, which never
     saw the job, names the secret it lacks and takes nothing over; given it, its next `jobs queue`
     takes the job over: only the lost node is replaced, every rank starts again with the same task
-    id and no duplicate, and when the job ends nothing of it is left (nodes, bucket, secrets)."""
+    id and no duplicate. B's supervisor dies too; runner C's scheduled `jobs supervise --for` takes
+    the job over and hands it back; B's `jobs cancel` takes it again at once and its new supervisor,
+    which never saw the cluster, leaves nothing of it (nodes, bucket objects, secrets)."""
     import boto3
     from mototest import fake_aws_env
 
@@ -403,7 +405,7 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         return [o["Key"] for o in s3.list_objects_v2(Bucket=STATE_BUCKET, Prefix=f"{prefix}/{under}")
                 .get("Contents", [])]
 
-    task = mj.task(3, steps=200)
+    task = mj.task(3, steps=400)
     digest = hashlib.sha256(b"s3cr3t").hexdigest()  # the script names the secret's hash, never the secret
     task.write_text(task.read_text().replace(
         "run: |\n", f"run: |\n  [ \"$(printf %s \"$MJ_TOKEN\" | sha256sum | cut -d' ' -f1)\" = {digest} ] || exit 55\n"))
@@ -458,23 +460,22 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         assert "watching attempt 2 again" in log_c and "handing the job back" in log_c, log_c
         assert not (state_c / "managed" / str(job_id) / "secrets.json").exists()  # none kept once handed back
         assert len(mj.started(2)) == 3 and not mj.started(3)  # watched again, never restarted
-        took = run_gpuctl("jobs", "queue", state_dir=state_b).check()  # at once: the lease was given back
-        assert "its last supervisor handed it back" in took.stderr, took.describe()
         after = cluster.footprint()  # the nodes stay where runner A's Terraform put them
         assert after.sshd[0] == before.sshd[0] and after.sshd[2] == before.sshd[2]  # the others untouched
         assert after.sshd[1] != before.sshd[1]
-        final = wait_for("the job's end", lambda: (j := store_b.get(job_id)) is not None and j.terminal and j, 150,
-                         interval=0.5)
-        log_b = (state_b / "managed" / str(job_id) / "supervisor.log").read_text()
-        assert final.status == "SUCCEEDED", log_b
-        assert final.destroyed and final.recoveries == 1, final
         ids = {(e[3], e[4]) for e in mj.events() if e[0] == "start"}
-        assert ids == {(final.task_id, final.task_id)}
+        assert ids == {(running.task_id, running.task_id)}
+        # runner B cancels: the same command takes the handed-back job over (at once: the lease was given
+        # up), and its new supervisor, which never saw the cluster, removes all of it
+        cancelled = run_gpuctl("jobs", "cancel", str(job_id), state_dir=state_b).check()
+        assert "its last supervisor handed it back" in cancelled.stderr, cancelled.describe()
+        assert f"Managed job {job_id} CANCELLED; cluster {cluster.name} removed" in cancelled.stdout
+        final = store_b.get(job_id)
+        assert final.status == "CANCELLED" and final.destroyed and final.recoveries == 1, final
         assert not (mj.ckpt / "dupes").exists(), (mj.ckpt / "dupes").read_text()
-        assert len([e for e in mj.events() if e[0] == "end" and e[2] == "2"]) == 3
-        [event] = store_b.events(job_id)
-        assert event.resumed_at is not None and event.resumed_at - killed < 120, (event, killed)
-        logs = run_gpuctl("jobs", "logs", str(job_id), "--no-follow", state_dir=state_b).check().stdout
+        [event] = final_events = store_b.events(job_id)
+        assert event.resumed_at is not None and event.resumed_at - killed < 120, (final_events, killed)
+        logs = run_gpuctl("jobs", "logs", str(job_id), "--no-follow", state_dir=state_b).stdout  # exit 1: cancelled
         assert "== attempt 2: after rank 1 lost (" in logs
         # nothing is left: the nodes, the cluster's and the job's objects but its row and logs, the secret
         assert not before.nodes_left() and not after.nodes_left(), before.nodes_left() + after.nodes_left()
@@ -488,4 +489,4 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
             sys.stderr.write(run_gpuctl("jobs", "cancel", str(job_id), state_dir=state_b, timeout=300).describe())
     # runner A, back with a fresh state dir, sees the job's end
     queue_a = json.loads(mj.gpuctl("jobs", "queue", "-o", "json").check().stdout)["jobs"]
-    assert [(j["id"], j["status"]) for j in queue_a] == [(job_id, "SUCCEEDED")]
+    assert [(j["id"], j["status"]) for j in queue_a] == [(job_id, "CANCELLED")]

@@ -211,9 +211,9 @@ class Supervisor:
             self.say(f"could not keep the logs in the state bucket: {exc}")
 
     def _run(self, job: ManagedJob) -> int:
-        self.check_cancel()  # a cancel that found no supervisor started this one
         if self.store.bucket is not None:
-            self.registry.adopt(job.cluster)  # the cluster as the last runner left it
+            self.registry.adopt(job.cluster)  # the cluster as the last runner left it, before any teardown
+        self.check_cancel()  # a cancel that found no supervisor started this one
         try:
             task, req, recovery = self.load(job)
         except UserError as exc:  # its task cannot be read again: said once, not retried
@@ -578,6 +578,8 @@ class Supervisor:
         The check asks the platform, as recovery does, about every node the cluster had: from a
         private copy of the cluster's records taken before `down` removes them (a local node's
         namespace and sshd; an instance's state in EC2)."""
+        if self.registry.remote is not None:
+            self.registry.adopt(cluster)  # what another runner made is in the bucket, not (yet) here
         inv = provisioner.load_inventory_of(cluster)
         if inv is None and not (cluster_dir(cluster) / "terraform").exists():
             # stamped (owner.json) but nothing made yet: no Terraform to ask
