@@ -582,6 +582,7 @@ def one_sample(n: int, rep: int, root: Path, env: dict[str, str], timeout: float
 # -- --takeover: the first runner dies with the node ---------------------------------------------
 
 GOAL_BEYOND_POLL_S = 60.0
+LOST_RANK: int | None = None  # --lost-rank: the same rank every time
 STATE_BUCKET = "gpuctl-bench-state"
 
 
@@ -633,7 +634,7 @@ def _bucket(s3: Any) -> bool:
 
 
 def one_takeover(n: int, rep: int, root: Path, env: dict[str, str], poll: float, timeout: float) -> Takeover:
-    t = Takeover(n, rep, lost_rank_for(n, rep), poll)
+    t = Takeover(n, rep, lost_rank_for(n, rep) if LOST_RANK is None else LOST_RANK, poll)
     env_a = {**env, "GPUCTL_STATE_DIR": str(root / f"a{n}r{rep}")}
     env_b = {**env, "GPUCTL_STATE_DIR": str(root / f"b{n}r{rep}")}
     job = Job(root, env_a, n, rep)
@@ -797,7 +798,11 @@ def main() -> int:
     ap.add_argument("--takeover", action="store_true",
                     help="shared state: the first runner dies with the node, a second one polls and takes over")
     ap.add_argument("--poll", type=float, default=30.0, help="--takeover: runner B's poll interval in s (30)")
+    ap.add_argument("--lost-rank", type=int, help="--takeover: kill this rank every time (default: a worker, "
+                                                 "then the head)")
     args = ap.parse_args()
+    global LOST_RANK
+    LOST_RANK = args.lost_rank
     if min(args.nodes) < 2:
         ap.error("--nodes: each N must be at least 2 (a worker is killed)")
     bl.preflight()

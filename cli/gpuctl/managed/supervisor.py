@@ -235,10 +235,24 @@ class Supervisor:
         end: AttemptEnd | None = None
         attempt = job.attempt
         resumed = job.status != "PENDING"
-        if resumed and job.status == "RUNNING" and job.cluster_job is not None:
+        lost_meanwhile = self.lost_now(inv) if resumed else {}
+        watch = resumed and job.status == "RUNNING" and job.cluster_job is not None and not lost_meanwhile
+        if watch:
+            try:
+                self.arm(inv)
+            except autostop.AutostopUnreachable as exc:  # a head the platform says runs, but silent
+                self.say(f"{exc}; recovering instead of watching attempt {job.attempt}")
+                watch = False
+        if watch:
             self.say(f"watching attempt {job.attempt} again (cluster job {job.cluster_job})")
-            self.arm(inv)
             end = self.watch_again(inv, job)
+        elif lost_meanwhile:
+            # nodes went while no supervisor watched (its runner died with them): their loss ends the
+            # attempt, recorded and recovered as any node loss
+            self.ended_at = time.time()
+            self.say("lost while no supervisor watched: " + "; ".join(
+                f"{inv.nodes[r].name} ({why})" for r, why in sorted(lost_meanwhile.items()) if r < len(inv.nodes)))
+            end = AttemptEnd(status="ABORTED", lost=lost_meanwhile)
         elif resumed:
             # what the last supervisor was doing is unknown: fence, replace what is gone, restart;
             # a supervisor's restart is no failure of the job and counts against no budget
