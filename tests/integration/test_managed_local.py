@@ -380,7 +380,7 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         mj: Managed, tmp_path: Path, moto_server, tf_cli_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Shared state in S3 (moto on loopback). Runner A launches a 3-node job with a secret; its
     supervisor is SIGKILLed and its state dir removed, all but the local nodes' homes (they stand
-    for the cloud's machines, which outlive a runner); then a worker is lost. Runner B, which never
+    for the cloud's machines, which outlive a runner); then the head is lost. Runner B, which never
     saw the job, names the secret it lacks and takes nothing over; given it, its next `jobs queue`
     takes the job over: only the lost node is replaced, every rank starts again with the same task
     id and no duplicate. B's supervisor dies too; runner C's scheduled `jobs supervise --for` takes
@@ -431,7 +431,7 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         for path in (state_a / "clusters" / cluster.name).iterdir():
             if path.name != "nodes":
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        killed = kill_node(before.netns[1])
+        killed = kill_node(before.netns[0])  # the head: nothing answers for the job any more
         time.sleep(16)  # the lease's term
 
         # runner B lacks the secret: it says which, and takes nothing over
@@ -461,8 +461,8 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         assert not (state_c / "managed" / str(job_id) / "secrets.json").exists()  # none kept once handed back
         assert len(mj.started(2)) == 3 and not mj.started(3)  # watched again, never restarted
         after = cluster.footprint()  # the nodes stay where runner A's Terraform put them
-        assert after.sshd[0] == before.sshd[0] and after.sshd[2] == before.sshd[2]  # the others untouched
-        assert after.sshd[1] != before.sshd[1]
+        assert after.sshd[1] == before.sshd[1] and after.sshd[2] == before.sshd[2]  # the others untouched
+        assert after.sshd[0] != before.sshd[0]
         ids = {(e[3], e[4]) for e in mj.events() if e[0] == "start"}
         assert ids == {(running.task_id, running.task_id)}
         # runner B cancels: the same command takes the handed-back job over (at once: the lease was given
@@ -476,7 +476,7 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         [event] = final_events = store_b.events(job_id)
         assert event.resumed_at is not None and event.resumed_at - killed < 120, (final_events, killed)
         logs = run_gpuctl("jobs", "logs", str(job_id), "--no-follow", state_dir=state_b).stdout  # exit 1: cancelled
-        assert "== attempt 2: after rank 1 lost (" in logs
+        assert "== attempt 2: after rank 0 lost (" in logs
         # nothing is left: the nodes, the cluster's and the job's objects but its row and logs, the secret
         assert not before.nodes_left() and not after.nodes_left(), before.nodes_left() + after.nodes_left()
         assert not (state_b / "clusters" / cluster.name).exists()
