@@ -490,3 +490,5 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
     # runner A, back with a fresh state dir, sees the job's end
     queue_a = json.loads(mj.gpuctl("jobs", "queue", "-o", "json").check().stdout)["jobs"]
     assert [(j["id"], j["status"]) for j in queue_a] == [(job_id, "CANCELLED")]
+    logs_a = mj.gpuctl("jobs", "logs", str(job_id), "--no-follow").stdout  # the attempts' output, from the bucket
+    assert "== attempt 2: after rank 0 lost (" in logs_a and "attempt 2 resumes at step" in logs_a, logs_a

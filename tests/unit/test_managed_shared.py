@@ -150,7 +150,7 @@ def test_a_taking_runner_gets_the_kept_task_and_files_and_its_own_secrets(remote
     assert [k.split("ci/gpuctl/", 1)[1] for k in left] == [f"managed/jobs/{job.id}.json"]
 
 
-def test_a_tree_missing_from_the_bucket_is_named(remote: Remote, tmp_path: Path,
+def test_a_tree_damaged_or_missing_in_the_bucket_is_named(remote: Remote, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "w"
     work.mkdir()
@@ -159,11 +159,14 @@ def test_a_tree_missing_from_the_bucket_is_named(remote: Remote, tmp_path: Path,
     task.write_text("num_nodes: 1\nresources: {infra: local}\nworkdir: .\nrun: true\n")
     job = launch.create(name="t", file=task, text=task.read_text(), envs={}, secrets={}, infra=None, num_nodes=None,
                         store=Store(remote=remote))
-    for key in remote.store.list(remote.store.key("managed", "trees") + "/"):
-        remote.store.delete(key)
+    [key] = remote.store.list(remote.store.key("managed", "trees") + "/")
+    remote.store.put(key, b"not a tar archive")
     as_runner(monkeypatch, tmp_path / "b")
     store_b = Store(remote=remote)
     store_b.pull()
+    problem = launch.take_over(store_b, store_b.get(job.id))
+    assert problem is not None and "its kept files in the state bucket are damaged (managed/trees/" in problem
+    remote.store.delete(key)
     problem = launch.take_over(store_b, store_b.get(job.id))
     assert problem is not None and "its kept files are not in the state bucket (managed/trees/" in problem
 

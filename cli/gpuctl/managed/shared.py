@@ -179,8 +179,11 @@ def pull_frozen(store: S3Store, job_id: int, task: Path, trees: Iterable[str], t
             return f"its kept files are not in the state bucket (managed/trees/{tree}.tar.gz)"
         with tempfile.TemporaryDirectory(prefix=".incoming-", dir=trees_root) as tmp:
             staged = Path(tmp) / "tree"
-            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-                tar.extractall(staged, filter="data")  # nothing outside the tree, no devices
+            try:
+                with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+                    tar.extractall(staged, filter="data")  # nothing outside the tree, no devices
+            except (tarfile.TarError, OSError, EOFError) as exc:
+                return f"its kept files in the state bucket are damaged (managed/trees/{tree}.tar.gz: {exc})"
             try:
                 staged.rename(trees_root / tree)
             except OSError:  # another command brought it meanwhile

@@ -198,14 +198,16 @@ class Supervisor:
                  f"term {lease.term:g} s)")
         return True
 
-    def keep_logs(self) -> None:
-        """Shared state: every attempt's output and this log in the bucket, for the other runners."""
+    def keep_logs(self, attempt: int | None = None) -> None:
+        """Shared state: an attempt's output once it ended (`attempt`), or every attempt's as the
+        supervisor stops, and its own log, in the bucket for the other runners; only while it holds
+        the job (a runner that lost it would overwrite the new holder's)."""
         job = self.store.get(self.job_id)
-        if job is None or self.store.bucket is None:
+        if job is None or self.store.bucket is None or self.store.lease is None or not self.store.lease.held():
             return
         try:
-            for attempt in range(1, job.attempt + 1):
-                shared.push_log(self.store.bucket, job.id, attempt, attempt_log(job.id, attempt))
+            for k in [attempt] if attempt is not None else range(1, job.attempt + 1):
+                shared.push_log(self.store.bucket, job.id, k, attempt_log(job.id, k))
             shared.push_log(self.store.bucket, job.id, 0, supervisor_log(job.id))
         except (ProvisionError, UserError) as exc:
             self.say(f"could not keep the logs in the state bucket: {exc}")
@@ -246,6 +248,7 @@ class Supervisor:
         if watch:
             self.say(f"watching attempt {job.attempt} again (cluster job {job.cluster_job})")
             end = self.watch_again(inv, job)
+            self.keep_logs(job.attempt)
         elif lost_meanwhile:
             # nodes went while no supervisor watched (its runner died with them): their loss ends the
             # attempt, recorded and recovered as any node loss
@@ -271,6 +274,7 @@ class Supervisor:
             attempt += 1
             self.check_cancel()
             end = self.run_attempt(inv, task, req, attempt)
+            self.keep_logs(attempt)
 
     def load(self, job: ManagedJob) -> tuple[Any, Any, JobRecovery]:
         from gpuctl.providers import request_for, resources_problem
@@ -562,6 +566,7 @@ class Supervisor:
                               destroyed=0 if left else 1)
         ended = self.store.get(job.id)
         if ended is not None and ended.terminal:
+            self.keep_logs()  # before the job's lease and kept files go from the bucket
             freeze.release(ended, self.store)
         self.say(f"managed job {job.id}: {status}")
         return 0 if status == "SUCCEEDED" else 1
