@@ -229,9 +229,9 @@ def reconcile(name: str, status: str, registry: Registry) -> tuple[str | None, f
         elif states and kinds == {"stopped"}:
             what, when = STOPPED, max(times, default=time.time())
     if what is not None and status != what:
-        registry.set_cluster_status(name, what)
-        if what == AUTODOWNED:
+        if what == AUTODOWNED:  # before the status: a command that sees AUTODOWNED finds them recorded
             _record_outcomes_left(name, registry, provider.outcomes_left(cluster_dir(name)))
+        registry.set_cluster_status(name, what)
         # nobody saw how what still ran there ended: said, so a poll of it (`logs --status`) ends
         registry.end_jobs(name, "its cluster " + ("took itself down (autodown)" if what == AUTODOWNED else
                                                   "stopped itself (autostop)")

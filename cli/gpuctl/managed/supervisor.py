@@ -249,9 +249,10 @@ class Supervisor:
             self.say(f"watching attempt {job.attempt} again (cluster job {job.cluster_job})")
             end = self.watch_again(inv, job)
             self.keep_logs(job.attempt)
-        elif lost_meanwhile:
-            # nodes went while no supervisor watched (its runner died with them): their loss ends the
-            # attempt, recorded and recovered as any node loss
+        elif lost_meanwhile and job.status == "RUNNING":
+            # nodes went while no supervisor watched a running attempt (its runner died with them):
+            # their loss ends the attempt, recorded and recovered as any node loss (a loss seen
+            # before, RECOVERING, is recovered below without a second record)
             self.ended_at = time.time()
             self.say("lost while no supervisor watched: " + "; ".join(
                 f"{inv.nodes[r].name} ({why})" for r, why in sorted(lost_meanwhile.items()) if r < len(inv.nodes)))
