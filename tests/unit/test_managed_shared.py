@@ -187,3 +187,21 @@ def test_supervise_refusals_are_one_line_with_exit_2(args: list[str], words: str
     res = cli(*args, env=env)
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().count("\n") == 0 and words in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_cancel_from_any_runner_reaches_the_lease_holder(remote: Remote, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    lease = shared.Lease(remote.store, 5, pid=os.getpid(), start="x")
+    lease.term = 1.0  # its thread looks every sixth of the term (0.5 s at least)
+    assert lease.acquire(lambda view: False) is None
+    try:
+        time.sleep(0.7)
+        assert lease.cancelled is False
+        as_runner(monkeypatch, tmp_path / "other")
+        Store(remote=remote).request_cancel(5)
+        deadline = time.monotonic() + 5
+        while not lease.cancelled and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert lease.cancelled
+    finally:
+        lease.release()

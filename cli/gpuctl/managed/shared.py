@@ -229,7 +229,7 @@ def request_cancel(store: S3Store, job_id: int) -> None:
 
 
 def cancel_requested(store: S3Store, job_id: int) -> bool:
-    return bool(store.list(_job_key(store, job_id, "cancel")))
+    return store.get(_job_key(store, job_id, "cancel")) is not None  # a GET: a tenth of a LIST's price
 
 
 # -- the lease -------------------------------------------------------------------------------------
