@@ -169,6 +169,13 @@ def test_a_tree_damaged_or_missing_in_the_bucket_is_named(remote: Remote, tmp_pa
     remote.store.delete(key)
     problem = launch.take_over(store_b, store_b.get(job.id))
     assert problem is not None and "its kept files are not in the state bucket (managed/trees/" in problem
+    # a row that names a tree outside the trees (a damaged or hostile bucket) writes nothing there
+    row = shared.get_row(remote.store, job.id)
+    row["job"]["launch"]["frozen"]["trees"] = ["../../escaped"]
+    shared.put_row(remote.store, row["job"], row["events"], row["runner"])
+    store_b.pull()
+    problem = launch.take_over(store_b, store_b.get(job.id))
+    assert problem is not None and "'../../escaped' is no sha256" in problem
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

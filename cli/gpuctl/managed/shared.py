@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import secrets as tokens
 import tarfile
 import tempfile
@@ -40,6 +41,7 @@ from gpuctl.common.paths import state_root
 from gpuctl.state.remotestate.store import S3Store
 
 TREES_PLACEHOLDER = "@GPUCTL_MANAGED_TREES@"
+TREE_NAME = re.compile(r"[0-9a-f]{64}")  # a kept tree's name: its sha256 (freeze._tree_hash)
 LEASE_MARGIN_S = 5.0
 
 
@@ -172,6 +174,8 @@ def pull_frozen(store: S3Store, job_id: int, task: Path, trees: Iterable[str], t
     if data is None:
         return f"its task is not in the state bucket ({_job_key(store, job_id, 'task.yaml')})"
     for tree in trees:
+        if not TREE_NAME.fullmatch(str(tree)):
+            return f"its kept files are named wrongly in the state bucket ({tree!r} is no sha256)"
         if (trees_root / tree).is_dir():
             continue
         archive = store.get(store.key("managed", "trees", f"{tree}.tar.gz"))
