@@ -84,17 +84,10 @@ class S3Store:
     def put_if(self, key: str, data: bytes, etag: str) -> str | None:
         """Replace `key` only while its ETag is `etag` (If-Match: S3's conditional write, in one
         request); the new object's ETag, else None (it changed or is gone)."""
-        try:
-            reply = self._call("write", key, lambda: self.client.put_object(
-                Bucket=self.settings.bucket, Key=key, Body=data, IfMatch=etag, **self._encryption()))
-        except (_Missing, _Exists):
-            return None
-        except _Unsupported:  # an S3-compatible store without conditional writes: compare, then write
-            current = self.get_tagged(key)
-            if current is None or current[1] != etag:
-                return None
-            return self.put_etag(key, data)
-        return str(reply.get("ETag", ""))
+        reply = self._if_match("write", key, etag, lambda: self.client.put_object(
+            Bucket=self.settings.bucket, Key=key, Body=data, IfMatch=etag, **self._encryption()),
+            lambda: {"ETag": self.put_etag(key, data)})
+        return None if reply is None else str(reply.get("ETag", ""))
 
     def get_aged(self, key: str) -> tuple[bytes, str, float] | None:
         """The object's bytes, ETag and age in seconds by the store's own clock (its Last-Modified
@@ -130,17 +123,20 @@ class S3Store:
     def delete_if(self, key: str, etag: str) -> bool:
         """Delete `key` only while its ETag is `etag` (If-Match: S3's conditional delete), in one
         request, so an object replaced meanwhile is never removed; False when it changed or is gone."""
+        return self._if_match("delete", key, etag, lambda: self.client.delete_object(
+            Bucket=self.settings.bucket, Key=key, IfMatch=etag), lambda: self.delete(key) or {}) is not None
+
+    def _if_match(self, verb: str, key: str, etag: str, conditional: Callable[[], Any],
+                  plain: Callable[[], Any]) -> Any:
+        """`conditional()`, a request carrying If-Match: `etag`; its reply, or None when the object
+        changed or is gone. A store without conditional requests: compare the ETag, then `plain()`."""
         try:
-            self._call("delete", key, lambda: self.client.delete_object(Bucket=self.settings.bucket, Key=key,
-                                                                        IfMatch=etag))
+            return self._call(verb, key, conditional)
         except (_Missing, _Exists):
-            return False
-        except _Unsupported:  # an S3-compatible store without conditional deletes: compare, then delete
+            return None
+        except _Unsupported:
             current = self.get_tagged(key)
-            if current is None or current[1] != etag:
-                return False
-            self.delete(key)
-        return True
+            return plain() if current is not None and current[1] == etag else None
 
     def list(self, prefix: str) -> dict[str, str]:
         """key -> ETag of every object under `prefix` (a folder: ends with /)."""
