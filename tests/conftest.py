@@ -49,6 +49,28 @@ def _isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return state
 
 
+@pytest.fixture()
+def state_bucket(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - Iterator[Remote]
+    """Shared state in S3 without a network: moto in-process, with the bucket mototest.STATE_BUCKET
+    under the prefix ci/gpuctl, and fake credentials for it."""
+    import boto3
+    from moto import mock_aws
+    from mototest import STATE_BUCKET
+
+    from gpuctl.state.remotestate import Remote
+    from gpuctl.state.remotestate.settings import StateSettings
+    from gpuctl.state.remotestate.store import S3Store
+
+    for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=STATE_BUCKET)
+        settings = StateSettings(bucket=STATE_BUCKET, prefix="ci/gpuctl", lock_timeout=0)
+        yield Remote(settings, S3Store(settings))
+
+
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - Iterator[MotoServer]
     """One moto server on loopback for the session (tests that need a clean one reset it)."""

@@ -11,32 +11,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from gpuctl.managed import freeze, launch, shared
 from gpuctl.managed.store import Store, job_dir
 from gpuctl.state.remotestate import Remote
-from gpuctl.state.remotestate.settings import StateSettings
-from gpuctl.state.remotestate.store import S3Store
 
-BUCKET = "team-gpuctl-state"
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
-def remote(monkeypatch: pytest.MonkeyPatch) -> Iterator[Remote]:
-    for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                       ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(var, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        settings = StateSettings(bucket=BUCKET, prefix="ci/gpuctl", lock_timeout=0)
-        yield Remote(settings, S3Store(settings))
+def remote(state_bucket: Remote) -> Remote:
+    return state_bucket
 
 
 def as_runner(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
-from typing import Iterator
 
-import boto3
 import pytest
 from gpuctl.common.errors import UserError
 from gpuctl.state import remotestate
 from gpuctl.state.registry import Registry
-from gpuctl.state.remotestate import sync
+from gpuctl.state.remotestate import Remote, sync
 from gpuctl.state.remotestate.settings import StateSettings, state_settings
 from gpuctl.state.remotestate.store import (
     ClusterLocked,
@@ -22,21 +20,15 @@ from gpuctl.state.remotestate.store import (
     cluster_lock,
     read_lock,
 )
-from moto import mock_aws
+from mototest import STATE_BUCKET
 
-BUCKET = "team-gpuctl-state"
+BUCKET = STATE_BUCKET
 CONFIG = Path("/etc/gpuctl/config.yaml")
 
 
 @pytest.fixture()
-def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Store]:
-    for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                       ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(var, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        yield S3Store(StateSettings(bucket=BUCKET, prefix="ci/gpuctl", lock_timeout=0))
+def store(state_bucket: Remote) -> S3Store:
+    return state_bucket.store
 
 
 # -- settings ----------------------------------------------------------------------
