@@ -41,15 +41,16 @@ def revive_supervisors(argv: list[str]) -> None:
     try:
         from gpuctl.state import remotestate
 
-        shared = remotestate.current() is not None
+        remote = remotestate.current()
     except UserError:
         return  # a broken state setting: the command itself says so
-    if not shared and not (state_root() / "managed.db").exists():
+    if remote is None and not (state_root() / "managed.db").exists():
         return
     from gpuctl.managed.launch import revive
+    from gpuctl.managed.store import Store
 
     try:
-        revive(say=_tell)
+        revive(Store(remote=remote), say=_tell)
     except (sqlite3.Error, OSError, UserError, ProvisionError):
         pass
 
@@ -359,12 +360,12 @@ def supervise_cmd(duration: str = typer.Option(..., "--for", metavar="DURATION",
     """Supervise the shared state's managed jobs from this runner for a while (a scheduled CI job):
     take over every job whose supervisor stopped renewing its lease, then hand each back once its
     ranks run and the time is up, so the next run takes it over at once."""
-    from gpuctl.jobplane.joblogs import same_process
     from gpuctl.managed import launch, shared
+    from gpuctl.managed.store import Store
 
     as_json = wants_json(output_format)
     span, every = _seconds_of(duration, "--for"), max(1.0, _seconds_of(poll, "--poll"))
-    store = _store_only()
+    store = Store()
     if store.bucket is None:
         raise UserError("jobs supervise: managed jobs are this machine's without shared state (state.backend: s3 "
                         "or GPUCTL_STATE_BUCKET); here every gpuctl command starts a supervisor that died again")
@@ -373,13 +374,7 @@ def supervise_cmd(duration: str = typer.Option(..., "--for", metavar="DURATION",
     me = shared.runner_identity()["id"]
 
     def mine_running() -> list[int]:
-        alive = []
-        for job_id in sorted(taken):
-            lease = shared.read_lease(store.bucket, job_id)
-            if lease is not None and lease.runner == me and same_process(int(lease.holder.get("pid") or 0),
-                                                                         str(lease.holder.get("start") or "")):
-                alive.append(job_id)
-        return alive
+        return [j for j in sorted(taken) if (lease := shared.read_lease(store.bucket, j)) and lease.live_here(me)]
 
     while True:
         taken.update(launch.revive(store, say=_tell, until=until))
@@ -404,12 +399,6 @@ def supervise_cmd(duration: str = typer.Option(..., "--for", metavar="DURATION",
             typer.echo(f"Managed job {j.id} ({j.name}): {j.status}" + (f", attempt {j.attempt}" if j.attempt else ""))
     if not taken:
         typer.echo("No managed job needed a supervisor.")
-
-
-def _store_only() -> Any:
-    from gpuctl.managed.store import Store
-
-    return Store()
 
 
 @jobs_app.command("cancel", cls=usage.HelpCommand, epilog=usage.examples_of("jobs cancel"))

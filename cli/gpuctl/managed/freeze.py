@@ -145,14 +145,18 @@ def frozen_task(job: ManagedJob) -> Path | None:
     return job_dir(job.id) / FROZEN_TASK if frozen.get("task") else None
 
 
+def kept_trees(job: ManagedJob) -> list[str]:
+    """The trees the job's kept task points at (none for a job launched before they were kept)."""
+    return list((job.launch.get("frozen") or {}).get("trees") or ())
+
+
 def push(job: ManagedJob, store: Store) -> None:
     """Leave the kept task and trees in the shared state bucket, for a runner that takes over."""
     from gpuctl.managed import shared
 
     task = frozen_task(job)
     if store.bucket is not None and task is not None:
-        shared.push_frozen(store.bucket, job.id, task, (job.launch.get("frozen") or {}).get("trees") or (),
-                           trees_root())
+        shared.push_frozen(store.bucket, job.id, task, kept_trees(job), trees_root())
 
 
 def pull(job: ManagedJob, store: Store) -> str | None:
@@ -162,17 +166,15 @@ def pull(job: ManagedJob, store: Store) -> str | None:
     task = frozen_task(job)
     if store.bucket is None or task is None:
         return None
-    return shared.pull_frozen(store.bucket, job.id, task, (job.launch.get("frozen") or {}).get("trees") or (),
-                              trees_root())
+    return shared.pull_frozen(store.bucket, job.id, task, kept_trees(job), trees_root())
 
 
 def release(job: ManagedJob, store: Store | None = None) -> None:
     """Remove the trees of an ended job that no job still running refers to."""
     store = store or Store()
     store.pull()  # with shared state, other runners' jobs may use the same trees
-    mine = set((job.launch.get("frozen") or {}).get("trees") or ())
-    used = {t for other in store.all() if other.id != job.id and not other.terminal
-            for t in (other.launch.get("frozen") or {}).get("trees") or ()}
+    mine = set(kept_trees(job))
+    used = {t for other in store.all() if other.id != job.id and not other.terminal for t in kept_trees(other)}
     for tree in mine - used:
         shutil.rmtree(trees_root() / tree, ignore_errors=True)
     if store.bucket is not None:

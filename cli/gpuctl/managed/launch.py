@@ -169,7 +169,7 @@ def _revive_shared(store: Store, say: Callable[[str], None], until: float | None
             why = ("no supervisor ever took it" if job.supervisor_runs == 0 else
                    "its last supervisor handed it back (`jobs supervise --for`) or ended without a word")
         elif lease.runner == me:
-            if joblogs.same_process(int(lease.holder.get("pid") or 0), str(lease.holder.get("start") or "")):
+            if lease.live_here(me):
                 continue
             why = None  # this runner's own supervisor died: started again, as with local state
         elif not lease.expired:

@@ -67,10 +67,13 @@ def runner_identity() -> dict[str, str]:
     import socket
 
     path = state_root() / "runner.json"
+    if path in _IDENTITIES:  # written once, never changed: read once per process
+        return _IDENTITIES[path]
     try:
         found = json.loads(path.read_text())
         if isinstance(found, dict) and found.get("id"):
-            return {"id": str(found["id"]), "who": str(found.get("who") or "?")}
+            _IDENTITIES[path] = {"id": str(found["id"]), "who": str(found.get("who") or "?")}
+            return _IDENTITIES[path]
     except (OSError, ValueError):
         pass
     try:
@@ -89,7 +92,11 @@ def runner_identity() -> dict[str, str]:
         tmp.unlink(missing_ok=True)
         return runner_identity()
     tmp.unlink(missing_ok=True)
+    _IDENTITIES[path] = me
     return me
+
+
+_IDENTITIES: dict[Path, dict[str, str]] = {}
 
 
 # -- rows ------------------------------------------------------------------------------------------
@@ -262,6 +269,13 @@ class LeaseView:
     def text(self) -> str:
         return f"{self.holder.get('who', '?')} (supervisor pid {self.holder.get('pid', '?')})"
 
+    def live_here(self, runner: str) -> bool:
+        """Whether `runner` (this one) holds it by a process that still runs here."""
+        from gpuctl.jobplane.joblogs import same_process
+
+        return self.runner == runner and same_process(int(self.holder.get("pid") or 0),
+                                                      str(self.holder.get("start") or ""))
+
 
 def read_lease(store: S3Store, job_id: int) -> LeaseView | None:
     found = store.get_aged(_job_key(store, job_id, "lease.json"))
@@ -365,8 +379,9 @@ class Lease:
 
 
 def remove_kept(store: S3Store, job_id: int) -> None:
-    """An ended job's task, cancel word and lease; its row and attempt logs stay, as they do locally."""
-    for name in ("task.yaml", "cancel", "lease.json"):
+    """An ended job's task and cancel word (its lease goes with its holder, Lease.release); its row
+    and attempt logs stay, as they do locally."""
+    for name in ("task.yaml", "cancel"):
         store.delete(_job_key(store, job_id, name))
 
 

@@ -22,7 +22,7 @@ import shutil
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -332,7 +332,6 @@ class Store:
             seen = json.loads(sync.read_text())
         except (OSError, ValueError):
             seen = {}
-        me = shared.runner_identity()["id"]
         for job_id, etag in sorted(listed.items()):
             local = self.get(job_id) if self.path.exists() else None
             if seen.get(str(job_id)) == etag and local is not None:
@@ -341,12 +340,8 @@ class Store:
                     and same_process(local.supervisor_pid, local.supervisor_start or ""):
                 continue
             doc = shared.get_row(self.bucket, job_id)
-            if doc is None:
-                continue
-            if local is not None and local.task_id and local.task_id != doc["job"].get("task_id"):
-                continue  # a job of this state dir's own from before it shared its state: kept as it is
-            self._import(doc, mine=doc.get("runner") == me)
-            seen[str(job_id)] = etag
+            if doc is not None and self._import(doc, local):
+                seen[str(job_id)] = etag
         managed_root().mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = sync.with_name(f"{ROWS_SYNC_FILE}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(seen, sort_keys=True))
@@ -358,15 +353,20 @@ class Store:
             from gpuctl.managed import shared
 
             doc = shared.get_row(self.bucket, job_id)
-            local = self.get(job_id)
-            if doc is not None and (local is None or local.task_id == doc["job"].get("task_id")):
-                self._import(doc, mine=doc.get("runner") == shared.runner_identity()["id"])
+            if doc is not None:
+                self._import(doc, self.get(job_id))
         return self.get(job_id)
 
-    def _import(self, doc: dict[str, Any], *, mine: bool) -> None:
+    def _import(self, doc: dict[str, Any], local: ManagedJob | None) -> bool:
+        """The bucket's row `doc` over this runner's copy `local`; False when `local` is another job
+        of this state dir's own, from before it shared its state (kept as it is)."""
+        from gpuctl.managed import shared
+
+        if local is not None and local.task_id and local.task_id != doc["job"].get("task_id"):
+            return False
         row = {k: v for k, v in doc["job"].items() if k in _COLUMNS}
         row["launch"] = json.dumps(row.get("launch") or {})
-        if not mine:  # another runner's process: nothing this machine can look up
+        if doc.get("runner") != shared.runner_identity()["id"]:  # another runner's process: not to look up here
             row["supervisor_pid"] = row["supervisor_start"] = None
         cols = ", ".join(row)
         with self._connect() as db:
@@ -380,11 +380,10 @@ class Store:
                             e.get("nodes") or "[]", e.get("detected_at") or 0, e.get("resumed_at"),
                             e.get("exit_code"), e.get("failed_rank")))
             db.execute("COMMIT")
+        return True
 
 
-_COLUMNS = ("id", "name", "cluster", "status", "task_id", "attempt", "recoveries", "transient", "restarts", "launch",
-            "submitted_at", "started_at", "ended_at", "reason", "exit_code", "failed_rank", "cluster_job",
-            "supervisor_pid", "supervisor_start", "supervisor_runs", "cancel_requested", "destroyed")
+_COLUMNS = frozenset(f.name for f in fields(ManagedJob))  # a row's columns are the job's fields (_job)
 
 
 def _job(row: sqlite3.Row) -> ManagedJob:

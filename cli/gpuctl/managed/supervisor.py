@@ -110,6 +110,7 @@ class Supervisor:
         self.lease: autostop.Lease | None = None
         self.req: Any = None  # the cluster's request, once the task is loaded
         self.ended_at: float | None = None  # when the running attempt was seen to end (or a node lost)
+        self.logs_kept: set[int] = set()  # attempts whose output is in the state bucket (shared state)
 
     # -- the job's row -------------------------------------------------------------------------
     def job(self) -> ManagedJob:
@@ -129,8 +130,12 @@ class Supervisor:
         self.reporter.info(f"{time.strftime('%H:%M:%S')} {text}")
 
     def check_cancel(self) -> None:
-        if self.job().cancel_requested or (self.store.lease is not None and self.store.lease.cancelled):
+        if self.cancel_asked(self.job()):
             raise Cancelled()
+
+    def cancel_asked(self, job: ManagedJob) -> bool:
+        """A cancel on this runner (the job's flag) or, with shared state, on any (its lease's word)."""
+        return job.cancel_requested or (self.store.lease is not None and self.store.lease.cancelled)
 
     # -- the whole life ------------------------------------------------------------------------
     def run(self) -> int:
@@ -177,14 +182,10 @@ class Supervisor:
     def take_lease(self) -> bool:
         """Shared state: hold the job's lease in the bucket, if it is free, run out, or this runner's
         own from a supervisor that died."""
-        from gpuctl.jobplane.joblogs import same_process
-
         lease = shared.Lease(self.store.bucket, self.job_id, pid=self.pid, start=self.start)
 
         def may_take(view: shared.LeaseView) -> bool:
-            if view.runner == lease.me["id"]:
-                return not same_process(int(view.holder.get("pid") or 0), str(view.holder.get("start") or ""))
-            return view.expired
+            return not view.live_here(lease.me["id"]) if view.runner == lease.me["id"] else view.expired
 
         holder = lease.acquire(may_take)
         if holder is not None:
@@ -199,15 +200,18 @@ class Supervisor:
         return True
 
     def keep_logs(self, attempt: int | None = None) -> None:
-        """Shared state: an attempt's output once it ended (`attempt`), or every attempt's as the
-        supervisor stops, and its own log, in the bucket for the other runners; only while it holds
-        the job (a runner that lost it would overwrite the new holder's)."""
+        """Shared state: an attempt's output once it ended (`attempt`), or, as the supervisor stops,
+        those not kept yet (the last one's so far), and its own log, in the bucket for the other
+        runners; only while it holds the job (a runner that lost it would overwrite the new holder's)."""
         job = self.store.get(self.job_id)
-        if job is None or self.store.bucket is None or self.store.lease is None or not self.store.lease.held():
+        if job is None or self.store.lease is None or not self.store.lease.held():
             return
         try:
             for k in [attempt] if attempt is not None else range(1, job.attempt + 1):
-                shared.push_log(self.store.bucket, job.id, k, attempt_log(job.id, k))
+                if k not in self.logs_kept:
+                    shared.push_log(self.store.bucket, job.id, k, attempt_log(job.id, k))
+            if attempt is not None:
+                self.logs_kept.add(attempt)  # ended: its log changes no more
             shared.push_log(self.store.bucket, job.id, 0, supervisor_log(job.id))
         except (ProvisionError, UserError) as exc:
             self.say(f"could not keep the logs in the state bucket: {exc}")
@@ -376,7 +380,7 @@ class Supervisor:
                 self.ended_at = time.time()
                 break
             job = self.job()
-            if job.cancel_requested or (self.store.lease is not None and self.store.lease.cancelled):
+            if self.cancel_asked(job):
                 self.stop_attempt.set()
                 thread.join()
                 raise Cancelled()
@@ -567,7 +571,6 @@ class Supervisor:
                               destroyed=0 if left else 1)
         ended = self.store.get(job.id)
         if ended is not None and ended.terminal:
-            self.keep_logs()  # before the job's lease and kept files go from the bucket
             freeze.release(ended, self.store)
         self.say(f"managed job {job.id}: {status}")
         return 0 if status == "SUCCEEDED" else 1
