@@ -249,6 +249,12 @@ def read_nodes(cdir: Path) -> dict[int, NodeRecord]:
     return out
 
 
+def untouched(before: dict[int, NodeRecord], after: dict[int, NodeRecord], lost_rank: int) -> list[int]:
+    """The ranks other than the lost one whose sshd is the same process as before, still alive."""
+    return [r for r in before if r != lost_rank and after.get(r) and after[r].sshd == before[r].sshd
+            and after[r].sshd is not None and bl.proc_alive(*after[r].sshd)]
+
+
 def kill_node(ns: str) -> float:
     """The machine dies: SIGKILL to every process in its namespace (again, until none is left),
     then the namespace goes. Returns the time of the kill."""
@@ -373,8 +379,7 @@ def one_job(n: int, rep: int, root: Path, env: dict[str, str], timeout: float, k
         s.first_rank = min(starts.values()) - s.kill
         after = read_nodes(job.cdir)
         records += after.values()
-        same = [r for r in before if r != s.lost_rank and after.get(r) and after[r].sshd == before[r].sshd
-                and after[r].sshd is not None and bl.proc_alive(*after[r].sshd)]
+        same = untouched(before, after, s.lost_rank)
         new = after.get(s.lost_rank)
         renewed = new is not None and new.sshd is not None and new.sshd != lost.sshd and bl.proc_alive(*new.sshd)
         s.only_lost = len(same) == n - 1 and renewed and s.event_nodes == [str(s.lost_rank)]
@@ -690,8 +695,7 @@ def one_takeover(n: int, rep: int, root: Path, env: dict[str, str], poll: float,
         t.ranks = max(job.started(2).values()) - kill
         after = read_nodes(cdir_a)
         records += after.values()
-        same = [r for r in before if r != t.lost_rank and after.get(r) and after[r].sshd == before[r].sshd
-                and after[r].sshd is not None and bl.proc_alive(*after[r].sshd)]
+        same = untouched(before, after, t.lost_rank)
         t.only_lost = len(same) == n - 1 and list(ev.nodes) == [str(t.lost_rank)]
         t.duplicates = job.duplicates()
         tasks = set((job.ckpt / "tasks").read_text().split())
