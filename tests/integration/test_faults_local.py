@@ -48,8 +48,11 @@ def ft(tmp_path_factory: pytest.TempPathFactory):
     shim.mkdir()
     log = root / "terraform.log"
     real = subprocess.run(["bash", "-c", "command -v terraform"], capture_output=True, text=True).stdout.strip()
-    # Records when each terraform command ran: two on one state must never overlap.
+    # Records when each terraform command ran: two on one state must never overlap. While `hold`
+    # exists, a command waits before it starts, so a test can keep one apply inside the lock.
+    hold = root / "hold"
     (shim / "terraform").write_text(f'#!/bin/bash\necho "start $(date +%s.%N) $$ $1" >> {log}\n'
+                                    f'for _ in $(seq 600); do [ -e {hold} ] || break; sleep 0.1; done\n'
                                     f'{real} "$@"; rc=$?\necho "end $(date +%s.%N) $$ $1" >> {log}\nexit $rc\n')
     (shim / "terraform").chmod(0o755)
     cluster = Cluster(NAME, root / "state")
@@ -72,10 +75,21 @@ def test_two_applies_at_once_take_turns(ft):
     env_path = f"{shim}:{os.environ['PATH']}"
     old = os.environ["PATH"]
     os.environ["PATH"] = env_path
+    hold = root / "hold"
+    hold.touch()
     try:
+        # The first apply holds the lock inside terraform until the second is seen blocked on it:
+        # two processes started together may otherwise simply not meet on a loaded machine.
         with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(lambda _: cluster.gpuctl("apply", str(root / "c.yaml")), range(2)))
+            first = pool.submit(cluster.gpuctl, "apply", str(root / "c.yaml"))
+            wait_for("the first apply's terraform", lambda: log.exists() and "start" in log.read_text(), 120)
+            second = pool.submit(cluster.gpuctl, "apply", str(root / "c.yaml"))
+            lock = cluster.state_dir / "locks" / f"{NAME}.lock"
+            wait_for("the second apply waiting on the cluster's lock", lambda: flock_waiters(lock) > 0, 120)
+            hold.unlink()
+            results = [first.result(), second.result()]
     finally:
+        hold.unlink(missing_ok=True)
         os.environ["PATH"] = old
     for res in results:
         res.check()
@@ -90,6 +104,13 @@ def test_two_applies_at_once_take_turns(ft):
     status = cluster.gpuctl("status", NAME).check()
     assert status.stdout.splitlines()[0] == f"{NAME}: UP, 3 node(s) on local"
     assert len(cluster.footprint().sshd) == 3
+
+
+def flock_waiters(path: Path) -> int:
+    """How many processes are blocked in flock on `path` (/proc/locks lists each waiter with '->')."""
+    inode = os.stat(path).st_ino
+    return sum(1 for line in Path("/proc/locks").read_text().splitlines()
+               if "->" in line and line.split()[-3].rsplit(":", 1)[-1] == str(inode))
 
 
 def netns_of(cluster: Cluster, rank: int) -> str:
