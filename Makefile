@@ -29,7 +29,7 @@ TEST_WORKERS ?= 5
 # What test-min and test-latest run: no nodes, no cloud, just gpuctl's code and CLI.
 BOUND_TESTS := tests/unit tests/integration/test_cli_errors.py tests/integration/test_cli_usage.py
 
-.PHONY: all deps system-deps venv demo test test-min test-latest versions lock lint tf-test collection agent clean
+.PHONY: all deps system-deps venv bytecode demo test test-min test-latest versions lock lint tf-test collection clean
 
 all: test
 
@@ -82,7 +82,7 @@ venv: $(VENV)/.deps
 
 deps: system-deps venv
 
-demo: deps
+demo: deps bytecode
 	cd examples/ddp && $(abspath $(BIN))/gpuctl apply cluster.yaml; rc=$$?; \
 	$(abspath $(BIN))/gpuctl down ddp-demo; exit $$rc
 
@@ -90,7 +90,12 @@ demo: deps
 versions:
 	@echo "==> versions: $$(terraform version 2>/dev/null | head -1) | ansible-core $$($(BIN)/python -c 'import ansible.release as r; print(r.__version__)') | $$(rsync --version | head -1 | sed 's/  */ /g') | $$(ssh -V 2>&1) | $$(podman --version 2>/dev/null || echo no podman) | $$(rclone version 2>/dev/null | head -1 || echo no rclone)"
 
-test: deps $(VENV)/.jax versions
+# gpuctl's own bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (CI images set it), every
+# `gpuctl` run would compile the modules it imports again (a third of a short command's CPU).
+bytecode:
+	@$(BIN)/python -m compileall -q -j 0 cli/gpuctl
+
+test: deps $(VENV)/.jax versions bytecode
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 # Refresh the lock after changing a range in pyproject.toml (or to take new releases).
@@ -117,15 +122,10 @@ bound-venv:
 	@echo "==> $(BOUND): $$(grep -E '^(typer|click|pydantic|ansible-core|ansible-runner|boto3|rich|pyyaml|jinja2)==' $(VENV)-$(BOUND)/requirements.txt | tr '\n' ' ')"
 	$(VENV)-$(BOUND)/bin/python -m pytest -q $(BOUND_TESTS)
 
-# The node agent's one file, cli/gpuctl/jobplane/gpuctl_node.py, built from its modules
-# (cli/gpuctl/jobplane/agent/, protocol.py, spec/reserved.py); committed, and checked by
-# tests/unit/test_agent_build.py. Standard library only: any python3 >= 3.8 builds it.
-agent:
-	cd cli && $(PYTHON) -m gpuctl.jobplane.agent.build
-
-# gpuctl's roles and playbooks as the Ansible collection gpuctl.cluster (dist/gpuctl-cluster-VERSION.tar.gz).
+# gpuctl's roles and playbooks as the Ansible collection gpuctl.cluster (dist/gpuctl-cluster-VERSION.tar.gz),
+# with the node's files (agent, probes) built into role gpuctl_node from cli/gpuctl/node/.
 collection: venv
-	$(BIN)/ansible-galaxy collection build ansible/ --output-path dist/ --force
+	$(BIN)/python -m gpuctl.configplane.collection dist/
 
 lint: venv
 	$(BIN)/ansible-lint ansible/

@@ -17,6 +17,8 @@ import pytest
 import testhosts
 import yaml
 
+from gpuctl.configplane import bundle, collection
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,10 +51,7 @@ def test_prepare_setup_run_from_the_installed_collection(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env.update(ANSIBLE_CONFIG=str(tmp_path / "no-such.cfg"), ANSIBLE_COLLECTIONS_PATH=str(tmp_path / "collections"),
                ANSIBLE_HOME=str(tmp_path / "ansible-home"))
-    built = ansible(["ansible-galaxy", "collection", "build", str(REPO / "ansible"), "--output-path",
-                     str(tmp_path / "dist")], cwd=tmp_path, env=env)
-    assert built.returncode == 0, built.stdout + built.stderr
-    (tarball,) = (tmp_path / "dist").glob("gpuctl-cluster-*.tar.gz")
+    tarball = collection.build(tmp_path / "dist", galaxy=str(BIN / "ansible-galaxy"))  # as `make collection`
     installed = ansible(["ansible-galaxy", "collection", "install", "-p", str(tmp_path / "collections"),
                          str(tarball)], cwd=tmp_path, env=env)
     assert installed.returncode == 0, installed.stdout + installed.stderr
@@ -108,9 +107,9 @@ def test_prepare_setup_run_from_the_installed_collection(tmp_path: Path) -> None
             assert (home / "coll-hostfile.txt").read_text() == "".join(f"{m.address} slots=1\n" for m in nodes)
             launcher = home / ".gpuctl" / "bin" / "gpuctl-node"
             assert os.access(launcher, os.X_OK)
-            assert launcher.read_bytes() == (REPO / "ansible/roles/gpuctl_node/files/gpuctl-node").read_bytes()
+            assert launcher.read_bytes() == bundle.files()["bin/gpuctl-node"][0]
             agent = home / ".gpuctl" / "lib" / "gpuctl_node.py"
-            assert agent.read_bytes() == (REPO / "cli/gpuctl/jobplane/gpuctl_node.py").read_bytes()
+            assert agent.read_bytes() == bundle.agent_text().encode()
             assert "NCCL_SOCKET_IFNAME=" in (home / ".gpuctl" / "fabric.env").read_text()
             assert (home / ".ssh" / "gpuctl_cluster").read_bytes() == key.read_bytes()  # node-to-node SSH
             assert f"HostName {nodes[1 - n.rank].address}" in (home / ".ssh" / "config").read_text()

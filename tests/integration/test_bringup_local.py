@@ -45,7 +45,7 @@ class Bringup:
         """What the install step leaves on a node: each file's mode and hash, and the internal key's
         authorization."""
         files = ("~/.gpuctl/lib/gpuctl_node.py ~/.gpuctl/bin/gpuctl-node ~/.gpuctl/lib/gpuctl-fabric-probe "
-                 "~/.gpuctl/prepared ~/.gpuctl/fabric.env ~/.ssh/gpuctl_cluster ~/.ssh/gpuctl_known_hosts ~/.ssh/config")
+                 "~/.gpuctl/lib/nodehealth.py ~/.gpuctl/installed.json ~/.gpuctl/prepared ~/.gpuctl/fabric.env ~/.ssh/gpuctl_cluster ~/.ssh/gpuctl_known_hosts ~/.ssh/config")
         return self.cluster.ssh(node, f"for f in {files}; do stat -c '%a %n' $f; sha256sum < $f; done; "
                                       "grep -c gpuctl-internal- ~/.ssh/authorized_keys").stdout
 

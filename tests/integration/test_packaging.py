@@ -25,8 +25,7 @@ def test_installed_wheel_finds_its_terraform_and_ansible_trees(tmp_path: Path):
                      "gpuctl/terraform/modules/local-nodes/scripts/node.sh",
                      "gpuctl/terraform/modules/aws-gpu-instance-group/compute.tf",
                      "gpuctl/ansible/ansible.cfg", "gpuctl/ansible/playbooks/run.yml",
-                     "gpuctl/ansible/roles/gpuctl_node/files/gpuctl-node",
-                     "gpuctl/ansible/roles/gpuctl_node/files/gpuctl-fabric-probe"):
+                     "gpuctl/node/launcher.py", "gpuctl/node/fabricprobe.py", "gpuctl/node/relay.py"):
         assert expected in names, expected
     assert not any("/.terraform/" in n or n.endswith(".tfstate") for n in names)
 
@@ -39,3 +38,9 @@ def test_installed_wheel_finds_its_terraform_and_ansible_trees(tmp_path: Path):
     out = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(target)}).stdout.split()
     assert out == [str(target / "gpuctl" / "terraform"), str(target / "gpuctl" / "ansible")]
+    # The node bundle is built from the installed package's node/ (nothing built ships in the wheel).
+    assert not any(n.endswith("gpuctl_node.py") for n in names)
+    built = ("from gpuctl.configplane import bundle; print(len(bundle.agent_text()) > 100000, bundle.NODE)")
+    out = subprocess.run([sys.executable, "-c", built], cwd=elsewhere, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(target), "GPUCTL_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.stdout.split() == ["True", str(target / "gpuctl" / "node")], out.stderr

@@ -22,7 +22,8 @@ import pytest
 import testhosts
 
 from gpuctl.configplane import playbooks
-from gpuctl.jobplane import gitignore, payload, protocol, stream
+from gpuctl.jobplane import gitignore, payload, stream
+from gpuctl.node import protocol
 from gpuctl.provision import ssh
 from gpuctl.provision.ansibleinventory import write_inventory
 from gpuctl.provision.inventory import Node

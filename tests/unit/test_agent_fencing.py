@@ -23,12 +23,14 @@ from typing import Any, Iterator
 import pytest
 
 from e2e import wait_for
-from gpuctl.jobplane import client, protocol
+from gpuctl.configplane import bundle
+from gpuctl.jobplane import client
+from gpuctl.node import protocol
 from gpuctl.jobplane.events import Event, Outcome, parse_event
 from gpuctl.jobplane.payload import build_payload
 from gpuctl.provision.inventory import Inventory, Node
 
-AGENT_PATH = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "gpuctl_node.py"
+AGENT_PATH = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
 NOTICE = {"action": "terminate", "time": "2026-11-26T08:22:00Z"}
 NOTICE_LINE = ("gpuctl-node: spot interruption notice: terminate at 2026-11-26T08:22:00Z; "
                "ranks on this node got SIGTERM to checkpoint")
@@ -40,6 +42,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     (home / ".gpuctl" / "bin").mkdir(parents=True)
     (home / ".gpuctl" / "prepared").write_text("fp1\n")
+    (home / ".gpuctl" / "installed.json").write_text("{}\n")  # nothing installed to check: the agent runs from the cache
     monkeypatch.setenv("HOME", str(home))
     return home
 

@@ -17,15 +17,13 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "cli" / "gpuctl"
 
 # Lowest first: a module may import from its own folder and from folders before it.
-LAYERS = ("common", "spec", "providers", "state", "provision", "configplane", "jobplane", "healthcheck", "managed",
+LAYERS = ("node", "common", "spec", "providers", "state", "provision", "configplane", "jobplane", "healthcheck", "managed",
           "api", "cli")
 # Top-level modules and the layer they belong to.
 TOP_LEVEL = {"__init__": "common", "__main__": "cli", "cli": "cli", "cliargs": "cli", "autostopcli": "cli",
              "costcli": "cli", "healthcli": "cli", "jobscli": "cli", "usage": "cli", "entrypoints": "cli",
              "logscli": "cli", "powercli": "cli"}
 MAX_LINES = 800
-# Generated from modules that are themselves checked (jobplane/agent/): not read by hand.
-GENERATED = {"jobplane/gpuctl_node.py"}
 
 
 def module_name(path: Path) -> str:
@@ -37,7 +35,7 @@ def module_name(path: Path) -> str:
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if str(p.relative_to(PACKAGE)) not in GENERATED}
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def layer_of(module: str) -> str:
@@ -164,12 +162,12 @@ def test_event_letters_live_in_the_protocol_module(letter: str) -> None:
     compared = re.compile(rf"""(==|!=|\bin\s*[(\[{{])\s*["']{letter}["']|["']{letter}["']\s*(==|!=|,\s*["'][A-Za-z]["'])""")
     found = []
     for m, p in modules().items():
-        if m in ("gpuctl.jobplane.protocol",) or m.startswith("gpuctl.jobplane.agent"):
+        if layer_of(m) == "node":  # both ends' own words: protocol.py defines them, the agent speaks them
             continue
         for lineno, line in enumerate(p.read_text().splitlines(), 1):
             if compared.search(line.split("#", 1)[0]):
                 found.append(f"{p.relative_to(PACKAGE)}:{lineno}: {line.strip()}")
-    assert not found, f"event letter {letter!r} outside jobplane/protocol.py:\n" + "\n".join(found)
+    assert not found, f"event letter {letter!r} outside node/protocol.py:\n" + "\n".join(found)
 
 
 def test_the_checker_sees_function_local_imports(tmp_path: Path) -> None:
@@ -179,3 +177,57 @@ def test_the_checker_sees_function_local_imports(tmp_path: Path) -> None:
     source.write_text("def f():\n    from gpuctl.jobplane import runner\n    return runner\n")
     assert imports(source, "gpuctl.spec.x", {"gpuctl.jobplane.runner", "gpuctl.jobplane"}) == \
         [("gpuctl.jobplane.runner", 2)]
+
+
+# What the node's programs may import besides the standard library and gpuctl.node: the all-reduce
+# probe's torch (the node's own) and ncclperf beside it; the launcher's agent, lib/gpuctl_node.py.
+NODE_EXTRA_IMPORTS = {"gpuctl.node.allreduceprobe": {"torch", "ncclperf"}, "gpuctl.node.launcher": {"gpuctl_node"}}
+
+
+def test_the_node_package_is_the_lowest_layer_and_standard_library_only() -> None:
+    """Everything under node/ runs on nodes that have nothing but python3."""
+    import sys
+
+    found = []
+    for m, p in modules().items():
+        if layer_of(m) != "node":
+            continue
+        tree = ast.parse(p.read_text(), str(p))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if name == "__future__" or name.startswith("gpuctl.node") or top in sys.stdlib_module_names:
+                    continue
+                if top not in NODE_EXTRA_IMPORTS.get(m, set()):
+                    found.append(f"{p.relative_to(PACKAGE)}:{node.lineno} imports {name}")
+    assert not found, "node/ imports outside the standard library and itself:\n" + "\n".join(found)
+
+
+def test_no_node_module_has_a_copy_or_a_build_in_the_tree() -> None:
+    """node/ is the one place of node code: no built agent and no copy of a node module elsewhere."""
+    import subprocess
+
+    repo = PACKAGE.parents[1]
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True, check=False).stdout
+    if not tracked:
+        pytest.skip("not a git checkout")
+    node_files = {p.read_bytes(): p for p in (PACKAGE / "node").glob("*.py")}
+    copies, built = [], []
+    for rel in tracked.decode().split("\0"):
+        path = repo / rel
+        if not rel or path.is_symlink() or not path.is_file() or path.parent == PACKAGE / "node":
+            continue
+        data = path.read_bytes()
+        if data in node_files:
+            copies.append(f"{rel} is a copy of {node_files[data].relative_to(repo)}")
+        if b"Built by gpuctl (configplane/bundle.py)" in data[:8000] and rel.endswith(".py") and \
+                "configplane/bundle.py" not in rel:
+            built.append(rel)
+    links = [rel for rel in tracked.decode().split("\0") if rel and (repo / rel).is_symlink()]
+    assert not copies and not built and not links, (copies, built, links)

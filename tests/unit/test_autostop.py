@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.configplane import bundle
 from gpuctl.common.errors import UserError
-from gpuctl.jobplane.agent import autostop as agent
+from gpuctl.node import autostop as agent
 from gpuctl.providers import get_provider
 from gpuctl.providers.aws.provider import module_inputs
 from gpuctl.provision import lifecycle, ssh
 from gpuctl.spec.autostop import Autostop, AutostopError, parse_autostop, with_flags
 
-AGENT = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "gpuctl_node.py"
+AGENT = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
 
 
 @pytest.mark.parametrize("value, expected", [

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuctl.configplane import clusterview, prepare
-from gpuctl.jobplane import gpuctl_node as agent
+from gpuctl.configplane import bundle, clusterview, prepare
+from gpuctl.node import install as agent
 from gpuctl.provision.inventory import Inventory, Node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,8 +174,10 @@ def run_install(tmp_path: Path, limit: str) -> Path:
                        check=True)
     play = {"name": "Role", "hosts": "all", "gather_facts": False, "connection": "local",
             "roles": [{"role": "gpuctl_node"}]}
+    # the node's files as gpuctl passes them (the repository's role has no files/: `make collection`
+    # builds them in, tests/integration/test_ansible_collection.py runs the role that way)
     _playbook(tmp_path, play, INVENTORY, {"gpuctl_internal_key": str(key), "gpuctl_node_group": "cloud",
-                                          "gpuctl_prepare_fingerprint": "fp1"},
+                                          "gpuctl_prepare_fingerprint": "fp1", "gpuctl_agent_files": prepare.agent_files()},
               limit=limit, env={"HOME": str(home)})
     return home
 
@@ -183,7 +185,7 @@ def run_install(tmp_path: Path, limit: str) -> Path:
 def test_loopback_nodes_get_nothing_in_ssh_and_others_get_key_and_config(tmp_path: Path) -> None:
     home = run_install(tmp_path, "head")
     assert not (home / ".ssh").exists() and (home / ".gpuctl" / "prepared").read_text() == "fp1\n"
-    assert (home / ".gpuctl" / "lib" / "gpuctl_node.py").read_text() == prepare.AGENT.read_text()
+    assert (home / ".gpuctl" / "lib" / "gpuctl_node.py").read_text() == bundle.agent_text()
     home = run_install(tmp_path, "c-head")
     ssh_dir = home / ".ssh"
     assert sorted(p.name for p in ssh_dir.iterdir()) == ["authorized_keys", "config", "gpuctl_cluster"]

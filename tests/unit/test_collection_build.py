@@ -1,19 +1,20 @@
-"""`ansible-galaxy collection build ansible/` makes the collection gpuctl.cluster: gpuctl's
-playbooks and roles, the node agent and fabric probe as files, the README, the version of
-pyproject.toml, nothing of gpuctl's own Ansible settings. Using it against real nodes:
+"""`make collection` (configplane/collection.py) makes the collection gpuctl.cluster: gpuctl's
+playbooks and roles, the node's files built from cli/gpuctl/node/ into role gpuctl_node, the
+README, the version of pyproject.toml, nothing of gpuctl's own Ansible settings. Using it against real nodes:
 tests/integration/test_ansible_collection.py."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
+
+from gpuctl.configplane import bundle, collection
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE = REPO / "ansible"
@@ -23,12 +24,8 @@ VERSION = re.search(r'^version = "([^"]+)"', PYPROJECT, re.MULTILINE).group(1)  
 
 
 def build_collection(out: Path) -> Path:
-    """The tarball `ansible-galaxy collection build ansible/` writes into out."""
-    proc = subprocess.run([str(GALAXY), "collection", "build", str(ANSIBLE), "--output-path", str(out)],
-                          check=False, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (tarball,) = out.glob("gpuctl-cluster-*.tar.gz")
-    return tarball
+    """The tarball `make collection` writes into out."""
+    return collection.build(out, galaxy=str(GALAXY))
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +46,9 @@ def test_version_and_name_follow_pyproject(tarball: Path) -> None:
 def test_playbooks_roles_agent_and_readme_inside(tarball: Path) -> None:
     with tarfile.open(tarball) as tar:
         members = {m.name: m for m in tar.getmembers()}
-        agent = tar.extractfile("roles/gpuctl_node/files/gpuctl_node.py").read()  # type: ignore[union-attr]
-        launcher = tar.extractfile("roles/gpuctl_node/files/gpuctl-node").read()  # type: ignore[union-attr]
-        probe = tar.extractfile("roles/gpuctl_node/files/gpuctl-fabric-probe").read()  # type: ignore[union-attr]
+        shipped = {name: tar.extractfile(f"roles/gpuctl_node/files/{name}").read()  # type: ignore[union-attr]
+                   for name in ("gpuctl_node.py", "gpuctl-node", "gpuctl-fabric-probe", "nodehealth.py",
+                                "allreduceprobe.py", "ncclperf.py")}
         readme = tar.extractfile("README.md").read().decode()  # type: ignore[union-attr]
     for name in ("MANIFEST.json", "FILES.json", "README.md", "CHANGELOG.md", "meta/runtime.yml"):
         assert name in members, name
@@ -60,14 +57,16 @@ def test_playbooks_roles_agent_and_readme_inside(tarball: Path) -> None:
     for role in sorted(p.name for p in (ANSIBLE / "roles").iterdir()):
         assert f"roles/{role}/tasks/main.yml" in members, role
     assert "plugins/modules/gpuctl_node_install.py" in members  # the install step's module
-    # The agent and probe are links into cli/gpuctl/ in the repository: the tarball holds the files
-    # (the agent's command gpuctl-node, which imports it, is the role's own).
-    for name in ("roles/gpuctl_node/files/gpuctl-node", "roles/gpuctl_node/files/gpuctl_node.py",
-                 "roles/gpuctl_node/files/gpuctl-fabric-probe"):
-        assert members[name].isfile() and members[name].mode & 0o111, name
-    assert agent == (REPO / "cli/gpuctl/jobplane/gpuctl_node.py").read_bytes()
-    assert launcher == (ANSIBLE / "roles/gpuctl_node/files/gpuctl-node").read_bytes()
-    assert probe == (REPO / "cli/gpuctl/configplane/fabricprobe.py").read_bytes()
+    # The node's files are built from cli/gpuctl/node/ (none is in ansible/ in the repository): the
+    # tarball holds them as prepare gives them to a node, the role's defaults naming each.
+    assert not (ANSIBLE / "roles/gpuctl_node/files").exists()
+    defaults = (ANSIBLE / "roles/gpuctl_node/defaults/main.yml").read_text()
+    for rel, (data, mode) in bundle.files().items():
+        name = Path(rel).name
+        member = members[f"roles/gpuctl_node/files/{name}"]
+        assert member.isfile() and shipped[name] == data, name
+        assert bool(member.mode & 0o111) == (mode == "0755"), name
+        assert f"'{rel}'" in defaults and f"'{name}'" in defaults, f"role gpuctl_node's defaults do not name {rel}"
     assert readme == (ANSIBLE / "README.md").read_text()
     # gpuctl's own settings (roles_path, its ssh options) and lint caches are not the user's.
     assert not [n for n in members if n == "ansible.cfg" or n.startswith(".") or "/." in n]

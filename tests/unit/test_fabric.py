@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.common.paths import ansible_dir
-from gpuctl.configplane import fabricprobe, fabricrecord, playbooks, prepare
-from gpuctl.jobplane import gpuctl_node as agent
+from gpuctl.configplane import bundle
+from gpuctl.configplane import fabricrecord, playbooks, prepare
+from gpuctl.node import fabricprobe
+from gpuctl.node import install as agent
 from gpuctl.providers import get_provider
 from gpuctl.providers.aws.catalog import GPUDIRECT_RDMA_FAMILIES
 from gpuctl.providers.aws.provider import efa_fabric_env
 from gpuctl.provision.inventory import Inventory, Node
 
 HEAD = "10.0.0.2"
-SHIPPED = ansible_dir() / "roles" / "gpuctl_node" / "files" / "gpuctl-fabric-probe"
+SHIPPED = Path(fabricprobe.__file__)  # lib/gpuctl-fabric-probe on a node (configplane/bundle.py)
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
@@ -375,7 +376,7 @@ def _inv(n: int = 3, cloud: str = "aws") -> Inventory:
 
 def test_the_probe_is_part_of_the_prepare_fingerprint():
     names = dict(prepare._tree_bytes())
-    assert names["roles/gpuctl_node/files/gpuctl-fabric-probe"] == Path(fabricprobe.__file__).read_bytes()
+    assert names["lib/gpuctl-fabric-probe"] == Path(fabricprobe.__file__).read_bytes()
     settings = fabricrecord.probe_settings("aws", {"network_tier": "best", "instance_type": "p5.48xlarge"})
     assert settings == {"instance_type": "p5.48xlarge",
                         "fallback_env": efa_fabric_env(efa=True, instance_type="p5.48xlarge")}
@@ -397,7 +398,7 @@ def test_run_prepare_passes_the_probe_its_settings(tmp_path: Path, monkeypatch: 
     # the agent's files, read once for every node: what the role would read from its files/
     files = ev["gpuctl_agent_files"]
     assert agent.file_text(files["lib/gpuctl-fabric-probe"]) == Path(fabricprobe.__file__).read_text()
-    assert agent.file_text(files["lib/gpuctl_node.py"]) == prepare.AGENT.read_text()
+    assert agent.file_text(files["lib/gpuctl_node.py"]) == bundle.agent_text()
 
 
 # -- the controller's record and status ---------------------------------------------------------

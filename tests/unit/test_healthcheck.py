@@ -21,10 +21,12 @@ from pathlib import Path
 import pytest
 
 from gpuctl.common.errors import UserError
-from gpuctl.healthcheck import bandwidth, command, fabriccheck, nccllog, ncclperf
+from gpuctl.configplane import bundle
+from gpuctl.healthcheck import bandwidth, command, fabriccheck, nccllog
+from gpuctl.node import allreduceprobe, ncclperf
 from gpuctl.provision.inventory import Inventory, Node
 
-PROBE = Path(command.__file__).resolve().parent / "probe.py"
+PROBE = Path(allreduceprobe.__file__)
 
 # -- NCCL log excerpts ---------------------------------------------------------------------
 
@@ -292,8 +294,8 @@ def test_run_stage_picks_a_python_with_torch() -> None:
     assert 'for c in "$HOME/.gpuctl/venv/bin/python" python3 /opt/conda/envs/pytorch/bin/python' in remote
     for script in (local, remote):
         assert subprocess.run(["bash", "-n", "-c", script], capture_output=True).returncode == 0
-    assert set(command.probe_files()) == {"~/.gpuctl/check/probe.py", "~/.gpuctl/check/ncclperf.py"}
-    assert all(p.is_file() for p in command.probe_files().values())
+    assert 'probe="$HOME/.gpuctl/lib/allreduceprobe.py"' in remote  # the prepared bundle's, with ncclperf.py
+    assert {"lib/allreduceprobe.py", "lib/ncclperf.py"} <= set(bundle.files())
 
 
 def _probe_env(**extra: str) -> dict[str, str]:

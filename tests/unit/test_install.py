@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.configplane import bundle as node_bundle
 from gpuctl.common.console import StepProgress
 from gpuctl.configplane import playbooks, prepare
 from gpuctl.configplane.playbooks import HostFailure, PlaybookResult
@@ -38,7 +39,7 @@ def test_install_writes_the_agent_then_the_fingerprint_and_changes_nothing_the_s
     result = json.loads(first.stdout)
     assert result["changed"] is True and result["hostname"] == os.uname()[1] and "kind" in result
     gpuctl = tmp_path / ".gpuctl"
-    assert (gpuctl / "lib" / "gpuctl_node.py").read_text() == prepare.AGENT.read_text()
+    assert (gpuctl / "lib" / "gpuctl_node.py").read_text() == node_bundle.agent_text()
     assert oct((gpuctl / "bin" / "gpuctl-node").stat().st_mode & 0o777) == "0o755"
     assert (gpuctl / "prepared").read_text() == "fp1\n" and (gpuctl / "fabric.env").is_file()
     assert not (tmp_path / ".ssh").exists()  # no ssh part: nothing there

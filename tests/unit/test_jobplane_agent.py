@@ -23,14 +23,15 @@ from pathlib import Path
 import pytest
 
 from e2e import pids_matching, wait_for
+from gpuctl.configplane import bundle
 from gpuctl.jobplane import client, joblogs
 from gpuctl.jobplane.events import PIECE, Event, LineJoiner, Outcome, encode, parse_event
 from gpuctl.jobplane.stream import LineSplitter
 from gpuctl.provision.inventory import Inventory, Node
 
-AGENT_PATH = Path(__file__).resolve().parents[2] / "cli" / "gpuctl" / "jobplane" / "gpuctl_node.py"  # built from jobplane/agent/
+AGENT_PATH = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
 # ~/.gpuctl/bin/gpuctl-node on a node: imports the agent from ~/.gpuctl/lib/gpuctl_node.py
-LAUNCHER_PATH = Path(__file__).resolve().parents[2] / "ansible" / "roles" / "gpuctl_node" / "files" / "gpuctl-node"
+LAUNCHER_PATH = bundle.NODE / "launcher.py"
 
 
 def load_agent():
@@ -134,6 +135,7 @@ def node_home(tmp_path: Path) -> Path:
     home = tmp_path / "home"
     (home / ".gpuctl" / "bin").mkdir(parents=True)
     (home / ".gpuctl" / "prepared").write_text("fp1\n")
+    (home / ".gpuctl" / "installed.json").write_text("{}\n")  # nothing installed to check: the agent runs from the cache
     (home / ".gpuctl" / "fabric.env").write_text("export FABRIC_VAR=from-fabric\nexport OVERRIDE=fabric\n")
     return home
 
@@ -398,6 +400,7 @@ def test_a_node_that_cannot_write_the_job_is_a_problem_not_unprepared(node_home:
     `H RANK problem` naming the path, so the job fails at once instead of preparing again."""
     monkeypatch.setenv("HOME", str(node_home))
     monkeypatch.setattr(agent, "PREPARED_FILE", str(node_home / ".gpuctl" / "prepared"))
+    monkeypatch.setattr(agent, "INSTALLED_FILE", str(node_home / ".gpuctl" / "installed.json"))
     monkeypatch.setattr(agent, "JOBS_DIR", str(node_home / ".gpuctl" / "jobs"))
     monkeypatch.setattr(agent, "write_private", disk_full)
     body = payload("30", "echo never")

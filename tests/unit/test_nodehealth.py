@@ -1,4 +1,4 @@
-"""The node health probe (healthcheck/nodehealth.py) on recorded tool output: nvidia-smi's CSV query
+"""The node health probe (node/nodehealth.py) on recorded tool output: nvidia-smi's CSV query
 and `-q -x` XML, `nvidia-smi nvlink -s`, kernel-log Xid lines, a fake /sys of EFA devices; and the
 controller's reading of the probe's documents (healthcheck/health.py)."""
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.healthcheck import health, nodehealth
+from gpuctl.healthcheck import health
+from gpuctl.node import nodehealth
 from gpuctl.provision.inventory import Inventory, Node
 
 DATA = Path(__file__).parent / "data" / "health"
@@ -291,7 +292,8 @@ def test_the_record_follows_node_ids_and_is_private(tmp_path: Path) -> None:
 
 
 def test_pairs_name_the_node_whose_pairs_are_all_slow() -> None:
-    from gpuctl.healthcheck import pairs, probe
+    from gpuctl.healthcheck import pairs
+    from gpuctl.node import allreduceprobe as probe
 
     for n in (3, 4, 5, 8):  # every ring pair, each in one round, no node twice in a round
         rounds = probe.ring_rounds(n)

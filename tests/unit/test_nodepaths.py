@@ -11,10 +11,11 @@ import pytest
 
 from gpuctl.api.cluster import CALLS_DIR
 from gpuctl.common.errors import UserError
-from gpuctl.healthcheck.command import NODE_DIR as CHECK_DIR
 from gpuctl.jobplane import payload
-from gpuctl.jobplane.agent import build, destinations
-from gpuctl.spec import buckets, load_task, nodepaths, reserved
+from gpuctl.configplane import bundle
+from gpuctl.node import destinations
+from gpuctl.spec import buckets, load_task, nodepaths
+from gpuctl.node import reserved
 from gpuctl.spec.buckets import BucketMount
 
 from test_jobplane_agent import agent
@@ -111,13 +112,13 @@ def test_the_workdir_is_the_payloads():
 
 
 def test_the_agent_checks_the_same_places():
-    # One list (spec/reserved.py): the agent's module reads the very objects nodepaths does, and the
+    # One list (node/reserved.py): the agent's module reads the very objects nodepaths does, and the
     # agent's file is built from that module (test_agent_build keeps the committed file fresh).
     assert destinations.RESERVED_TREES is nodepaths.RESERVED_TREES is reserved.RESERVED_TREES
     assert destinations.RESERVED_DIRS is nodepaths.RESERVED_DIRS is reserved.RESERVED_DIRS
     assert destinations.WORKDIR is nodepaths.WORKDIR
-    assert "spec/reserved.py" in build.MODULES and agent.RESERVED_TREES == reserved.RESERVED_TREES
-    assert agent.GPUCTL_COPIES == (CALLS_DIR, CHECK_DIR)  # the only reserved places gpuctl copies into itself
+    assert "reserved.py" in bundle.AGENT_MODULES and agent.RESERVED_TREES == reserved.RESERVED_TREES
+    assert agent.GPUCTL_COPIES == (CALLS_DIR,)  # the only reserved place gpuctl copies into itself
 
 
 def test_buckets_check_names_the_field():

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpuctl.configplane import bundle as node_bundle
 from gpuctl.configplane import prepare
 
 PUBLIC = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9wZW5zc2gta2V5LWZvci10ZXN0cy1vbmx5LXh4eHg= gpuctl-internal-t"
@@ -84,7 +85,7 @@ def test_the_head_installs_each_worker_with_its_own_key(tmp_path: Path):
         assert results[f"node-{w}"]["ok"] is True and "kind" in results[f"node-{w}"]["result"]
         home = homes / w
         assert (home / ".gpuctl" / "prepared").read_text() == "fp1\n"
-        assert (home / ".gpuctl" / "lib" / "gpuctl_node.py").read_text() == prepare.AGENT.read_text()
+        assert (home / ".gpuctl" / "lib" / "gpuctl_node.py").read_text() == node_bundle.agent_text()
         # the head's own private key (the controller never sent it), and the worker's view
         assert (home / ".ssh" / "gpuctl_cluster").read_text() == PRIVATE
         assert oct((home / ".ssh" / "gpuctl_cluster").stat().st_mode & 0o777) == "0o600"
@@ -209,7 +210,7 @@ def test_peers_are_reached_with_a_cheap_key_exchange_only_where_the_default_is_s
     """OpenSSH 9.0-9.8 start with sntrup761x25519 (65 ms of client CPU a connection here); a node's
     ssh puts mlkem768x25519 or curve25519 first for hops inside the cluster, and changes nothing
     where its defaults are already fast or `^` may be unknown."""
-    from gpuctl.jobplane.agent import peerssh
+    from gpuctl.node import peerssh
 
     def kex(*names: str):
         return lambda: "\n".join(names) + "\n"

@@ -14,7 +14,7 @@ import pytest
 
 from gpuctl.common.console import Reporter
 from gpuctl.common.ranklines import UPDATE_S, RankLines
-from gpuctl.jobplane import protocol
+from gpuctl.node import protocol
 from gpuctl.jobplane.events import Event, LineJoiner, parse_event
 
 P0, P1 = "(head, rank=0)", "(worker1, rank=1)"

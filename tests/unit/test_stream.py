@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.configplane import bundle
+
 from gpuctl.common.console import Reporter
-from gpuctl.common.paths import ansible_dir
 from gpuctl.jobplane import client, stream
 from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, decode, encode, parse_event
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 
-AGENT = ansible_dir() / "roles" / "gpuctl_node" / "files" / "gpuctl-node"
+AGENT = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
 
 
 def node(rank: int, **kw: object) -> Node:

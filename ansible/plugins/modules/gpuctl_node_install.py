@@ -5,7 +5,7 @@ DOCUMENTATION = r"""
 module: gpuctl_node_install
 short_description: Bring a node to gpuctl's prepared state in one step
 description:
-  - Runs the node agent's install step (C(gpuctl-node install), cli/gpuctl/jobplane/agent/install.py)
+  - Runs the node agent's install step (C(gpuctl-node install), cli/gpuctl/node/install.py)
     with O(bundle) on its stdin, in one module run per node.
   - Each file is written only when its content differs (write, then rename), the fingerprint last.
 options:

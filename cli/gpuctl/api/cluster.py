@@ -39,7 +39,7 @@ from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobFailed, Prepa
 from gpuctl.common.paths import cluster_dir, state_root
 from gpuctl.common.safetext import printable
 from gpuctl.jobplane.events import Event, Outcome
-from gpuctl.jobplane.protocol import STAGE_RUN
+from gpuctl.node.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobOutcome, JobRunner, JobSpec
 from gpuctl.providers import get_provider, request_for, resources_problem
 from gpuctl.provision import lifecycle

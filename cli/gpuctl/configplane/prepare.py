@@ -1,9 +1,9 @@
 """Prepare: the one playbook between provisioning and jobs, and which nodes need it.
 
 The prepared state of a node is what the prepare play leaves there in one module run (role
-gpuctl_node, agent/install.py): the agent, the cluster's internal key, sshd limits, the fabric env
-its own probe wrote (`fabricprobe.py`, shipped in the role, so a changed probe is a changed
-fingerprint). Its fingerprint, a hash of everything that shapes that state, is written last on
+gpuctl_node, node/install.py): the bundle of gpuctl/node/ (bundle.py: the agent, its probes), the
+cluster's internal key, sshd limits, the fabric env its own probe wrote (node/fabricprobe.py, in
+the bundle, so a changed probe is a changed fingerprint). Its fingerprint, a hash of everything that shapes that state, is written last on
 the node and kept on the controller per node (`prepared.json`, {node: fingerprint}). A job carries
 the fingerprint it expects; each node compares it with its own record before running anything
 (the check costs no extra call), and the controller prepares exactly the nodes whose record
@@ -37,10 +37,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import ansible_dir
-from gpuctl.configplane import playbooks
+from gpuctl.configplane import bundle, playbooks
 from gpuctl.provision.inventory import Inventory, Node
 
-AGENT = Path(__file__).resolve().parent.parent / "jobplane" / "gpuctl_node.py"  # built by `make agent`
 # The parts of the Ansible tree that shape a prepared node.
 _PREPARE_TREE = ("playbooks/prepare.yml", "plugins/modules", "roles/gpuctl_node", "roles/gpuctl_sshd_limits",
                  "roles/gpuctl_storage",
@@ -51,15 +50,10 @@ FEATURES = ("rclone", "fuse")  # what gpuctl_storage installs (AWS) or checks (e
 
 
 def agent_files() -> dict[str, dict[str, str]]:
-    """What the install step puts under ~/.gpuctl, read once for every node (role gpuctl_node reads
-    the same files from its files/ when run without gpuctl)."""
-    files = ansible_dir() / "roles" / "gpuctl_node" / "files"
-
-    def packed(path: Path, mode: str) -> dict[str, str]:  # zlib + base64: 40% of the bytes in each node's module run
-        return {"mode": mode, "zdata": base64.b64encode(zlib.compress(path.read_bytes(), 9)).decode()}
-
-    return {"lib/gpuctl_node.py": packed(AGENT, "0644"), "bin/gpuctl-node": packed(files / "gpuctl-node", "0755"),
-            "lib/gpuctl-fabric-probe": packed(files / "gpuctl-fabric-probe", "0755")}
+    """What the install step puts under ~/.gpuctl (bundle.files), read once for every node."""
+    # zlib + base64: 40% of the bytes in each node's module run
+    return {rel: {"mode": mode, "zdata": base64.b64encode(zlib.compress(data, 9)).decode()}
+            for rel, (data, mode) in bundle.files().items()}
 
 
 def install_bundle(*, fingerprint_value: str, internal_public_key: str, view: Mapping[str, Any],
@@ -85,16 +79,13 @@ def install_bootstrap() -> str:
 
 def _tree_bytes() -> list[tuple[str, bytes]]:
     root = ansible_dir()
-    out: list[tuple[str, bytes]] = [("agent", AGENT.read_bytes())]
+    out: list[tuple[str, bytes]] = [(rel, data) for rel, (data, _) in sorted(bundle.files().items())]
     for rel in _PREPARE_TREE:
         path = root / rel
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        for f in files:
-            if "__pycache__" in f.parts:
-                continue
-            if f.name == "gpuctl_node.py":  # the agent again (a link to it); its launcher gpuctl-node counts
-                continue
-            out.append((str(f.relative_to(root)), f.read_bytes()))
+        # roles/gpuctl_node/files holds the bundle only in a built collection: counted above
+        out += [(str(f.relative_to(root)), f.read_bytes()) for f in files
+                if "__pycache__" not in f.parts and not f.is_relative_to(root / "roles/gpuctl_node/files")]
     return out
 
 

@@ -15,7 +15,7 @@ from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobFailed
 from gpuctl.common.safetext import clean, printable
 from gpuctl.jobplane.events import Event
-from gpuctl.jobplane.protocol import STAGE_RUN
+from gpuctl.node.protocol import STAGE_RUN
 from gpuctl.jobplane.runner import JobRunner, JobSpec
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import Registry

@@ -1,6 +1,6 @@
 """`gpuctl check NAME`: the all_reduce job, and what its output says about the fabric.
 
-run_check runs probe.py as ONE gpuctl job on every node (jobplane.runner.JobRunner:
+run_check runs node/allreduceprobe.py as ONE gpuctl job on every node (jobplane.runner.JobRunner:
 prepared if needed, listed in `gpuctl queue`, its output kept for `gpuctl
 logs`) with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET, collects every
 rank's lines, and `analyze` turns them into a Report (pure: unit-tested on
@@ -18,22 +18,22 @@ from __future__ import annotations
 import shlex
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.common.safetext import finite_number, whole_number
-from gpuctl.healthcheck import bandwidth, collect, fabriccheck, nccllog, ncclperf, pairs
+from gpuctl.healthcheck import bandwidth, collect, fabriccheck, nccllog, pairs
 from gpuctl.jobplane.runner import JobSpec
+from gpuctl.node import allreduceprobe, ncclperf
 from gpuctl.providers import get_provider
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import Registry
 
-MARK = "__GPUCTL_CHECK__"  # probe.MARK (probe.py is not imported here: it runs on the nodes)
+MARK = allreduceprobe.MARK  # the probe imports torch only when it runs
 JOB_NAME = "gpuctl-check"
-NODE_DIR = "~/.gpuctl/check"  # on every node: probe.py and ncclperf.py
+NODE_PROBE = "~/.gpuctl/lib/allreduceprobe.py"  # on every node, with ncclperf.py beside it (the prepared bundle)
 METHODS = ("auto", "nccl-tests", "torch")
 # TORCH_CPP_LOG_LEVEL: c10d's warnings (a client socket's hostname on local nodes) off the screen; errors stay.
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "PYTHONUNBUFFERED": "1",
@@ -80,18 +80,13 @@ def run_script(options: Options, *, python: str | None) -> str:
                          for c in NODE_PYTHONS)
     args = ["--sizes", ",".join(str(s) for s in options.sizes), "--method", options.method,
             "--timeout", str(options.timeout_s), *(["--pairs"] if options.pairs else [])]
-    return (f'probe="$HOME/{NODE_DIR[2:]}/probe.py"\n'
+    return (f'probe="$HOME/{NODE_PROBE[2:]}"\n'
             "py= tried=\n"
             f"for c in {words}; do\n"
             '  tried="$tried${tried:+, }$c"\n'
             '  if command -v "$c" >/dev/null 2>&1 && "$c" -c "import torch" >/dev/null 2>&1; then py="$c"; break; fi\n'
             "done\n"
             f'exec "${{py:-python3}}" -u "$probe" {shlex.join(args)} --tried "$tried"\n')
-
-
-def probe_files() -> dict[str, Path]:
-    here = Path(__file__).resolve().parent
-    return {f"{NODE_DIR}/probe.py": here / "probe.py", f"{NODE_DIR}/ncclperf.py": here / "ncclperf.py"}
 
 
 class _CheckRunner(collect.CollectingRunner):
@@ -315,7 +310,7 @@ def run_check(inv: Inventory, *, registry: Registry, reporter: Reporter, options
                         f"'{inv.cluster}' has {len(inv.nodes)}: `gpuctl check {inv.cluster}` measures them")
     local = get_provider(inv.cloud).local
     spec = JobSpec(name=JOB_NAME, run=run_script(options, python=sys.executable if local else None),
-                   file_mounts=probe_files(), envs={**NCCL_ENV, **options.envs}, num_nodes=len(inv.nodes),
+                   envs={**NCCL_ENV, **options.envs}, num_nodes=len(inv.nodes),
                    gpus_per_node=inv.head.gpus)
     runner = _CheckRunner(inv, reporter=reporter, registry=registry)
     job_id, failure = collect.run_probe_job(runner, spec, registry)

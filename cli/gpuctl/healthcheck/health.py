@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.common.safetext import clean, printable, whole_number
+from gpuctl.node import nodehealth
 from gpuctl.providers import get_provider
 from gpuctl.provision.inventory import Inventory
 from gpuctl.state.registry import Registry
@@ -34,13 +35,13 @@ if TYPE_CHECKING:
 
 # The job part (the runner) loads when a check runs: `status` reads only the saved verdicts.
 
-MARK = "__GPUCTL_HEALTH__"  # nodehealth.MARK (nodehealth.py is not imported here: it runs on the nodes)
+MARK = nodehealth.MARK
 JOB_NAME = "gpuctl-health"
-NODE_FILE = "~/.gpuctl/check/nodehealth.py"
+NODE_FILE = "~/.gpuctl/lib/nodehealth.py"  # on every node (the prepared bundle)
 HEALTH_FILE = "health.json"
 LEVELS = (0, 1, 2, 3, 4)  # dcgmi diag -r LEVEL; 0: no DCGM run
 VERDICTS = ("healthy", "degraded", "unhealthy")
-ACTIONS = ("isolate", "reboot", "reset", "monitor")  # nodehealth.ACTIONS, most severe first
+ACTIONS = nodehealth.ACTIONS  # most severe first
 
 
 def check_level(level: int) -> int:
@@ -262,8 +263,7 @@ def run_health(inv: Inventory, *, registry: Registry, reporter: Reporter, level:
     expect = expect or expectations(inv, recorded_request(inv.cluster))
     local = get_provider(inv.cloud).local
     spec = JobSpec(name=JOB_NAME, run=run_script(expect, level, python=sys.executable if local else None),
-                   file_mounts={NODE_FILE: Path(__file__).resolve().parent / "nodehealth.py"},
-                   num_nodes=len(inv.nodes), gpus_per_node=inv.head.gpus, internal_mounts=frozenset({NODE_FILE}))
+                   num_nodes=len(inv.nodes), gpus_per_node=inv.head.gpus)
     runner = collect.CollectingRunner(inv, reporter=reporter, registry=registry, hide=MARK)  # the document unshown
     job_id, failure = collect.run_probe_job(runner, spec, registry)
     report = analyze(inv, runner.lines, job_id=job_id, failure=failure)

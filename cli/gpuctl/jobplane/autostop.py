@@ -1,6 +1,6 @@
 """The controller's end of autostop: the setting goes to the head's agent, which then acts alone.
 
-`arm` sends the setting with the provider's power-off plan (jobplane/agent/autostop.py keeps it
+`arm` sends the setting with the provider's power-off plan (node/autostop.py keeps it
 and runs the watcher); `cancel` removes it; `show` asks what the watcher sees. A copy of what was
 sent stays in the cluster's directory (SETTING_FILE), so `status` shows the setting without a
 round trip.
@@ -80,7 +80,7 @@ def _control_dir(inv: Inventory) -> Path:
 def _call(inv: Inventory, action: str, *, document: Mapping[str, Any] | None = None,
           extra: tuple[str, ...] = (), timeout: float = 60) -> dict[str, Any]:
     from gpuctl.common.safetext import clean, printable
-    from gpuctl.jobplane import protocol
+    from gpuctl.node import protocol
     from gpuctl.provision import ssh
 
     command = " ".join([protocol.AGENT, protocol.CMD_AUTOSTOP, action, *extra])

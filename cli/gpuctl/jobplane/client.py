@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gpuctl.common.safetext import printable
-from gpuctl.jobplane import protocol
+from gpuctl.node import protocol
 from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, Outcome, parse_event
 from gpuctl.jobplane.stream import LineSplitter
 from gpuctl.provision import ssh

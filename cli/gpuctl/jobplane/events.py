@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuctl.common.safetext import printable
-from gpuctl.jobplane.protocol import (
+from gpuctl.node.protocol import (
     EV_CLAIMS, EV_DONE, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_PHASE, EV_PIECE, EV_SHOWN, EV_STARTED, EV_SYNCED,
     OUT_PIECE,
 )

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gpuctl.common.safetext import printable
-from gpuctl.jobplane import payload, protocol
+from gpuctl.jobplane import payload
+from gpuctl.node import protocol
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Callable, Collection, Iterator, Mapping
 
 from gpuctl.common.paths import cluster_dir, state_root
-from gpuctl.jobplane import protocol
+from gpuctl.node import protocol
 from gpuctl.jobplane.events import Event, LineJoiner, Outcome, decode, encode, parse_event
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory

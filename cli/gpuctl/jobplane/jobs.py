@@ -19,7 +19,8 @@ from typing import Callable, Sequence
 from gpuctl.common.console import Reporter
 from gpuctl.common.ranklines import RankLines
 from gpuctl.common.errors import UserError
-from gpuctl.jobplane import client, joblogs, protocol
+from gpuctl.jobplane import client, joblogs
+from gpuctl.node import protocol
 from gpuctl.jobplane.events import Outcome
 from gpuctl.jobplane.runner import JobRunner, describe_codes
 from gpuctl.provision import ssh

@@ -11,7 +11,8 @@ from typing import Mapping, Protocol, Sequence
 from gpuctl.common.console import Reporter
 from gpuctl.common.ranklines import RankLines
 from gpuctl.common.safetext import printable
-from gpuctl.jobplane import joblogs, protocol
+from gpuctl.jobplane import joblogs
+from gpuctl.node import protocol
 from gpuctl.jobplane.events import Event
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry

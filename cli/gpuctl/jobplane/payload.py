@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from gpuctl.jobplane import jobenv
 from gpuctl.jobplane.gitignore import WorkdirFilter
-from gpuctl.jobplane.protocol import PROTOCOL
+from gpuctl.node.protocol import PROTOCOL
 from gpuctl.provision.inventory import Inventory, Node, is_loopback, peer_port
 from gpuctl.spec import nodepaths
 

@@ -32,8 +32,8 @@ from gpuctl.common.errors import JobCancelled, JobDetached, JobFailed, PrepareFa
 from gpuctl.common.paths import cluster_dir
 from gpuctl.common.ranklines import RankLines
 from gpuctl.configplane import clusterview, fabricrecord, playbooks, prepare
-from gpuctl.jobplane import (bucketupload, client, gitignore, headinstall, jobenv, joblogs, payload, protocol, stream,
-                             upload)
+from gpuctl.jobplane import bucketupload, client, gitignore, headinstall, jobenv, joblogs, payload, stream, upload
+from gpuctl.node import protocol
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.jobview import JobView

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gpuctl.jobplane import protocol
-from gpuctl.jobplane.protocol import OFFSET_HEADER, SENTINEL
+from gpuctl.node import protocol
+from gpuctl.node.protocol import OFFSET_HEADER, SENTINEL
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 

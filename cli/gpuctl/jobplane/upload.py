@@ -19,7 +19,7 @@ from typing import Mapping
 from gpuctl.common.safetext import printable
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.payload import WORKDIR_DEST, workdir_rsync_args
-from gpuctl.jobplane.protocol import AGENT, CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX, SUDO_MKDIR
+from gpuctl.node.protocol import AGENT, CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX, SUDO_MKDIR
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 

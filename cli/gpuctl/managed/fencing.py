@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gpuctl.common.paths import cluster_dir
-from gpuctl.jobplane import protocol
+from gpuctl.node import protocol
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory, Node
 

@@ -5,7 +5,7 @@ sit at different layers: `validate`/`apply` refuse a bad image or runtime
 setting before anything exists (taskchecks.py), the job runner hands the plan
 to the agent (jobplane/runner.py, payload.py), and `down` removes the nodes'
 containers by the names the agent gave them (lifecycle.py). The agent
-(jobplane/agent/containers.py) runs them on the node.
+(node/containers.py) runs them on the node.
 """
 
 from __future__ import annotations

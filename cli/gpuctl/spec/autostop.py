@@ -2,7 +2,7 @@
 
 SkyPilot's spellings: `true` (5 idle minutes), `false`, a number of minutes, a duration (`10m`,
 `2h`, `1d`), or a mapping {idle_minutes, down, wait_for, hook, hook_timeout}. The unit users see
-stays minutes; the cluster's watcher (jobplane/agent/autostop.py) acts on it.
+stays minutes; the cluster's watcher (node/autostop.py) acts on it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ object form (`source`/`name`/`mode`/`store`) into `BucketMount`s; `name` with a
 local `source` directory is filled from it by the controller before the job
 (jobplane/bucketupload.py); the node
 agent fetches (COPY) or mounts (MOUNT, MOUNT_CACHED) each one on every node
-before setup (jobplane/agent/buckets.py), with rclone:
+before setup (node/buckets.py), with rclone:
 
 - COPY: `rclone copy` onto the node's disk, by one node per shared filesystem
   (the claim markers of the workdir copy);

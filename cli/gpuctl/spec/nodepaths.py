@@ -29,7 +29,7 @@ which would delete through the mount into the bucket.
 
 Symlinks can only be resolved on the node: the agent checks the real paths of
 the workdir, the file_mounts and the buckets again in its hello, before anything
-is copied, fetched or mounted there (jobplane/agent/destinations.py,
+is copied, fetched or mounted there (node/destinations.py,
 `destinations_problem`), with the same lists (reserved.py); on the head, before
 each of the controller's copies lands too (upload.py runs `gpuctl-node
 check-dest` ahead of rsync).
@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 
 # The lists themselves are reserved.py's, which the node agent is built with (the same objects).
-from gpuctl.spec.reserved import (RESERVED_DIRS, RESERVED_SSH_PREFIX, RESERVED_TREES,  # noqa: F401 - nodepaths.WORKDIR
+from gpuctl.node.reserved import (RESERVED_DIRS, RESERVED_SSH_PREFIX, RESERVED_TREES,  # noqa: F401 - nodepaths.WORKDIR
                                   SSH_DIR_ON_NODE, WORKDIR)
 
 HOME = "~"

@@ -54,7 +54,7 @@ _GIB_PER_UNIT = {"k": 2.0**-20, "m": 2.0**-10, "": 1.0, "g": 1.0, "t": 2.0**10, 
 _BY_LOWER = {name.lower(): name for name in AWS_DEFAULT_TYPES}
 
 # Families whose EFA does GPUDirect RDMA (FI_EFA_USE_DEVICE_RDMA=1). The node-side probe
-# (configplane/fabricprobe.py, standard library only) carries the same tuple as RDMA_FAMILIES;
+# (node/fabricprobe.py, standard library only) carries the same tuple as RDMA_FAMILIES;
 # tests/unit/test_catalog.py keeps the two equal.
 GPUDIRECT_RDMA_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6")
 

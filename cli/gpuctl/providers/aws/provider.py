@@ -312,7 +312,7 @@ def efa_requested(request: Mapping[str, Any] | None) -> bool:
 
 def efa_fabric_env(*, efa: bool, instance_type: str | None = None) -> dict[str, str]:
     """The static NCCL/libfabric defaults of EFA: what a node's fabric.env gets only where
-    detection cannot see (its RDMA devices could not be read; configplane/fabricprobe.py
+    detection cannot see (its RDMA devices could not be read; node/fabricprobe.py
     decides everywhere else, from the node itself). The task's envs override them either way.
 
     On EFA nodes NCCL must load aws-ofi-nccl (`NET/OFI`) or it silently falls

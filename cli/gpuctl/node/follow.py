@@ -13,10 +13,10 @@ import select
 import signal
 import time
 
-from gpuctl.jobplane.agent.containers import stage_container
-from gpuctl.jobplane.agent.jobdir import Stage
-from gpuctl.jobplane.agent.procs import kill_all, killpg, stage_processes
-from gpuctl.jobplane.protocol import (
+from gpuctl.node.containers import stage_container
+from gpuctl.node.jobdir import Stage
+from gpuctl.node.procs import kill_all, killpg, stage_processes
+from gpuctl.node.protocol import (
     EV_EXIT, EV_OUTPUT, EV_PIECE, EV_SHOWN, EXIT_UNKNOWN, OFFSET_HEADER, OUT_PIECE, SENTINEL, SHOW_AFTER_S,
 )
 

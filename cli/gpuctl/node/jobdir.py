@@ -8,17 +8,20 @@ scripts), and `Stage`, the paths of one stage's files.
 """
 
 import errno
+import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 
-from gpuctl.jobplane.agent.procs import pid_alive
-from gpuctl.jobplane.protocol import NODE_JOBS_DIR, SUDO_MKDIR
+from gpuctl.node.procs import pid_alive
+from gpuctl.node.protocol import NODE_JOBS_DIR, SUDO_MKDIR
 
 
 GPUCTL_DIR = os.path.expanduser("~/.gpuctl")
 PREPARED_FILE = os.path.join(GPUCTL_DIR, "prepared")  # the prepare play's fingerprint
+INSTALLED_FILE = os.path.join(GPUCTL_DIR, "installed.json")  # {path under ~/.gpuctl: sha256} of the bundle
 FABRIC_ENV = os.path.join(GPUCTL_DIR, "fabric.env")  # the prepare play's NCCL/fabric defaults
 JOBS_DIR = os.path.expanduser(NODE_JOBS_DIR)  # ~/.gpuctl/jobs
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -168,12 +171,33 @@ def take_job_dir(jobdir, nonce, reset=False):
 
 
 def prepared_problem(expected):
-    """Why this node is not in the state gpuctl expects, or None when it is."""
+    """Why this node is not in the state gpuctl expects, or None when it is: its fingerprint, then
+    the files prepare installed, each as it was written (a damaged agent or probe is prepared again)."""
     found = (read_text(PREPARED_FILE) or "").strip()
     if not found:
         return "never prepared"
     if found != expected:
         return "prepared state %s differs from the expected %s" % (found[:12], (expected or "")[:12])
+    return install_problem()
+
+
+def install_problem():
+    """Which file of the installed bundle is missing or not what prepare wrote, or None."""
+    try:
+        with open(INSTALLED_FILE) as fh:
+            installed = json.load(fh)
+    except (OSError, ValueError):
+        return "its install record %s is missing or unreadable" % INSTALLED_FILE
+    if not isinstance(installed, dict):
+        return "its install record %s is not a table of files" % INSTALLED_FILE
+    for rel, digest in sorted(installed.items()):
+        try:
+            with open(os.path.join(GPUCTL_DIR, rel), "rb") as fh:
+                same = hashlib.sha256(fh.read()).hexdigest() == digest
+        except OSError:
+            same = False
+        if not same:
+            return "~/.gpuctl/%s is damaged or missing (not what prepare installed)" % rel
     return None
 
 

@@ -1,8 +1,8 @@
 """gpuctl check --health, node side: is this node fit to train, and if not, what to do with it.
 
-Copied to every node as ~/.gpuctl/check/nodehealth.py and run by the health job's run stage with
-the node's system python3. Standard library only, never imported by gpuctl on the controller
-(the unit tests import its parsers). Each check reads what the node's own tools print, found on
+Installed on every node as ~/.gpuctl/lib/nodehealth.py (the prepared bundle) and run by the health
+job's run stage with the node's system python3. Standard library only; the controller imports its
+marks and actions (healthcheck/health.py), the unit tests its parsers. Each check reads what the node's own tools print, found on
 PATH, so a fake `nvidia-smi` can stand in for a GPU:
 
   gpu_count   `nvidia-smi --query-gpu=... --format=csv` (`nvidia-smi -q -x` where a driver knows

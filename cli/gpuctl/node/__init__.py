@@ -1,15 +1,19 @@
-"""gpuctl-node: the node agent gpuctl installs on every node (the job plane).
+"""Everything gpuctl runs on a node: the agent (gpuctl-node) and the node's own probes.
 
-Standard library only, Python >= 3.6: nodes have nothing but their system
-python3. Written as the modules of this package, each with one job, and
-shipped as ONE file built from them (build.py, `make agent`):
-cli/gpuctl/jobplane/gpuctl_node.py, which the prepare play copies to
-~/.gpuctl/bin/gpuctl-node. The modules, in the order the build joins them
-(each uses only the ones before it):
-  spec/reserved.py   the places no copy or mount may take (shared with nodepaths.py)
+Standard library only, Python >= 3.6: nodes have nothing but their system python3 (the
+all-reduce probe alone needs torch, the node's, and is run as a file). This package is the lowest
+layer: it imports nothing of gpuctl outside itself, and the controller imports from it what both
+ends share (protocol.py, reserved.py, the probes' marks). It reaches a node one way: the bundle
+(configplane/bundle.py) that prepare installs under ~/.gpuctl, in which the agent's modules are
+ONE file, lib/gpuctl_node.py, imported by bin/gpuctl-node (launcher.py). The agent's modules, in
+the order the bundle joins them (each uses only the ones before it):
+  reserved.py        the places no copy or mount may take (shared with spec/nodepaths.py)
   protocol.py        the wire words: sub-commands, relay commands, events (shared with the controller)
   procs.py           the process table: liveness, a stage's processes, signals
+  peerssh.py         ssh from this node to another node of the cluster
   jobdir.py          a job's directory and a stage's files on this node; prepared state
+  install.py         prepare's step on this node (install); peerinstall.py: the head installs its workers
+  autostop.py        the idle watcher and its hook
   containers.py      image_id docker:IMAGE: the node's long-lived container
   stages.py          a stage's supervisor: start, wait, stop (launch, kill, status)
   spotnotice.py      AWS spot interruption notices: the run stage's IMDS watcher, ~/.gpuctl/doomed
@@ -20,7 +24,12 @@ cli/gpuctl/jobplane/gpuctl_node.py, which the prepare play copies to
   relay.py           one node's part of a job and the ssh tree below it (relay)
   coordinator.py     the head's side of a job: phases, fail-fast, the outcome (submit, attach, cancel)
   main.py            the command line
-The package itself is never run or imported on a node; tests load the built file.
+The node's programs, installed as files beside the agent:
+  launcher.py        bin/gpuctl-node: imports the agent (its bytecode cached), or exits 127
+  fabricprobe.py     lib/gpuctl-fabric-probe: the node's fabric and its NCCL env (install runs it)
+  nodehealth.py      lib/nodehealth.py: `gpuctl check --health`'s probe (GPUs, Xid, RDMA, ...)
+  allreduceprobe.py  lib/allreduceprobe.py: `gpuctl check`'s all-reduce (torch), with ncclperf.py
+
 
 A job reaches a cluster as ONE ssh call from the controller to the head:
 `gpuctl-node submit` reads the job (JSON) and its secrets from stdin, starts a

@@ -4,7 +4,7 @@ Every word that crosses ssh between them is named here: the agent's path and
 sub-commands (how the controller calls it), the commands a relay takes down the
 tree, the event letters that come back up, the coordinator's phases and the
 stream's markers. The agent is built with this module inside it
-(jobplane/agent/build.py) and the controller imports it (events.py parses
+(configplane/bundle.py) and the controller imports it (events.py parses
 with it, client.py and stream.py call the agent with it), so an event or a
 command word exists once. Standard library only, Python >= 3.6 syntax: it runs
 on the nodes' system python3 too.

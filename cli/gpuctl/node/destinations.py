@@ -4,7 +4,7 @@ Claims (`claim_destinations`): nodes that share a filesystem get the bytes
 once; the first to create a marker owns the destination. Refusals
 (`destinations_problem`, and `check-dest` for the controller's upload): no
 copy or mount may land in a place gpuctl or the system needs, once the
-home is expanded and symlinks resolved, with the lists of spec/reserved.py
+home is expanded and symlinks resolved, with the lists of node/reserved.py
 (the controller checks every spelling with the same objects, nodepaths.py);
 no mount may hold the home, the workdir or a reserved tree, nor be in the
 workdir.
@@ -17,9 +17,9 @@ import re
 import sys
 import time
 
-from gpuctl.jobplane.agent.jobdir import dest_paths, ensure_dir, read_int, read_text, remove
-from gpuctl.jobplane.protocol import CLAIM_PREFIX, MESSAGE_PREFIX
-from gpuctl.spec.reserved import RESERVED_DIRS, RESERVED_SSH_PREFIX, RESERVED_TREES, WORKDIR
+from gpuctl.node.jobdir import dest_paths, ensure_dir, read_int, read_text, remove
+from gpuctl.node.protocol import CLAIM_PREFIX, MESSAGE_PREFIX
+from gpuctl.node.reserved import RESERVED_DIRS, RESERVED_SSH_PREFIX, RESERVED_TREES, WORKDIR
 
 
 def claim_destinations(token, dests, rank):
@@ -75,9 +75,9 @@ def cmd_claim(args):
     return 0
 
 
-# Where gpuctl itself copies into a reserved tree (the Python API's call files, gpuctl check's probes; the spec
+# Where gpuctl itself copies into a reserved tree (the Python API's call files; the spec
 # refuses these places to file_mounts, so only gpuctl's own JobSpecs name them).
-GPUCTL_COPIES = ("~/.gpuctl/calls", "~/.gpuctl/check")
+GPUCTL_COPIES = ("~/.gpuctl/calls",)
 
 
 def real_path(path):

@@ -17,8 +17,8 @@ import signal
 import threading
 import time
 
-from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, cannot_write, read_text, write_private
-from gpuctl.jobplane.agent.stages import signal_stage
+from gpuctl.node.jobdir import GPUCTL_DIR, cannot_write, read_text, write_private
+from gpuctl.node.stages import signal_stage
 
 DOOMED_FILE = os.path.join(GPUCTL_DIR, "doomed")  # JSON {"action", "time", "noticed_at"}
 IMDS_URL = "http://169.254.169.254"  # where spot_notice names no url

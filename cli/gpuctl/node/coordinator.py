@@ -18,16 +18,16 @@ import sys
 import threading
 import time
 
-from gpuctl.jobplane.agent.autostop import ensure_watcher, going
-from gpuctl.jobplane.agent.buckets import check_bucket_sources, parse_secrets, rclone_env
-from gpuctl.jobplane.agent.follow import OUTPUT_HEADS, Out, ev, follow_stage
-from gpuctl.jobplane.agent.jobdir import (
+from gpuctl.node.autostop import ensure_watcher, going
+from gpuctl.node.buckets import check_bucket_sources, parse_secrets, rclone_env
+from gpuctl.node.follow import OUTPUT_HEADS, Out, ev, follow_stage
+from gpuctl.node.jobdir import (
     Stage, agent_file, cannot_write, job_dir, prepared_problem, read_int, read_text, take_job_dir, write_atomic,
     write_private,
 )
-from gpuctl.jobplane.agent.procs import pid_alive
-from gpuctl.jobplane.agent.relay import Relay, describe_by_node, read_payload
-from gpuctl.jobplane.protocol import (
+from gpuctl.node.procs import pid_alive
+from gpuctl.node.relay import Relay, describe_by_node, read_payload
+from gpuctl.node.protocol import (
     CMD_COORDINATE, EV_BUCKETS, EV_CLAIMS, EV_DONE, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_PHASE, EV_STARTED,
     EV_SYNCED, EXIT_UNKNOWN, HELLO_OK, HELLO_PROBLEM, HELLO_UNPREPARED, OFFSET_HEADER, PHASE_BUCKETS,
     PHASE_CANCELLING, PHASE_MOUNTS, PHASE_PLAN, PHASE_RUN, PHASE_RUNNING, PHASE_SETUP, PHASE_START, PHASE_SYNC,

@@ -45,11 +45,11 @@ import tempfile
 import threading
 import time
 
-from gpuctl.jobplane.agent.destinations import claim_destinations, destinations_problem, mount_table, release_claims
-from gpuctl.jobplane.agent.follow import LineReader, ev
-from gpuctl.jobplane.agent.jobdir import (GPUCTL_DIR, agent_file, dest_paths, ensure_dir, read_text, remove,
+from gpuctl.node.destinations import claim_destinations, destinations_problem, mount_table, release_claims
+from gpuctl.node.follow import LineReader, ev
+from gpuctl.node.jobdir import (GPUCTL_DIR, agent_file, dest_paths, ensure_dir, read_text, remove,
                                          write_private)
-from gpuctl.jobplane.protocol import CMD_UNMOUNT_BUCKET, EV_BUCKETS
+from gpuctl.node.protocol import CMD_UNMOUNT_BUCKET, EV_BUCKETS
 
 
 BUCKET_REMOTE = "gpuctls3"

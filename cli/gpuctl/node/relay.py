@@ -18,20 +18,20 @@ import subprocess
 import sys
 import time
 
-from gpuctl.jobplane.agent.buckets import NodeBuckets, bucket_tools_problem
-from gpuctl.jobplane.agent.containers import CONTAINER_FILE, container_config
-from gpuctl.jobplane.agent.destinations import claim_destinations, destinations_problem, release_claims
-from gpuctl.jobplane.agent.epochs import job_admission
-from gpuctl.jobplane.agent.follow import LineReader, LocalStage, OUTPUT_HEADS, Out, ev
-from gpuctl.jobplane.agent.install import InstallError, write_view
-from gpuctl.jobplane.agent.jobdir import (
+from gpuctl.node.buckets import NodeBuckets, bucket_tools_problem
+from gpuctl.node.containers import CONTAINER_FILE, container_config
+from gpuctl.node.destinations import claim_destinations, destinations_problem, release_claims
+from gpuctl.node.epochs import job_admission
+from gpuctl.node.follow import LineReader, LocalStage, OUTPUT_HEADS, Out, ev
+from gpuctl.node.install import InstallError, write_view
+from gpuctl.node.jobdir import (
     FABRIC_ENV, Stage, cannot_write, dest_paths, job_dir, prepared_problem, remove, shell_quote, take_job_dir,
     write_private,
 )
-from gpuctl.jobplane.agent.peerssh import peer_ssh_argv
-from gpuctl.jobplane.agent.spotnotice import SpotWatch, spot_notice_config
-from gpuctl.jobplane.agent.stages import kill_stage, stage_env_text, start_stage
-from gpuctl.jobplane.protocol import (
+from gpuctl.node.peerssh import peer_ssh_argv
+from gpuctl.node.spotnotice import SpotWatch, spot_notice_config
+from gpuctl.node.stages import kill_stage, stage_env_text, start_stage
+from gpuctl.node.protocol import (
     AGENT, CLAIM_PREFIX, CMD_RELAY, EV_CLAIMS, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_STARTED, EV_SYNCED,
     HELLO_OK, HELLO_PROBLEM, HELLO_UNPREPARED, PROTOCOL, RELAY_BUCKETS, RELAY_CLAIM, RELAY_CLEANUP, RELAY_END,
     RELAY_KILL, RELAY_RELEASE, RELAY_START, RELAY_SYNC, STAGES, STAGE_AGENT, STAGE_RUN, STAGE_SETUP,

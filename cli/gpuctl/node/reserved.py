@@ -2,8 +2,8 @@
 
 The controller checks every spelling of a destination against these lists
 (nodepaths.py); the node agent checks the real paths, symlinks resolved, with
-the same objects (jobplane/agent/destinations.py): the agent is built from its
-modules with this one inside it (jobplane/agent/build.py), so the lists exist
+the same objects (node/destinations.py): the agent is built from its
+modules with this one inside it (configplane/bundle.py), so the lists exist
 once. Standard library only and Python >= 3.6 syntax, like the rest of the agent.
 """
 

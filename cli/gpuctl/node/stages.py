@@ -18,15 +18,15 @@ import subprocess
 import sys
 import time
 
-from gpuctl.jobplane.agent.containers import CONTAINER_FILE, signal_in_container, stage_container
-from gpuctl.jobplane.agent.jobdir import (
+from gpuctl.node.containers import CONTAINER_FILE, signal_in_container, stage_container
+from gpuctl.node.jobdir import (
     FABRIC_ENV, Stage, WRAPPER, agent_file, read_int, remove, shell_quote, stage_supervisor, stage_tag,
     status_of, write_atomic,
 )
-from gpuctl.jobplane.agent.procs import (
+from gpuctl.node.procs import (
     STAGE_TAG, become_subreaper, descendants, group_alive, kill_all, killpg, stage_processes, tagged_processes,
 )
-from gpuctl.jobplane.protocol import CMD_CONTAINER_STAGE
+from gpuctl.node.protocol import CMD_CONTAINER_STAGE
 
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -26,10 +26,10 @@ import sys
 import threading
 import time
 
-from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, JOBS_DIR, agent_file, read_int, shell_quote, write_private
-from gpuctl.jobplane.agent.peerssh import peer_ssh_argv, run_peer_ssh
-from gpuctl.jobplane.agent.procs import pid_alive, stat_fields
-from gpuctl.jobplane.protocol import AGENT, AUTOSTOP_WAIT_FOR, CMD_AUTOSTOP, CMD_AUTOSTOP_WATCH
+from gpuctl.node.jobdir import GPUCTL_DIR, JOBS_DIR, agent_file, read_int, shell_quote, write_private
+from gpuctl.node.peerssh import peer_ssh_argv, run_peer_ssh
+from gpuctl.node.procs import pid_alive, stat_fields
+from gpuctl.node.protocol import AGENT, AUTOSTOP_WAIT_FOR, CMD_AUTOSTOP, CMD_AUTOSTOP_WATCH
 
 AUTOSTOP_CONFIG = os.path.join(GPUCTL_DIR, "autostop.json")
 AUTOSTOP_STATE = os.path.join(GPUCTL_DIR, "autostop.state")  # what the watcher saw last (show)

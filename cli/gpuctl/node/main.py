@@ -3,18 +3,18 @@
 import argparse
 import sys
 
-from gpuctl.jobplane.agent.autostop import cmd_autostop, cmd_autostop_watch
-from gpuctl.jobplane.agent.buckets import cmd_unmount_bucket
-from gpuctl.jobplane.agent.containers import cmd_container_stage
-from gpuctl.jobplane.agent.coordinator import cmd_attach, cmd_cancel, cmd_coordinate, cmd_job_status, cmd_submit
-from gpuctl.jobplane.agent.destinations import cmd_check_dest, cmd_claim
-from gpuctl.jobplane.agent.epochs import FENCE_GRACE, cmd_fence
-from gpuctl.jobplane.agent.follow import cmd_follow
-from gpuctl.jobplane.agent.install import cmd_install
-from gpuctl.jobplane.agent.peerinstall import cmd_install_peers
-from gpuctl.jobplane.agent.relay import cmd_relay
-from gpuctl.jobplane.agent.stages import cmd_kill, cmd_launch, cmd_status
-from gpuctl.jobplane.protocol import (
+from gpuctl.node.autostop import cmd_autostop, cmd_autostop_watch
+from gpuctl.node.buckets import cmd_unmount_bucket
+from gpuctl.node.containers import cmd_container_stage
+from gpuctl.node.coordinator import cmd_attach, cmd_cancel, cmd_coordinate, cmd_job_status, cmd_submit
+from gpuctl.node.destinations import cmd_check_dest, cmd_claim
+from gpuctl.node.epochs import FENCE_GRACE, cmd_fence
+from gpuctl.node.follow import cmd_follow
+from gpuctl.node.install import cmd_install
+from gpuctl.node.peerinstall import cmd_install_peers
+from gpuctl.node.relay import cmd_relay
+from gpuctl.node.stages import cmd_kill, cmd_launch, cmd_status
+from gpuctl.node.protocol import (
     AUTOSTOP_ACTIONS, CMD_ATTACH, CMD_AUTOSTOP, CMD_AUTOSTOP_WATCH, CMD_CANCEL, CMD_CHECK_DEST, CMD_CLAIM,
     CMD_CONTAINER_STAGE, CMD_COORDINATE, CMD_FENCE, CMD_FOLLOW, CMD_INSTALL, CMD_INSTALL_PEERS, CMD_JOB_STATUS,
     CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT, CMD_UNMOUNT_BUCKET, OFFSET_HEADER,

@@ -20,10 +20,10 @@ import sys
 import threading
 import zlib
 
-from gpuctl.jobplane.agent.install import KEY_NAME, SSH_DIR, InstallError, agent_code, write_view
-from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, shell_quote
-from gpuctl.jobplane.agent.peerssh import peer_ssh_argv, run_peer_ssh
-from gpuctl.jobplane.protocol import PEER_INSTALL_TIMEOUT
+from gpuctl.node.install import KEY_NAME, SSH_DIR, InstallError, agent_code, write_view
+from gpuctl.node.jobdir import GPUCTL_DIR, shell_quote
+from gpuctl.node.peerssh import peer_ssh_argv, run_peer_ssh
+from gpuctl.node.protocol import PEER_INSTALL_TIMEOUT
 
 _SSH_FAILED = 255  # ssh's own exit code: the worker was not reached (or refused us)
 

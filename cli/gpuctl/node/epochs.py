@@ -31,14 +31,14 @@ import sys
 import threading
 import time
 
-from gpuctl.jobplane.agent.jobdir import (
+from gpuctl.node.jobdir import (
     GPUCTL_DIR, JOBS_DIR, Stage, read_int, read_text, remove, stage_supervisor, stage_tag, write_atomic,
     write_private,
 )
-from gpuctl.jobplane.agent.procs import group_alive, kill_all, tagged_processes
-from gpuctl.jobplane.agent.spotnotice import doomed_record
-from gpuctl.jobplane.agent.stages import kill_stage
-from gpuctl.jobplane.protocol import STAGES
+from gpuctl.node.procs import group_alive, kill_all, tagged_processes
+from gpuctl.node.spotnotice import doomed_record
+from gpuctl.node.stages import kill_stage
+from gpuctl.node.protocol import STAGES
 
 EPOCHS_DIR = os.path.join(GPUCTL_DIR, "epochs")  # one file per task: the newest epoch seen, an integer
 EPOCHS_LOCK = os.path.join(GPUCTL_DIR, "epochs.lock")

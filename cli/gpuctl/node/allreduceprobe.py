@@ -1,10 +1,10 @@
 """gpuctl check, node side: one all_reduce across every node and GPU, timed.
 
-Copied to every node as ~/.gpuctl/check/probe.py (with ncclperf.py beside
-it) and run by the check job's run stage on each node, with the job's env
+Installed on every node as ~/.gpuctl/lib/allreduceprobe.py (with ncclperf.py beside
+it: the prepared bundle) and run by the check job's run stage on each node, with the job's env
 (GPUCTL_NODE_RANK, GPUCTL_NUM_NODES, GPUCTL_NODE_IPS, MASTER_ADDR,
 MASTER_PORT, GPUCTL_NUM_GPUS_PER_NODE) and NCCL_DEBUG=INFO. Standard library,
-plus torch for the torch path; never imported by gpuctl itself.
+plus torch for the torch path, imported only when it runs: the controller reads its MARK.
 
 - nccl-tests (method auto or nccl-tests): where the node has NVIDIA GPUs,
   all_reduce_perf and mpirun, the head runs one mpirun per size over every

@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 
-from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, JOBS_DIR, Stage, WRAPPER, dest_paths, read_int, shell_quote
+from gpuctl.node.jobdir import GPUCTL_DIR, JOBS_DIR, Stage, WRAPPER, dest_paths, read_int, shell_quote
 
 
 RUNTIMES = ("docker", "podman")

@@ -16,6 +16,7 @@ Prints one JSON line: the probe's result, `hostname` and `changed`.
 """
 
 import base64
+import hashlib
 import importlib.util
 import json
 import marshal
@@ -28,14 +29,15 @@ import sys
 import types
 import zlib
 
-from gpuctl.jobplane.agent.jobdir import GPUCTL_DIR, PREPARED_FILE, read_text
+from gpuctl.node.jobdir import GPUCTL_DIR, INSTALLED_FILE, PREPARED_FILE, read_text
 
 SSH_DIR = "~/.ssh"
 KEY_NAME = "gpuctl_cluster"
 KNOWN_HOSTS_NAME = "gpuctl_known_hosts"
 # The old role's blockinfile markers: a block written by an earlier gpuctl is replaced, not doubled.
 CONFIG_MARK = "# %s gpuctl cluster hosts (managed by gpuctl, rewritten on every job)"
-AGENT_FILES = ("lib/gpuctl_node.py", "bin/gpuctl-node", "lib/gpuctl-fabric-probe")
+AGENT_FILE = "lib/gpuctl_node.py"  # the agent; the bundle's other files: its launcher and the node's probes
+_BUNDLE_PATH = re.compile(r"(bin|lib)/[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 NODE_DIRS = ("", "bin", "lib", "jobs", "cm")  # cm: ControlMaster sockets of node-to-node ssh
 # What may stand in a Host entry: a value with a space or a newline would add options of its own.
 _CONFIG_VALUE = re.compile(r"[A-Za-z0-9_.:@%+-]+\Z")
@@ -182,14 +184,22 @@ def install_ssh(ssh):
 
 
 def install_files(bundle):
-    """The agent, its command and the fabric probe under ~/.gpuctl; whether any changed."""
+    """The bundle's files under ~/.gpuctl (bin/, lib/), then the record of what they are
+    (installed.json: each file's sha256, which every job checks); whether any changed."""
     changed = False
     for sub in NODE_DIRS:
         changed |= private_dir(os.path.join(GPUCTL_DIR, sub))
-    for rel in AGENT_FILES:
-        entry = bundle["files"][rel]
-        changed |= write_if_changed(os.path.join(GPUCTL_DIR, rel), file_text(entry), int(entry["mode"], 8))
-    return changed
+    files = bundle["files"]
+    if AGENT_FILE not in files:
+        raise InstallError("files", "the bundle has no agent (%s)" % AGENT_FILE)
+    installed = {}
+    for rel, entry in sorted(files.items()):
+        if not _BUNDLE_PATH.match(rel):
+            raise InstallError("files", "%r is not a file under ~/.gpuctl/bin or ~/.gpuctl/lib" % rel)
+        data = file_text(entry).encode("utf-8")
+        changed |= write_if_changed(os.path.join(GPUCTL_DIR, rel), data, int(entry["mode"], 8))
+        installed[rel] = hashlib.sha256(data).hexdigest()
+    return write_if_changed(INSTALLED_FILE, json.dumps(installed, sort_keys=True) + "\n", 0o600) or changed
 
 
 def file_text(entry):
@@ -249,7 +259,7 @@ def probe_fabric_program(fabric):
 
 def agent_code(bundle):
     """The bundle's agent compiled, for a node with this Python (the head's workers): {magic, zdata}."""
-    code = compile(file_text(bundle["files"][AGENT_FILES[0]]), "gpuctl_node.py", "exec")
+    code = compile(file_text(bundle["files"][AGENT_FILE]), "gpuctl_node.py", "exec")
     return {"magic": base64.b64encode(importlib.util.MAGIC_NUMBER).decode("ascii"),
             "zdata": base64.b64encode(zlib.compress(marshal.dumps(code), 6)).decode("ascii")}
 
@@ -261,7 +271,7 @@ def write_bytecode(code):
     source_hash = getattr(importlib.util, "source_hash", None)
     if code is None or source_hash is None:
         return
-    path = os.path.join(GPUCTL_DIR, AGENT_FILES[0])
+    path = os.path.join(GPUCTL_DIR, AGENT_FILE)
     with open(path, "rb") as fh:
         source = fh.read()
     data = importlib.util.MAGIC_NUMBER + struct.pack("<I", 0b11) + source_hash(source) + marshal.dumps(code)

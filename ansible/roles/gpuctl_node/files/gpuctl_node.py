@@ -1,1 +1,0 @@
-../../../../cli/gpuctl/jobplane/gpuctl_node.py
