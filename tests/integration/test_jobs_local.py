@@ -503,6 +503,27 @@ def test_exec_takes_a_command_string_as_sky_exec_does(jl: JobsCluster):
     assert missing.returncode == 2 and "nothere.yaml: no such file" in missing.stderr, missing.describe()
 
 
+def test_a_damaged_install_on_a_node_is_prepared_again_by_itself(jl: JobsCluster):
+    """Issue 36: an agent cut short on a worker, then on the head, and a probe gone from a node: each
+    `exec` still runs, preparing again exactly that node, named; the files are whole afterwards."""
+    def agent_hash(node) -> str:
+        return jl.cluster.ssh(node, "sha256sum < ~/.gpuctl/lib/gpuctl_node.py").stdout.split()[0]
+
+    whole = agent_hash(jl.nodes[0])
+    for node, damage in ((jl.nodes[1], "truncate -s 40000 ~/.gpuctl/lib/gpuctl_node.py"),
+                         (jl.nodes[0], "truncate -s 40000 ~/.gpuctl/lib/gpuctl_node.py"),
+                         (jl.nodes[2], "rm ~/.gpuctl/lib/nodehealth.py")):
+        jl.cluster.ssh(node, damage)
+        res = jl.gpuctl("exec", NAME, "echo ran").check()
+        assert all(f"({n.name}, rank={n.rank}) ran" in res.stdout.splitlines() for n in jl.nodes), res.describe()
+        prepared = [line for line in res.stdout.splitlines() if "Preparing 1 of 3 node(s)" in line]
+        assert prepared and f"({node.name}: " in prepared[0], res.describe()  # the node, and why
+        assert agent_hash(node) == whole
+        assert jl.cluster.ssh(node, "test -s ~/.gpuctl/lib/nodehealth.py", check=False).returncode == 0
+    again = jl.gpuctl("exec", NAME, "echo ran").check()
+    assert "Preparing" not in again.stdout, again.describe()
+
+
 # -- 3. fail fast --------------------------------------------------------------------
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.configplane import bundle as node_bundle
 from gpuctl.common.console import StepProgress
+from gpuctl.configplane import bundle as node_bundle
 from gpuctl.configplane import playbooks, prepare
 from gpuctl.configplane.playbooks import HostFailure, PlaybookResult
+from gpuctl.node import jobdir
 from gpuctl.provision.inventory import Inventory, Node
-
 
 
 def bundle(**extra: object) -> dict:
@@ -51,6 +51,32 @@ def test_install_writes_the_agent_then_the_fingerprint_and_changes_nothing_the_s
     launched = subprocess.run([str(gpuctl / "bin" / "gpuctl-node"), "--help"], capture_output=True, text=True,
                               env={**os.environ, "HOME": str(tmp_path)})
     assert launched.returncode == 0 and "install" in launched.stdout
+
+
+def test_every_job_finds_a_damaged_or_missing_installed_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """install records each file's sha256 (installed.json); prepared_problem, which every job's node
+    runs first, names the file that is no longer what prepare wrote, so the node is prepared again."""
+    assert install(tmp_path, bundle()).returncode == 0
+    gpuctl = tmp_path / ".gpuctl"
+    recorded = json.loads((gpuctl / "installed.json").read_text())
+    assert set(recorded) == set(node_bundle.files()) and oct((gpuctl / "installed.json").stat().st_mode)[-3:] == "600"
+    monkeypatch.setattr(jobdir, "GPUCTL_DIR", str(gpuctl))
+    monkeypatch.setattr(jobdir, "PREPARED_FILE", str(gpuctl / "prepared"))
+    monkeypatch.setattr(jobdir, "INSTALLED_FILE", str(gpuctl / "installed.json"))
+    assert jobdir.prepared_problem("fp1") is None
+    assert "differs from the expected" in jobdir.prepared_problem("fp2")
+    probe = gpuctl / "lib" / "gpuctl-fabric-probe"
+    probe.write_text(probe.read_text() + "# edited\n")
+    assert jobdir.prepared_problem("fp1") == \
+        "~/.gpuctl/lib/gpuctl-fabric-probe is damaged or missing (not what prepare installed)"
+    (gpuctl / "lib" / "nodehealth.py").unlink()
+    assert install(tmp_path, bundle()).returncode == 0  # prepare again: whole
+    assert jobdir.prepared_problem("fp1") is None
+    (gpuctl / "installed.json").unlink()
+    assert "install record" in jobdir.prepared_problem("fp1")
+    bad = install(tmp_path, bundle(files={**prepare.agent_files(), "../escape": {"mode": "0644", "text": "x"}}))
+    assert bad.returncode == 1 and "'../escape' is not a file under ~/.gpuctl/bin or ~/.gpuctl/lib" in bad.stderr
+    assert not (tmp_path / "escape").exists()
 
 
 def test_install_names_the_step_that_failed(tmp_path: Path):

@@ -193,10 +193,17 @@ def test_the_installed_command_imports_the_agent_and_keeps_its_bytecode(node_hom
     supervisor = [e.text for e in events if e.kind == "O" and e.stage == "run"]
     assert supervisor and f"{command} coordinate 12" in supervisor[0], supervisor
     assert list((lib / "__pycache__").glob("gpuctl_node.*.pyc"))
-    (lib / "gpuctl_node.py").unlink()  # a node whose agent is gone: 127, as for a missing command
-    gone = subprocess.run([sys.executable, str(command), "job-status", "12"], capture_output=True, text=True,
-                          env={**os.environ, "HOME": str(node_home)}, cwd=str(node_home))
-    assert gone.returncode == 127 and "gpuctl prepare" in gone.stderr
+    # a node whose agent is cut short (its cached bytecode then no longer matches) or gone: 127, as for a
+    # missing command, so the controller prepares it again
+    agent_text = (lib / "gpuctl_node.py").read_bytes()
+    for damage, says in ((lambda: (lib / "gpuctl_node.py").write_bytes(agent_text[:40000]), "AttributeError"),
+                         (lambda: (lib / "gpuctl_node.py").write_bytes(agent_text[:40013]), "SyntaxError"),
+                         (lambda: (lib / "gpuctl_node.py").unlink(), "ModuleNotFoundError")):
+        damage()
+        broken = subprocess.run([sys.executable, str(command), "job-status", "12"], capture_output=True, text=True,
+                                env={**os.environ, "HOME": str(node_home)}, cwd=str(node_home))
+        assert broken.returncode == 127 and "cannot load the agent" in broken.stderr, broken.stderr
+        assert says in broken.stderr and "prepares this node again" in broken.stderr, broken.stderr
 
 
 def test_failing_setup_stops_before_run(node_home: Path):

@@ -51,6 +51,7 @@ class JobView:
         self.ranks = set(ranks) if ranks is not None else None
         self.quiet = quiet  # attaching later: no phase messages, no registry writes
         self.running = False
+        self.unprepared: dict[int, str] = {}  # rank -> why its node is not as prepared (its own words)
         self.failed_seen = False
         self.save = save  # False: a follower from an offset, whose saved logs already hold the start
         self.logs = self._writer()
@@ -63,6 +64,7 @@ class JobView:
     def reset(self) -> None:
         self.logs.close()
         self.logs = self._writer()
+        self.unprepared = {}
 
     def _record_phase(self, phase: str) -> None:
         """The registry's state of the job at a phase: SETTING_UP, then RUNNING once every rank started
@@ -82,6 +84,8 @@ class JobView:
         shown = self.echo and event.rank in by_rank and (self.ranks is None or event.rank in self.ranks)
         if event.kind in (protocol.EV_EXIT, protocol.EV_LOST, protocol.EV_DONE):  # what waits shows first
             runner.output.end(event.rank, event.stage)
+        if event.kind == protocol.EV_HELLO and event.text.startswith(protocol.HELLO_UNPREPARED):
+            self.unprepared[event.rank] = event.text[len(protocol.HELLO_UNPREPARED):].strip()
         if (event.kind == protocol.EV_SHOWN and shown and runner.live_partials
                 and event.stage != protocol.STAGE_AGENT):  # an unfinished line (the agent's own come whole)
             runner.print_line(by_rank[event.rank], event.text, stage=event.stage or protocol.STAGE_RUN, eol=False)

@@ -387,12 +387,15 @@ class JobRunner:
                     if attempt == 2:
                         raise JobFailed(f"job {job.job_id}: the head ({inv.head.ssh_host}) did not take the job: "
                                         f"{exc}") from None
-                    self.prepare(fingerprint, [inv.head], f"the head's agent did not answer: {exc}")
+                    self.prepare(fingerprint, [inv.head], f"{inv.head.name}: its agent did not answer: {exc}")
                     continue
                 if outcome is not None and outcome.status == "UNPREPARED" and attempt == 1:
                     stale = [self.by_rank[r] for r in outcome.ranks if r in self.by_rank] or list(inv.nodes)
                     prepare.forget(self.cdir, stale)
-                    self.prepare(fingerprint, stale, f"{', '.join(n.name for n in stale)} not as prepared")
+                    why = [f"{n.name}: {view.unprepared[n.rank]}" if view.unprepared.get(n.rank) else n.name
+                           for n in stale[:3]]
+                    self.prepare(fingerprint, stale, "; ".join(why) + ("; ..." if len(stale) > 3 else "") +
+                                 (" (not as prepared)" if not any(view.unprepared.values()) else ""))
                     view.reset()
                     continue
                 break

@@ -67,8 +67,9 @@ def rsync_argv(head: Node, item: Item, control_dir: Path, extra: tuple[str, ...]
     remote = remote_path(item.dest)
     parent = str(Path(remote).parent) if not item.is_dir else remote
     # The head's agent first checks the real path (a symlink into ~/.ssh, a mount in the workdir:
-    # agent/destinations.py, check-dest); one that is missing is installed again at submit, so it is skipped.
-    check = f"{{ test ! -x {AGENT} || {AGENT} {CMD_CHECK_DEST} -- {shlex.quote(item.dest)}; }}"
+    # node/destinations.py, check-dest); one that is missing or cannot load (its launcher's 127) is
+    # installed again at submit, so it is skipped, as the controller's own check (spec/nodepaths.py) is not.
+    check = f"{{ test ! -x {AGENT} || {AGENT} {CMD_CHECK_DEST} -- {shlex.quote(item.dest)} || test $? -eq 127; }}"
     rsync_path = f"{check} && {make_dir_command(parent)} && rsync"
     host = f"[{head.ssh_host}]" if ":" in head.ssh_host else head.ssh_host
     src = str(item.src).rstrip("/") + ("/" if item.is_dir else "")

@@ -18,8 +18,8 @@ try:
     import gpuctl_node
     main = gpuctl_node.main
 except Exception as exc:  # noqa: BLE001 - ImportError, SyntaxError, AttributeError: the same answer
-    sys.stderr.write("gpuctl-node: cannot load the agent (%s: %s); `gpuctl prepare` installs it again\n"
-                     % (type(exc).__name__, exc))
+    sys.stderr.write("gpuctl-node: cannot load the agent (%s: %s); gpuctl prepares this node again at its next "
+                     "job\n" % (type(exc).__name__, exc))
     sys.exit(127)
 gpuctl_node.LAUNCHER = os.path.abspath(__file__)  # what the agent runs again (coordinate, ...)
 sys.exit(main())
