@@ -1,8 +1,10 @@
-"""Run the packaged stage playbooks through ansible-runner; per-host outcome as values.
+"""Run the packaged playbooks through ansible-runner; per-host outcome as values.
 
-Each stage (wait, sync, setup, env, run, kill) is one playbook under
-`ansible/playbooks/`, a barrier across the nodes (linear strategy). Extravars
-contract, produced by the job layer (jobplane/runner.py):
+gpuctl itself runs one: prepare.yml (configplane/prepare.py), once per node. Jobs never go through
+Ansible (the job plane: one ssh call to the head's agent). The stage playbooks (wait, sync, setup,
+env, run, kill) are the collection's, for running a task with Ansible alone (the gpuctl.cluster
+collection; tests/integration/test_playbooks.py drives them through this module), each a barrier
+across the nodes (linear strategy). Their extravars contract:
 
     gpuctl_job_id          str
     gpuctl_workdir_src     local absolute dir, or None

@@ -3,11 +3,13 @@
 
 The most expensive failure in multi-node training is silent: NCCL falls back
 to TCP sockets and runs at a fraction of the fabric's speed. So prepare looks
-at every node instead of trusting a table per cloud: this script runs on each
-node (role gpuctl_node, `ansible.builtin.script`), writes that node's
-`~/.gpuctl/fabric.env` (sourced before every job's env, so the task's `envs`
-still win) and `~/.gpuctl/fabric.json`, and prints the same JSON, which the
-controller gathers into `clusters/<name>/fabric.json` (configplane/fabric.py).
+at every node instead of trusting a table per cloud: this script, installed
+with the node bundle as ~/.gpuctl/lib/gpuctl-fabric-probe, is run by the
+install step on each node (node/install.py, loaded in its process), writes
+that node's `~/.gpuctl/fabric.env` (sourced before every job's env, so the
+task's `envs` still win) and `~/.gpuctl/fabric.json`, and gives the same JSON,
+which the controller gathers into `clusters/<name>/fabric.json`
+(configplane/fabricrecord.py).
 
 Standard library only, Python >= 3.6, like the agent: nodes have nothing but
 their system python3. The node writes its own env (rather than the controller
@@ -415,7 +417,7 @@ def probe(head=None, instance=None, fallback_env=None, sys_root="/sys", dev_root
     error = None
     try:
         devices = read_devices(sys_root, dev_root)
-    except Exception as exc:  # an unexpected sysfs layout must not stop prepare: recorded, static defaults used
+    except Exception as exc:  # noqa: BLE001 - an unexpected sysfs layout must not stop prepare: recorded, defaults used
         devices, error = [], "reading %s/class/infiniband: %s: %s" % (sys_root, type(exc).__name__, exc)
     interface, how = route_interface(head, path, proc_root)
     if interface is None:
