@@ -127,7 +127,10 @@ bound-venv:
 collection: venv
 	$(BIN)/python -m gpuctl.configplane.collection dist/
 
+# Python (ruff: the rules pyproject.toml's [tool.ruff] selects), Ansible, YAML and Terraform style;
+# .ci/run runs it after the tests.
 lint: venv
+	$(BIN)/ruff check cli/gpuctl tests benchmarks
 	$(BIN)/ansible-lint ansible/
 	$(BIN)/yamllint ansible/
 	terraform fmt -check -recursive terraform/

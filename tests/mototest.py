@@ -85,7 +85,7 @@ class MotoServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> "MotoServer":
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 - the server's, for its life
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -311,7 +311,7 @@ def test_keep_false_leaves_nothing_behind(kept: Local, capsys: pytest.CaptureFix
             return gpuctl.instance_info().total_nodes
     """)
     namespace: dict = {"gpuctl": gpuctl}
-    exec(compile(script, "<api-test>", "exec"), namespace)  # a function from no module at all, as in a notebook
+    exec(compile(script, "<api-test>", "exec"), namespace)  # noqa: S102 - a function from no module, as in a notebook
     with gpuctl.Cluster(infra="local", num_nodes=1) as cluster:
         local = Local(cluster.name, kept.state_dir)
         footprint = local.footprint()

@@ -23,7 +23,6 @@ from gpuctl.api import plugins, runtime, wire
 from gpuctl.api.cluster import Cluster, _by_value_modules, dumps_call, run_script
 from gpuctl.common.errors import UserError
 from gpuctl.configplane import prepare
-from gpuctl.provision.inventory import Inventory, Node
 
 INFO = json.dumps({"cluster_name": "c", "cloud": "local", "region": None, "zone": None, "num_nodes": 3,
                    "ips": ["10.0.0.1", "10.0.0.2", "10.0.0.3"]})
@@ -382,8 +381,6 @@ def test_nodes_venv_record_grows_and_is_in_the_fingerprint(tmp_path: Path):
     assert prepare.python_env(tmp_path) == {"version": "3.11", "packages": ["cloudpickle==3.1.2", "numpy", "torch"]}
     prepare.want_python_env(tmp_path, "3.12", ["cloudpickle==3.1.2"])
     assert prepare.python_env(tmp_path) == {"version": "3.12", "packages": ["cloudpickle==3.1.2"]}
-    inv = Inventory(cluster="c", cloud="aws", nodes=(Node(name="head", rank=0, address="10.0.0.1", ssh_host="h",
-                                                          ssh_port=22, ssh_user="u", gpus=0, node_id="i-1"),))
     base = prepare.fingerprint(internal_public_key="k", fabric_env={})
     with_python = prepare.fingerprint(internal_public_key="k", fabric_env={}, python=prepare.python_env(tmp_path))
     more = prepare.fingerprint(internal_public_key="k", fabric_env={},

@@ -510,8 +510,6 @@ def test_payload_carries_buckets_and_no_credentials():
 
 
 def test_features_grow_and_enter_the_fingerprint(tmp_path: Path):
-    inv = Inventory(cluster="c", cloud="local", nodes=(Node(name="head", rank=0, node_id="n0", address="10.0.0.2",
-                                                            ssh_host="10.0.0.2", ssh_port=22, ssh_user="root"),))
     assert prepare.features(tmp_path) == ()
     assert prepare.features(tmp_path, ("fuse", "rclone")) == ("rclone", "fuse")
     prepare.record_features(tmp_path, ("rclone",))

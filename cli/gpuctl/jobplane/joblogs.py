@@ -269,7 +269,7 @@ def _in_order(directory: Path, ranks: Collection[int] | None) -> Iterator[SavedL
 
     try:
         for key in keys:
-            files[key] = open(directory / f"{key[0]}-rank{key[1]}.log", "rb")
+            files[key] = open(directory / f"{key[0]}-rank{key[1]}.log", "rb")  # noqa: SIM115 - closed below
         with open(directory / ORDER_FILE, "rb") as index:
             for entry in index:
                 words = entry.split()

@@ -189,7 +189,7 @@ class LocalStage(object):
 
     def __init__(self, st):
         self.st = st
-        self.fh = open(st.log, "rb")
+        self.fh = open(st.log, "rb")  # noqa: SIM115 - read for the reader's life, closed by close()
         self.buf = b""  # the start of a line whose newline has not come yet (< OUT_PIECE bytes)
         self.held_at = None  # when `buf` began to wait
         self.lost_since = None

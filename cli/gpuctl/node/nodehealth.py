@@ -620,7 +620,7 @@ def main(argv=None):
     args.path = args.path or ["~/.gpuctl/jobs", "~/.cache", "/tmp"]
     try:
         doc = check_node(args)
-    except Exception as exc:  # one line for the controller, never a traceback on its screen
+    except Exception as exc:  # noqa: BLE001 - one line for the controller, never a traceback on its screen
         doc = {"kind": "node", "node_rank": args.node_rank, "hostname": socket.gethostname(),
                "verdict": "unhealthy", "action": "isolate", "gpus": 0, "checks": {},
                "findings": [finding("probe", "isolate", "the health probe failed: %s: %s"
