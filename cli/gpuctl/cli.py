@@ -703,15 +703,11 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def package_version() -> str:
-    """The installed distribution's version (what `pip show gpuctl` says)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """gpuctl's version: `gpuctl.__version__`, kept equal to pyproject's (tests/unit/test_cli_start.py),
+    so it is what `pip show gpuctl` says without reading the installed metadata (importlib.metadata)."""
+    from gpuctl import __version__
 
-    try:
-        return version("gpuctl")
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        from gpuctl import __version__
-
-        return __version__
+    return __version__
 
 
 def _misplaced_dashes(argv: list[str]) -> None:
