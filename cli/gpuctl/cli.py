@@ -745,7 +745,7 @@ def main() -> None:
     try:
         # Without standalone mode click returns typer.Exit's code instead of
         # raising it, and leaves usage errors to us (usage.report).
-        rv = app(args=argv, prog_name="gpuctl", standalone_mode=False)
+        rv = usage.reachable(app, argv)(args=argv, prog_name="gpuctl", standalone_mode=False)
     except (UserError, JobFailed, ProvisionError) as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         _exit_with_error(argv, exc.message, exc.exit_code)
