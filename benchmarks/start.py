@@ -29,13 +29,13 @@ the modules above.
 
     .venv/bin/python benchmarks/start.py [--nodes 1,8] [--repeats 10] [--plot start.png] [--json start.json]
     .venv/bin/python benchmarks/start.py --nodes 0      # only --version and --help: no nodes, no root
-    .venv/bin/python benchmarks/start.py --baseline /tmp/before   # git worktree add /tmp/before main~3
+    .venv/bin/python benchmarks/start.py --baseline /tmp/before   # git archive OLD | tar -x -C /tmp/before
 
 The gpuctl measured is the one this interpreter imports. `--baseline TREE` measures another
 checkout's gpuctl (TREE/cli) beside it, interleaved, its rows marked "(baseline)": a before and
-after under the same load (its exec runs on the same warm clusters). Local nodes need what jobplane.py's need (root
-for netns mode, terraform, sshd, rsync) and pdsh (`apt-get install -y pdsh`); every cluster is
-torn down and checked to be gone, also when the benchmark fails.
+after under the same load (its exec runs on the same warm clusters). Local nodes need what
+jobplane.py's need (root for netns mode, terraform, sshd, rsync) and pdsh (`apt-get install -y
+pdsh`); every cluster is torn down and checked to be gone, also when the benchmark fails.
 """
 
 from __future__ import annotations
