@@ -11,7 +11,7 @@ The Python API (gpuctl.Cluster, @gpuctl.function, ...) lives in gpuctl/api/.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # pyproject.toml's (tests/unit/test_cli_start.py); what `gpuctl --version` prints
 
 # The Python API (gpuctl/api/), loaded on first use so that `import gpuctl` stays cheap
 # for the CLI and on the nodes, where only the runtime part is there: name -> (module, attribute).

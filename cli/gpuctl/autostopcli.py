@@ -19,16 +19,17 @@ from gpuctl.cliargs import cluster_inventory
 from gpuctl.common import output
 from gpuctl.common.errors import ClusterNotFound, JobDetached, ProvisionError, UserError
 from gpuctl.common.output import OutputOption, wants_json
-from gpuctl.jobplane import autostop
-from gpuctl.jobplane.autostop import reconcile
 from gpuctl.spec.autostop import DEFAULT_IDLE_MINUTES, Autostop, with_flags
-from gpuctl.spec.request import ClusterRequest
-from gpuctl.state.registry import AUTODOWNED, STOPPED, Registry
 
 if TYPE_CHECKING:
     from gpuctl.common.console import Reporter
     from gpuctl.provision.inventory import Inventory
     from gpuctl.spec import Task
+    from gpuctl.spec.request import ClusterRequest
+    from gpuctl.state.registry import Registry
+
+# The head's side of autostop (jobplane/autostop.py) and the registry are imported where they are
+# used: `apply` and `status` need them, `gpuctl --help` and most commands do not.
 
 
 IdleOption = typer.Option(None, "-i", "--idle-minutes-to-autostop", metavar="MIN", min=0,
@@ -70,6 +71,8 @@ def _prepared(inv: Inventory, registry: Registry, reporter: Reporter) -> None:
 def arm_for_apply(inv: Inventory, setting: Autostop | None, *, registry: Registry, lease_minutes: float | None,
                   reporter: Reporter) -> AbstractContextManager[object]:
     """Send the setting to the head; the lease to hold while apply works (nothing without a setting)."""
+    from gpuctl.jobplane import autostop
+
     if setting is None:
         return nullcontext()
     lease_s = autostop.lease_seconds(lease_minutes)
@@ -122,6 +125,8 @@ def register(app: typer.Typer) -> None:
                   output_format: str = OutputOption) -> None:
         """Stop (or with --down remove) a cluster after it has been idle; the cluster does it itself."""
         from gpuctl.common.console import Reporter
+        from gpuctl.jobplane import autostop
+        from gpuctl.state.registry import Registry
 
         as_json = wants_json(output_format)
         reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
@@ -154,7 +159,9 @@ def register(app: typer.Typer) -> None:
 def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], dict[str, Any]]:
     """`status`'s autostop lines and JSON fields for one cluster: the setting, how long the cluster
     has been idle (its head's watcher says), and when it took itself down or was stopped."""
+    from gpuctl.jobplane.autostop import reconcile
     from gpuctl.provision import lifecycle
+    from gpuctl.state.registry import AUTODOWNED, STOPPED
 
     what, when = reconcile(name, status, registry)
     stopped_by_command = lifecycle.stopped_at(name)
@@ -183,6 +190,7 @@ def status_of(name: str, status: str, registry: Registry) -> tuple[list[str], di
 
 def _watcher_view(name: str) -> tuple[list[str], dict[str, Any], bool]:
     """The setting and what the head's watcher sees, and whether the head answered."""
+    from gpuctl.jobplane import autostop
     from gpuctl.provision.provisioner import load_inventory_of
 
     setting = autostop.saved(name)

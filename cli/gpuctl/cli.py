@@ -26,18 +26,17 @@ from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobDetached, JobFailed, ProvisionError, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir, state_root
-from gpuctl.providers import get_provider, price_quote, request_for, resources_problem
-from gpuctl.spec.request import ClusterRequest, check_cluster_name, describe_cluster_name
-from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
 
 if TYPE_CHECKING:
     from gpuctl.common.console import Reporter
     from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
     from gpuctl.provision.inventory import Inventory
     from gpuctl.spec import Task
+    from gpuctl.spec.request import ClusterRequest
+    from gpuctl.state.registry import Registry
 
-# The spec (pydantic) and provisioning (Terraform) layers are imported by the
-# commands that use them, so a job on a running cluster starts fast.
+# Every layer below this one (the registry, providers, the spec, provisioning) is imported by the
+# commands that use it: `gpuctl --help` loads none of them, and a job on a running cluster starts fast.
 
 app = typer.Typer(
     cls=usage.HelpGroup,
@@ -65,6 +64,7 @@ FileArg = typer.Argument(..., metavar="FILE", help="Task YAML in SkyPilot's form
 
 def _load(file: Path, env: list[str] | None, secret: list[str] | None = None, *,
           require_values: bool = True, infra: str | None = None, text: str | None = None) -> Task:
+    from gpuctl.providers import resources_problem
     from gpuctl.spec import load_task
 
     return load_task(file, env_overrides=parse_env_assignments(env or []),
@@ -89,6 +89,8 @@ def _entry(words: list[str], env: list[str] | None, secret: list[str] | None, *,
 
 def _warn(task: Task, req: ClusterRequest) -> list[str]:
     """One line on stderr per thing in the task gpuctl will not do as written; the warnings' texts."""
+    from gpuctl.providers import get_provider
+
     lines = [f"warning: {w}" for w in task.warnings]
     lines += [f"warning: {w}" for w in get_provider(req.cloud).task_warnings(task, req)]
     if task.choice_note:
@@ -100,6 +102,8 @@ def _warn(task: Task, req: ClusterRequest) -> list[str]:
 
 def _request(task: Task, file: Path, *, cluster: str | None, infra: str | None,
              num_nodes: int | None) -> ClusterRequest:
+    from gpuctl.providers import request_for
+
     return request_for(task, name=cluster, infra=infra, num_nodes=num_nodes, base_dir=file.resolve().parent)
 
 
@@ -117,7 +121,9 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
              secret: Optional[List[str]] = SecretOption, infra: Optional[str] = InfraOption,
              output_format: str = OutputOption) -> None:
     """Check a cluster.yaml as apply would, offline: nothing is provisioned or contacted."""
+    from gpuctl.providers import get_provider, price_quote
     from gpuctl.provision.taskchecks import check_task, ssh_reach_problem
+    from gpuctl.spec.request import describe_cluster_name
 
     as_json = wants_json(output_format)
     task = _load(file, env, secret, require_values=False, infra=infra)
@@ -184,8 +190,10 @@ def apply(
 ) -> None:
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
     from gpuctl.common.console import Reporter
+    from gpuctl.providers import get_provider, price_quote
     from gpuctl.provision import lifecycle, provisioner
     from gpuctl.provision.taskchecks import check_task
+    from gpuctl.state.registry import Registry
 
     as_json = wants_json(output_format)
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
@@ -295,6 +303,7 @@ def _job_runner(name: str, reporter: Reporter | None = None, *, live: bool = Tru
     still be there (cliargs.cluster_inventory)."""
     from gpuctl.common.console import Reporter
     from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.state.registry import Registry
 
     return JobRunner(cliargs.cluster_inventory(name, live=live), reporter=reporter or Reporter(), registry=Registry())
 
@@ -308,6 +317,8 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
     from gpuctl.configplane import fabricrecord
     from gpuctl.healthcheck import health
     from gpuctl.provision import provisioner
+    from gpuctl.spec.request import check_cluster_name
+    from gpuctl.state.registry import Registry
 
     as_json = wants_json(output_format)
     registry = Registry()
@@ -389,6 +400,7 @@ def exec_(
     """Sync the workdir and run on a running cluster: no provisioning, no setup, no file_mounts."""
     from gpuctl.common.console import Reporter
     from gpuctl.jobplane.runner import JobRunner, JobSpec
+    from gpuctl.state.registry import Registry
 
     as_json = wants_json(output_format)
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
@@ -465,6 +477,7 @@ def cancel(
     """End a job on every node (its whole process tree) and mark it CANCELLED."""
     from gpuctl.common.console import Reporter
     from gpuctl.jobplane import jobs
+    from gpuctl.state.registry import TERMINAL_JOB_STATES
 
     as_json = wants_json(output_format)
     say = functools.partial(typer.echo, err=as_json)
@@ -518,6 +531,8 @@ def ssh_config(name: Optional[str] = typer.Argument(None, metavar="NAME", help="
     """Write OpenSSH config for a cluster's nodes, `Host NAME` for the head and `Host NAME-workerN` for the others."""
     from gpuctl.common.console import Reporter
     from gpuctl.provision.lifecycle import write_ssh_config
+    from gpuctl.spec.request import check_cluster_name
+    from gpuctl.state.registry import Registry
 
     names = [check_cluster_name(name)] if name else [c.name for c in Registry().clusters()]
     paths = []
@@ -593,6 +608,8 @@ def forget_host_key(name: str = typer.Argument(..., metavar="NAME", help="Cluste
 @app.command("force-unlock", cls=usage.HelpCommand, epilog=usage.examples_of("force-unlock"))
 def force_unlock(name: str = typer.Argument(..., metavar="NAME", help="Cluster whose lock to remove.")) -> None:
     """Remove a cluster's lock in the shared state bucket, left by a runner that died (as `terraform force-unlock`)."""
+    from gpuctl.spec.request import check_cluster_name
+    from gpuctl.state.registry import Registry
     from gpuctl.state.remotestate.store import break_lock, holder_text
 
     check_cluster_name(name)
@@ -613,6 +630,7 @@ def watch_(name: str, job_id: int) -> None:
     """Background watcher of a detached job (started by `-d`)."""
     from gpuctl.common.console import Reporter
     from gpuctl.jobplane import joblogs, jobs
+    from gpuctl.state.registry import TERMINAL_JOB_STATES
 
     runner = _job_runner(name, Reporter(plain=True), live=False)  # a job's end is recorded, whatever came of its nodes
     job = jobs.resolve_job(runner.registry, name, job_id)
@@ -637,6 +655,7 @@ def down(names: list[str] = typer.Argument(None, metavar="NAME...", help="Cluste
     """Destroy clusters (terraform destroy) and forget them; one that does not exist is passed over."""
     from gpuctl.common.console import Reporter
     from gpuctl.provision import lifecycle
+    from gpuctl.state.registry import Registry
 
     as_json, registry = wants_json(output_format), Registry()
     reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
@@ -684,15 +703,11 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def package_version() -> str:
-    """The installed distribution's version (what `pip show gpuctl` says)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """gpuctl's version: `gpuctl.__version__`, kept equal to pyproject's (tests/unit/test_cli_start.py),
+    so it is what `pip show gpuctl` says without reading the installed metadata (importlib.metadata)."""
+    from gpuctl import __version__
 
-    try:
-        return version("gpuctl")
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        from gpuctl import __version__
-
-        return __version__
+    return __version__
 
 
 def _misplaced_dashes(argv: list[str]) -> None:
@@ -730,7 +745,7 @@ def main() -> None:
     try:
         # Without standalone mode click returns typer.Exit's code instead of
         # raising it, and leaves usage errors to us (usage.report).
-        rv = app(args=argv, prog_name="gpuctl", standalone_mode=False)
+        rv = usage.reachable(app, argv)(args=argv, prog_name="gpuctl", standalone_mode=False)
     except (UserError, JobFailed, ProvisionError) as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         _exit_with_error(argv, exc.message, exc.exit_code)

@@ -18,10 +18,6 @@ from gpuctl import usage
 from gpuctl.common import output
 from gpuctl.common.errors import ClusterNotFound, UserError
 from gpuctl.common.paths import cluster_dir, state_root
-from gpuctl.jobplane import autostop
-from gpuctl.provision.inventory import load_inventory
-from gpuctl.spec.request import check_cluster_name
-from gpuctl.state.registry import AUTODOWNED, STOPPED, TERMINAL_JOB_STATES, Registry
 
 if TYPE_CHECKING:
     from gpuctl.common.console import Reporter
@@ -29,9 +25,11 @@ if TYPE_CHECKING:
     from gpuctl.provision.inventory import Inventory, Node
     from gpuctl.provision.lifecycle import Teardown
     from gpuctl.provision.provisioner import Doomed
+    from gpuctl.state.registry import Registry
 
-# Every command reads its arguments through here: what only some of them need (ssh, the job
-# runner, the console) is imported where it is used, so `gpuctl status` starts fast.
+# Every command reads its arguments through here: what only some of them need (the registry,
+# inventories, autostop, ssh, the job runner, the console) is imported where it is used, so
+# `gpuctl --help` loads none of it and `gpuctl status` starts fast.
 
 
 def shortened(text: str, width: int = 40) -> str:
@@ -152,6 +150,7 @@ def jobs_running(runner: JobRunner, ranks: set[int] | None = None) -> list[Any]:
     """The cluster's jobs that still run (on any of `ranks`), each asked of the head: a record can
     say RUNNING of a job that ended unwatched (a head that does not answer: as recorded)."""
     from gpuctl.jobplane import jobs
+    from gpuctl.state.registry import TERMINAL_JOB_STATES
 
     inv, registry = runner.inv, runner.registry
     running = []
@@ -192,6 +191,8 @@ def consent_to_destroy(name: str, *, yes: bool, registry: Registry,
 def down_targets(names: list[str], all_clusters: bool, registry: Registry) -> list[str]:
     """The clusters `gpuctl down` acts on (`-a`: every one, the state bucket's too), each name
     checked before any is torn down."""
+    from gpuctl.spec.request import check_cluster_name
+
     if all_clusters and names:
         raise UserError("give cluster names or -a/--all, not both")
     if not all_clusters:
@@ -228,6 +229,8 @@ def apply_document(registry: Registry, name: str, inv: Inventory, *, job_id: int
     """apply's JSON document: the cluster as `status` shows it, the job this apply ran (or null), and
     how long each phase took (provision, prepare, job). Made when the job ends; emitted by
     `emit_apply` once `--down` had its say."""
+    from gpuctl.jobplane import autostop
+
     record = registry.cluster(name)
     job = registry.job(name, job_id) if job_id is not None else None
     if latest_job:
@@ -269,6 +272,10 @@ def cluster_inventory(name: str, *, live: bool = True) -> Inventory:
     """The inventory of cluster `name`, for a command that needs its nodes (`live`): one that took
     itself down (autodown) is said at once, with when and how to bring it back, instead of ssh
     failing on nodes that are gone."""
+    from gpuctl.provision.inventory import load_inventory
+    from gpuctl.spec.request import check_cluster_name
+    from gpuctl.state.registry import Registry
+
     check_cluster_name(name)
     registry = Registry()
     registry.adopt(name)  # shared state: the bucket's copy of the cluster, if any
@@ -290,7 +297,9 @@ def refuse_gone(name: str, registry: Registry) -> None:
     """UserError for a cluster whose nodes are not there: stopped (`gpuctl stop`, or autostop seen by
     status), or removed by itself: local nodes leave word where they were made (a file); cloud nodes
     are asked of the cloud, only where an autostop setting could have done it."""
+    from gpuctl.jobplane import autostop
     from gpuctl.providers import get_provider
+    from gpuctl.state.registry import AUTODOWNED, STOPPED
 
     record = registry.cluster(name)
     if record is None:

@@ -16,10 +16,10 @@ import typer
 from gpuctl import usage
 from gpuctl.common import output
 from gpuctl.common.output import OutputOption, wants_json
-from gpuctl.state.registry import Registry, Segment
 
 if TYPE_CHECKING:
     from gpuctl.providers.base import Price
+    from gpuctl.state.registry import Registry, Segment
 
 
 def describe(price: Price, instance_type: str | None, num_nodes: int, use_spot: bool) -> str:
@@ -101,6 +101,8 @@ def register(app: typer.Typer) -> None:
     @app.command("cost-report", cls=usage.HelpCommand, epilog=usage.examples_of("cost-report"))
     def cost_report(output_format: str = OutputOption) -> None:
         """Estimated cost of every cluster this state dir made, the ones that are gone too (as `sky cost-report`)."""
+        from gpuctl.state.registry import Registry  # here: `gpuctl --help` needs no registry
+
         registry = Registry()
         now = time.time()
         names = {r.name for r in registry.clusters()}

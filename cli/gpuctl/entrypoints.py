@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import getpass
 import re
-import secrets
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from gpuctl import usage
 from gpuctl.cliargs import names_task_file, shortened
 from gpuctl.common.errors import UserError
-from gpuctl.spec.request import PORTABLE_NAME_MAX
 
 COMMAND_SOURCE = "(command)"  # how messages name the task `launch 'CMD'` makes
 
@@ -141,6 +137,8 @@ def command_task_text(command: str) -> str:
     """The task YAML a command stands for: its `run`, named by the command (as `queue` shows exec's).
     Everything else is the task defaults and the flags: one node on the default infra (local),
     unless --infra/--num-nodes say otherwise."""
+    import yaml  # only `launch 'CMD'` writes YAML: `exec` and `--help` go without it
+
     if not command.strip():
         raise UserError("the command is empty: give a task FILE or a command, such as `gpuctl launch 'hostname'`")
     return yaml.safe_dump({"name": shortened(" ".join(command.split())), "run": command}, sort_keys=False)
@@ -149,6 +147,10 @@ def command_task_text(command: str) -> str:
 def generated_cluster_name() -> str:
     """A new cluster's name when a command was given without -c (as SkyPilot's `sky-3f2a-alice`):
     `gpuctl-<4 hex>-<user>`, in the characters a cluster name allows."""
+    import secrets
+
+    from gpuctl.spec.request import PORTABLE_NAME_MAX
+
     try:
         user = re.sub(r"[^a-z0-9-]+", "-", getpass.getuser().lower()).strip("-")
     except (OSError, KeyError):  # no login name anywhere (a container without USER or a passwd entry)

@@ -18,13 +18,15 @@ from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import JobFailed, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir
-from gpuctl.jobplane import autostop
-from gpuctl.state.registry import Registry
 
 if TYPE_CHECKING:
     from gpuctl.common.console import Reporter
     from gpuctl.healthcheck import health
     from gpuctl.provision.inventory import Inventory
+    from gpuctl.state.registry import Registry
+
+# The health checks, the registry and the job runner are imported by the commands that use them,
+# so that defining `check` and `replace` (every gpuctl command does) costs nothing.
 
 GateOption = typer.Option(None, "--health-check/--no-health-check",
                           help="Check every node's health before the job (default: on for GPU nodes not yet "
@@ -92,6 +94,7 @@ def register(app: typer.Typer) -> None:
         from gpuctl.common.console import Reporter
         from gpuctl.healthcheck import command as healthcheck
         from gpuctl.healthcheck import health
+        from gpuctl.state.registry import Registry
 
         as_json = wants_json(output_format)
         reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
@@ -134,8 +137,10 @@ def register(app: typer.Typer) -> None:
         from gpuctl.common.console import Reporter
         from gpuctl.configplane import prepare
         from gpuctl.healthcheck import health
+        from gpuctl.jobplane import autostop
         from gpuctl.jobplane.runner import JobRunner
         from gpuctl.provision import lifecycle
+        from gpuctl.state.registry import Registry
 
         as_json = wants_json(output_format)
         reporter = Reporter(stream=sys.stderr) if as_json else Reporter()

@@ -19,13 +19,14 @@ from gpuctl.common import output
 from gpuctl.common.errors import ClusterNotFound, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir
-from gpuctl.provision.inventory import load_inventory
-from gpuctl.spec.request import check_cluster_name
-from gpuctl.state.registry import AUTODOWNED, STOPPED, TERMINAL_JOB_STATES, JobRecord, Registry
 
 if TYPE_CHECKING:
     from gpuctl.common.console import Reporter
     from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.state.registry import JobRecord, Registry
+
+# The registry and inventories are imported where they are used, so that defining `queue` and
+# `logs` (every gpuctl command does) costs nothing.
 
 
 def _runner(name: str, registry: Registry, reporter: Reporter) -> JobRunner | None:
@@ -33,6 +34,8 @@ def _runner(name: str, registry: Registry, reporter: Reporter) -> JobRunner | No
     no node of it can be asked: no inventory (torn down, never made), or it stopped or took itself
     down (its jobs are read as after `down`, without waiting on ssh to nodes that are not there)."""
     from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.provision.inventory import load_inventory
+    from gpuctl.state.registry import AUTODOWNED, STOPPED
 
     path = cluster_dir(name) / "inventory.yml"
     inv = load_inventory(path, cluster=name) if path.is_file() else None
@@ -55,6 +58,8 @@ def _live_runner(name: str, registry: Registry, reporter: Reporter) -> JobRunner
 
 def _away(name: str, registry: Registry) -> str:
     """What a cluster whose nodes cannot be asked is: stopped (and how to get it back), or gone."""
+    from gpuctl.state.registry import STOPPED
+
     record = registry.cluster(name)
     if record is not None and record.status == STOPPED:
         return f"is stopped (`gpuctl start {name}` brings it back)"
@@ -64,6 +69,9 @@ def _away(name: str, registry: Registry) -> str:
 def _cluster_jobs(name: str, reporter: Reporter) -> tuple[JobRunner | None, Registry]:
     """(its runner, or None once the cluster is gone or stopped, the registry) for a cluster `queue`
     and `logs` can speak of: up, or gone with its jobs kept."""
+    from gpuctl.spec.request import check_cluster_name
+    from gpuctl.state.registry import Registry
+
     check_cluster_name(name)
     registry = Registry()
     registry.adopt(name)  # shared state: the bucket's copy of the cluster, if any
@@ -121,6 +129,8 @@ def queue(name: Optional[str] = typer.Argument(None, metavar="NAME",
 
 def _queue_all(reporter: Reporter, as_json: bool) -> None:
     """`gpuctl queue`: every cluster's jobs, a table per cluster (as `sky queue` without a name)."""
+    from gpuctl.state.registry import Registry
+
     registry = Registry()
     registry.adopt_all()
     clusters = [(rec, _rows(_live_runner(rec.name, registry, reporter), registry, rec.name))
@@ -158,6 +168,7 @@ def logs(
     """Show a job's output, live or after the fact (in the order it came; kept after `down`)."""
     from gpuctl.common.console import Reporter
     from gpuctl.jobplane import joblogs, jobs
+    from gpuctl.state.registry import TERMINAL_JOB_STATES
 
     as_json = wants_json(output_format)
     if as_json and not status_only:
@@ -209,6 +220,8 @@ def _purge(name: str) -> None:
     """`logs NAME --purge`: the saved logs of the cluster's ended jobs go (an unfinished job's are still
     being written); once the cluster is gone, its job records too."""
     from gpuctl.jobplane import joblogs
+    from gpuctl.spec.request import check_cluster_name
+    from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
 
     check_cluster_name(name)
     registry = Registry()
@@ -236,6 +249,7 @@ def keep_before_down(names: list[str], registry: Registry, reporter: Reporter) -
     jobs run from another machine with shared state). A head that does not answer is said once."""
     from gpuctl.jobplane import joblogs
     from gpuctl.provision import ssh  # only `down` asks a head this way
+    from gpuctl.state.registry import TERMINAL_JOB_STATES
 
     for name in names:
         registry.adopt(name)  # shared state: a cluster this machine never saw, its jobs too

@@ -24,21 +24,23 @@ from gpuctl.common import output
 from gpuctl.common.errors import ClusterNotFound, ProvisionError, UserError
 from gpuctl.common.output import OutputOption, wants_json
 from gpuctl.common.paths import cluster_dir
-from gpuctl.jobplane import autostop
-from gpuctl.providers import get_provider
-from gpuctl.spec.request import check_cluster_name
-from gpuctl.state.registry import AUTODOWNED, STOPPED, TERMINAL_JOB_STATES, ClusterRecord, JobRecord, Registry
 
 if TYPE_CHECKING:
     from gpuctl.common.console import Reporter
     from gpuctl.jobplane.runner import JobRunner
     from gpuctl.provision.inventory import Inventory
+    from gpuctl.state.registry import ClusterRecord, JobRecord, Registry
+
+# The registry, the providers and autostop are imported where they are used: only `stop` and
+# `start` need them, and every gpuctl command defines these two.
 
 WAIT_POLL_S = 5.0  # between rounds of ssh to the nodes that did not answer yet
 
 
 def _not_up(record: ClusterRecord, verb: str) -> UserError:
     """Why a cluster that is neither UP nor STOPPED cannot be stopped or started."""
+    from gpuctl.state.registry import AUTODOWNED
+
     name = record.name
     if record.status == AUTODOWNED:
         return UserError(f"cluster '{name}' took itself down (autodown): there is nothing to {verb}; "
@@ -49,6 +51,8 @@ def _not_up(record: ClusterRecord, verb: str) -> UserError:
 
 def _current(name: str, registry: Registry) -> ClusterRecord:
     """The cluster's record once what it did by itself is known (autostop, autodown); ClusterNotFound."""
+    from gpuctl.jobplane import autostop
+
     registry.adopt(name)
     record = registry.cluster(name)
     if record is None:
@@ -63,6 +67,10 @@ def _current(name: str, registry: Registry) -> ClusterRecord:
 def stop_targets(names: list[str], registry: Registry) -> list[ClusterRecord]:
     """The named clusters, each checked before any is stopped: it exists, its nodes can be stopped and
     kept (the provider's stop_problem), and it is UP or already STOPPED."""
+    from gpuctl.providers import get_provider
+    from gpuctl.spec.request import check_cluster_name
+    from gpuctl.state.registry import STOPPED
+
     if not names:
         raise UserError("give the cluster to stop (gpuctl stop NAME [NAME...])")
     records = []
@@ -104,6 +112,8 @@ def end_jobs(runner: JobRunner, found: list[JobRecord]) -> list[int]:
 def ended_meanwhile(name: str, registry: Registry) -> list[int]:
     """Jobs submitted while the cluster was being stopped (jobs take no cluster lock): they ended
     with it, so they are recorded so; the ids."""
+    from gpuctl.state.registry import TERMINAL_JOB_STATES
+
     late = [j.job_id for j in registry.jobs(name) if j.status not in TERMINAL_JOB_STATES]
     registry.end_jobs(name, "ended by `gpuctl stop`: the cluster was stopped")
     return late
@@ -148,6 +158,8 @@ def wait_for_ssh(inv: Inventory, *, reporter: Reporter, timeout: float) -> None:
 
 def stopped_nodes(record: ClusterRecord, inv: Inventory) -> list[str]:
     """The nodes the cloud says are stopped or stopping (one call; none where it cannot be asked)."""
+    from gpuctl.providers import get_provider
+
     states = get_provider(record.cloud).node_states([n.node_id for n in inv.nodes], inv.region)
     return [n.name for n in inv.nodes if states.get(n.node_id, ("", None))[0] in ("stopped", "stopping")]
 
@@ -156,6 +168,7 @@ def start_cluster(record: ClusterRecord, *, registry: Registry, reporter: Report
     """Start a stopped cluster and make it ready for jobs (answering ssh, prepared, its autostop armed
     again); its inventory."""
     from gpuctl.configplane import prepare
+    from gpuctl.jobplane import autostop
     from gpuctl.jobplane.runner import JobRunner
     from gpuctl.provision import lifecycle
 
@@ -184,6 +197,7 @@ def register(app: typer.Typer) -> None:
         from gpuctl.common.console import Reporter
         from gpuctl.jobplane.runner import JobRunner
         from gpuctl.provision import lifecycle
+        from gpuctl.state.registry import STOPPED, Registry
 
         as_json, registry = wants_json(output_format), Registry()
         reporter = Reporter(stream=sys.stderr) if as_json else Reporter()
@@ -228,6 +242,9 @@ def register(app: typer.Typer) -> None:
                output_format: str = OutputOption) -> None:
         """Start a stopped cluster again: the same nodes and disks, no task file needed (as `sky start`)."""
         from gpuctl.common.console import Reporter
+        from gpuctl.jobplane import autostop
+        from gpuctl.spec.request import check_cluster_name
+        from gpuctl.state.registry import STOPPED, Registry
 
         as_json, registry = wants_json(output_format), Registry()
         reporter = Reporter(stream=sys.stderr) if as_json else Reporter()

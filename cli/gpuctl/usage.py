@@ -10,6 +10,7 @@ catches what the library raises on every version the ranges allow.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import sys
 from types import ModuleType
@@ -50,6 +51,21 @@ def report(exc: Exception, root: object, argv: list[str], prog: str = "gpuctl") 
         message = f"{message} (see `{ctx.command_path} --help`)"
     print(f"error: {message[:1].lower() + message[1:]}", file=sys.stderr)
     return int(getattr(exc, "exit_code", 2) or 2)
+
+
+def reachable(app: typer.Typer, argv: list[str]) -> typer.Typer:
+    """`app` with only the commands `argv` can reach, for click to build: the one its first word
+    names (`gpuctl exec ...`: exec alone), none for a lone `--version`, else all of them (`--help`,
+    a mistyped command). typer reads every command's signature and makes its options when the app
+    is called, about 1 ms a command; one command should not pay for all the others."""
+    first = argv[0] if argv else None
+    commands = [c for c in app.registered_commands if first is not None and c.name == first]
+    groups = [g for g in app.registered_groups if first is not None and g.name == first]
+    if not commands and not groups and argv != ["--version"]:
+        return app
+    only = copy.copy(app)
+    only.registered_commands, only.registered_groups = commands, groups
+    return only
 
 
 def _context_for(root: object, argv: list[str], prog: str) -> Any:

@@ -9,15 +9,20 @@ progress bar redrawn in place) until anything else is printed, which ends it fir
 
 from __future__ import annotations
 
+import functools
 import resource
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Hashable, Iterator, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterator, TextIO
 
-from rich.console import Console
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
+# rich is imported when something is drawn on a terminal: plain output (CI, pipes, every test and
+# benchmark run) never needs it, and it costs each gpuctl command some 30 ms to import.
 
 _RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
 
@@ -48,14 +53,23 @@ class Reporter:
     def __init__(self, *, stream: TextIO | None = None, plain: bool | None = None) -> None:
         self.stream = stream or sys.stdout
         self.plain = (not self.stream.isatty()) if plain is None else plain
-        self.console = Console(file=self.stream, highlight=False, soft_wrap=True,
-                               force_terminal=False if self.plain else None)
-        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
         self._lock = threading.Lock()
         self._open: Hashable | None = None  # the rank line the cursor is at the end of (a terminal only)
         self._open_cols = 0  # its width on the screen
         self.phases: list[dict[str, object]] = []  # phase(): [{phase, seconds, controller_cpu_s}]
         self._status: Any = None  # a stage's live line on a terminal, while it runs
+
+    @functools.cached_property
+    def console(self) -> Console:
+        from rich.console import Console
+
+        return Console(file=self.stream, highlight=False, soft_wrap=True, force_terminal=False if self.plain else None)
+
+    @functools.cached_property
+    def err(self) -> Console:
+        from rich.console import Console
+
+        return Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -83,6 +97,8 @@ class Reporter:
             yield StepProgress(lambda text: self._write(f"    {text}"), every_tenth=True)
             self._write(f"    {title}: done in {time.monotonic() - start:.1f}s")
             return
+        from rich.text import Text
+
         with self._lock:
             self._end_open()
         with self.console.status(title) as status:
@@ -120,6 +136,8 @@ class Reporter:
             for text in said:
                 self._write(f"==> {text} ({time.monotonic() - start:.1f}s)")
             return
+        from rich.text import Text
+
         with self._lock:
             self._end_open()
         with self.console.status(title):
@@ -135,6 +153,8 @@ class Reporter:
         if self.plain:
             self._write(message)
         else:
+            from rich.text import Text
+
             with self._lock:
                 self._end_open()
                 self.console.print(Text(message))
@@ -156,6 +176,8 @@ class Reporter:
         if self.plain:
             self._write(f"{prefix} {text}", exact=True)
             return
+        from rich.text import Text
+
         with self._lock:
             width = self.console.width
             if redraw:
@@ -184,6 +206,8 @@ class Reporter:
         return self._open == key
 
     def error(self, message: str) -> None:
+        from rich.text import Text
+
         with self._lock:
             self._end_open()
             self.err.print(Text(message, style="bold red"))
@@ -220,4 +244,6 @@ def _shown(text: str) -> str:
 
 
 def _prefixed(prefix: str, rank: int, text: str) -> Text:
+    from rich.text import Text
+
     return Text(prefix, style=_RANK_STYLES[rank % len(_RANK_STYLES)]) + Text(" " + _shown(text))
