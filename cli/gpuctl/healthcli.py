@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
         from gpuctl.common.console import Reporter
         from gpuctl.configplane import prepare
         from gpuctl.healthcheck import health
-        from gpuctl.jobplane.runner import JobRunner
+        from gpuctl.jobplane.preparer import Preparer
         from gpuctl.provision import lifecycle
 
         as_json = wants_json(output_format)
@@ -156,8 +156,8 @@ def register(app: typer.Typer) -> None:
         new_inv = lifecycle.replace_nodes(name, ranks, reporter=reporter, registry=registry)
         cdir = cluster_dir(name)
         prepare.forget(cdir, list(old.values()))
-        runner = JobRunner(new_inv, reporter=reporter, registry=registry)
-        runner.ensure_prepared(runner.fingerprint())  # only the new nodes: the others keep their records
+        # only the new nodes: the others keep their records
+        Preparer(new_inv, reporter=reporter, registry=registry).ensure_prepared()
         setting = autostop.saved(name)
         if setting is not None:  # the head's watcher powers off the nodes by address and key: the new ones now
             record = registry.cluster(name)

@@ -35,6 +35,7 @@ from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobFailed, ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.jobplane import autostop, joblogs
+from gpuctl.jobplane.preparer import Preparer
 from gpuctl.jobplane.runner import JobRunner, JobSpec
 from gpuctl.managed import fencing, freeze, owner, shared
 from gpuctl.managed.launch import HAND_BACK_ENV, supervisor_alive
@@ -323,8 +324,7 @@ class Supervisor:
     def arm(self, inv: Inventory) -> None:
         """The cluster takes itself down once idle and no supervisor renews its lease."""
         lease_s = autostop.lease_seconds()
-        runner = AttemptRunner(inv, reporter=self.reporter, registry=self.registry)
-        runner.ensure_prepared(runner.fingerprint())  # the head's agent runs the watcher
+        Preparer(inv, reporter=self.reporter, registry=self.registry).ensure_prepared()  # the head's agent watches
         record = self.registry.cluster(inv.cluster)
         autostop.arm(inv, Autostop(idle_minutes=1, down=True, wait_for="jobs"),
                      request=record.request if record else {}, lease_s=lease_s)
