@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, TextIO
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobFailed, ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
-from gpuctl.jobplane import autostop, joblogs
+from gpuctl.jobplane import autostop, joblogs, replacement
 from gpuctl.jobplane.preparer import Preparer
 from gpuctl.jobplane.runner import JobRunner, JobSpec
 from gpuctl.managed import fencing, freeze, owner, shared
@@ -48,6 +48,8 @@ from gpuctl.spec.autostop import Autostop
 from gpuctl.spec.recovery import JobRecovery
 from gpuctl.state.registry import Registry
 
+# The managed cluster's own autostop: down once idle and no supervisor renews its lease.
+MANAGED_AUTOSTOP = Autostop(idle_minutes=1, down=True, wait_for="jobs")
 LOCAL_POLL_S = 0.5  # how often the supervisor reads the attempt's state and the cancel flag
 MAX_SUPERVISOR_RUNS = 10  # a supervisor that keeps dying (a bug, a broken state): the job fails, the cluster goes
 
@@ -326,8 +328,11 @@ class Supervisor:
         lease_s = autostop.lease_seconds()
         Preparer(inv, reporter=self.reporter, registry=self.registry).ensure_prepared()  # the head's agent watches
         record = self.registry.cluster(inv.cluster)
-        autostop.arm(inv, Autostop(idle_minutes=1, down=True, wait_for="jobs"),
-                     request=record.request if record else {}, lease_s=lease_s)
+        autostop.arm(inv, MANAGED_AUTOSTOP, request=record.request if record else {}, lease_s=lease_s)
+        self.hold_lease(inv, lease_s)
+
+    def hold_lease(self, inv: Inventory, lease_s: float) -> None:
+        """Renew the cluster's lease on its head (a new head after a replacement) while this runs."""
         if self.lease is not None:
             self.lease.__exit__(None, None, None)
         self.lease = autostop.Lease(inv, lease_s).__enter__()
@@ -506,8 +511,8 @@ class Supervisor:
         return d
 
     def recover(self, inv: Inventory, req: Any, decision: Decision, attempt: int) -> Inventory:
-        """Fence the attempt everywhere, replace the lost nodes, prepare them (the next attempt's run
-        prepares what is not as prepared), and hand the head the new view."""
+        """Fence the attempt everywhere, then replace the lost nodes (replacement.py: their records
+        forgotten, they prepared, the head's watcher armed again) and renew the lease on the head."""
         job = self.job()
         confirmed = fencing.fence(inv, job.task_id, attempt + 1,
                                   ranks=[n.rank for n in inv.nodes if n.rank not in decision.replace])
@@ -523,9 +528,13 @@ class Supervisor:
         names = ", ".join(inv.nodes[r].name for r in ranks)
         self.say(f"replacing {names} (only these; the other nodes stay)")
         tries = 0
+        lease_s = autostop.lease_seconds()
         while True:
             try:
-                inv = lifecycle.replace_nodes(inv.cluster, ranks, reporter=self.reporter, registry=self.registry)
+                # the head may be new, and the workers' addresses are: the watcher is armed again
+                inv = replacement.replace_nodes(inv, ranks, reporter=self.reporter, registry=self.registry,
+                                                setting=MANAGED_AUTOSTOP, lease_s=lease_s,
+                                                check=self.check_cancel).inv
                 break
             except ProvisionError as exc:
                 tries += 1
@@ -541,8 +550,8 @@ class Supervisor:
                 self.say(f"no capacity for {names} ({exc}); again in {capacity_backoff_s():g} s")
                 time.sleep(capacity_backoff_s())
             self.check_cancel()
+        self.hold_lease(inv, lease_s)
         self.check_cancel()
-        self.arm(inv)  # the head may be new, and the workers' addresses are
         return inv
 
     # -- the end -------------------------------------------------------------------------------
