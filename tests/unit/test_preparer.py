@@ -76,3 +76,47 @@ def test_a_node_that_failed_is_not_recorded_and_the_others_are(monkeypatch: pyte
     with pytest.raises(PrepareFailed, match="worker2: install step failed"):
         preparer.ensure_prepared()
     assert set(prepare.recorded(preparer.cdir)) == {"n-0", "n-1"}
+
+
+# -- the job a failure names (JobFailed.job_id) ---------------------------------------------------
+
+
+def test_a_job_whose_nodes_could_not_be_prepared_fails_naming_its_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuctl.healthcheck import collect
+    from gpuctl.jobplane.runner import JobRunner, JobSpec
+
+    monkeypatch.setattr(preparer_module.prepare, "run_prepare", Play(failing=("worker1",)))
+    inv = local_inventory()
+    cluster_dir(inv.cluster).mkdir(parents=True)
+    registry = Registry(remote=None)
+    runner = JobRunner(inv, reporter=Reporter(stream=io.StringIO(), plain=True), registry=registry)
+    with pytest.raises(PrepareFailed) as failed:
+        runner.run(JobSpec(name="one", run="true"), run_setup=False, sync_file_mounts=False, detach=False)
+    job = registry.job(inv.cluster, failed.value.job_id)
+    assert job is not None and job.job_id == runner.job_id and job.name == "one" and job.status == "FAILED"
+    # a check's probe job, while another check of the cluster starts its own (made while this one prepares):
+    # the failure names this one, not the newest of its name
+    play = Play(failing=("worker1",))
+    monkeypatch.setattr(preparer_module.prepare, "run_prepare",
+                        lambda path, **kw: registry.new_job(inv.cluster, name="probe", num_nodes=3) and play(path, **kw))
+    probe = collect.CollectingRunner(inv, reporter=Reporter(stream=io.StringIO(), plain=True), registry=registry)
+    job_id, failure = collect.run_probe_job(probe, JobSpec(name="probe", run="true"), registry)
+    assert job_id == probe.job_id and job_id < max(j.job_id for j in registry.jobs(inv.cluster))
+    assert failure is not None and "worker1: install step failed" in failure
+
+
+def test_every_failure_settle_reads_names_the_job() -> None:
+    from gpuctl.jobplane.events import Outcome
+    from gpuctl.jobplane.runner import JobRunner
+
+    inv = local_inventory()
+    registry = Registry(remote=None)
+    runner = JobRunner(inv, reporter=Reporter(stream=io.StringIO(), plain=True), registry=registry)
+    for outcome in (Outcome("FAILED", run={0: 0, 1: 3, 2: 0}, first_failed=1), Outcome("FAILED_SETUP", setup={0: 2}),
+                    Outcome("FAILED", detail="sync failed"), Outcome("CANCELLED")):
+        job = registry.new_job(inv.cluster, name="j", num_nodes=3)
+        result, error = runner.settle(job.job_id, inv.nodes, outcome)
+        assert error is not None and error.job_id == result.job_id == job.job_id, outcome
+    job = registry.new_job(inv.cluster, name="j", num_nodes=3)
+    result, error = runner.settle(job.job_id, inv.nodes, Outcome("SUCCEEDED", run={0: 0, 1: 0, 2: 0}))
+    assert error is None and result.job_id == job.job_id and result.status == "SUCCEEDED"

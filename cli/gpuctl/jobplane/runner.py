@@ -152,6 +152,7 @@ class JobRunner:
         self.preparer = Preparer(inv, reporter=reporter, registry=registry)  # the nodes' prepared state
         self.control_dir = ssh.control_dir_for(self.cdir / "cm")
         self.by_rank = {n.rank: n for n in inv.nodes}
+        self.job_id: int | None = None  # the job `run` made last, from the moment it exists (a supervisor reads it)
         self.output = RankLines(reporter)  # every rank's line in progress, as a terminal shows it
 
     def publish(self) -> None:
@@ -183,6 +184,7 @@ class JobRunner:
             self.publish()  # also a `down` from another runner
         buckets.check(spec.bucket_mounts, spec.envs)  # so does a bucket the nodes could not mount safely
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
+        self.job_id = job.job_id
         joblogs.mark_watching(inv.cluster, job.job_id)
         session: client.Session | None = None
         timing = ExitStack()  # the job's phase, once the nodes are prepared
@@ -224,7 +226,7 @@ class JobRunner:
                         raise UserError(ssh.host_key_error(inv.head)) from None
                     if attempt == 2:
                         raise JobFailed(f"job {job.job_id}: the head ({inv.head.ssh_host}) did not take the job: "
-                                        f"{exc}") from None
+                                        f"{exc}", job_id=job.job_id) from None
                     self.preparer.prepare(fingerprint, [inv.head], f"the head's agent did not answer: {exc}")
                     continue
                 if outcome is not None and outcome.status == "UNPREPARED" and attempt == 1:
@@ -240,6 +242,8 @@ class JobRunner:
                 return JobOutcome(job.job_id, "RUNNING", {})
             return self.conclude(job.job_id, job_nodes, outcome)
         except JobFailed as exc:
+            if exc.job_id is None:  # a failure of no job's own (preparing the nodes for it): this job's now
+                exc.job_id = job.job_id
             current = self.registry.job(inv.cluster, job.job_id)
             if current is not None and current.status not in TERMINAL_JOB_STATES:  # not PENDING until it is stale
                 self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
@@ -252,8 +256,8 @@ class JobRunner:
                                       f"'{name}'. Follow it again: gpuctl logs {name} {job.job_id}; cancel it: "
                                       f"gpuctl cancel {name} {job.job_id}") from None
                 self._interrupted(job.job_id, job_nodes, session)
-            raise JobCancelled(f"job {job.job_id} cancelled (Ctrl-C); its processes were stopped on every node") \
-                from None
+            raise JobCancelled(f"job {job.job_id} cancelled (Ctrl-C); its processes were stopped on every node",
+                               job_id=job.job_id) from None
         finally:
             self.output.end()
             timing.close()
@@ -276,7 +280,7 @@ class JobRunner:
                 self.record_outcome(job_id, "FAILED", {}, [str(exc)])
                 if ssh.host_key_changed(str(exc)):
                     raise UserError(ssh.host_key_error(self.inv.head)) from None
-                raise JobFailed(f"job {job_id}: {exc}") from None
+                raise JobFailed(f"job {job_id}: {exc}", job_id=job_id) from None
             return items, sum(i.changed for i in items if i.dest not in spec.internal_mounts)
 
         if spec.workdir_implied and not shown:
@@ -301,7 +305,7 @@ class JobRunner:
                                                    endpoint=where["endpoint"], region=where["region"])
             except bucketupload.UploadError as exc:
                 self.record_outcome(job_id, "FAILED", {}, [str(exc)])
-                raise JobFailed(f"job {job_id}: {exc}") from None
+                raise JobFailed(f"job {job_id}: {exc}", job_id=job_id) from None
             step.update("; ".join(f"s3://{f.mount.bucket}: {f.sent} file(s) sent, {f.unchanged} unchanged"
                                   for f in filled))
 
@@ -415,13 +419,14 @@ class JobRunner:
                 outcome = replace(outcome, detail=f"{outcome.detail}; stopped what still ran of it on {names}")
         current = self.registry.job(self.inv.cluster, job_id)
         if outcome.status == "CANCELLED" or (current is not None and current.status == "CANCELLED"):
-            return record("CANCELLED", outcome.run, ["cancelled"]), JobFailed(f"job {job_id} was cancelled")
+            return (record("CANCELLED", outcome.run, ["cancelled"]),
+                    JobFailed(f"job {job_id} was cancelled", job_id=job_id))
         if outcome.status == "FAILED_SETUP":
             failed = describe_codes({r: c for r, c in outcome.setup.items() if c != 0}
                                     | {r: None for r in outcome.lost}, self.by_rank, lost=outcome.lost)
             detail = failed or [outcome.detail]
             return (record("FAILED_SETUP", outcome.setup, detail),
-                    JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail)))
+                    JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail), job_id=job_id))
         changed = [r for r, why in sorted(outcome.lost.items()) if ssh.host_key_changed(why)]
         if changed:  # a node's key is not the one the others know: nothing ran
             return (record("FAILED", {}, [f"host key of rank {changed[0]} changed"]),
@@ -430,7 +435,7 @@ class JobRunner:
             if outcome.status == "SUCCEEDED":  # nothing to run (setup only)
                 return record("SUCCEEDED", {}, []), None
             detail = outcome.detail or "failed before any rank ran"  # sync, a lost node, ...
-            return record("FAILED", {}, [detail]), JobFailed(f"job {job_id}: {detail}")
+            return record("FAILED", {}, [detail]), JobFailed(f"job {job_id}: {detail}", job_id=job_id)
         codes = {r: outcome.run.get(r) for r in range(len(job_nodes))}
         failed = describe_codes(codes, self.by_rank, lost=outcome.lost)
         if outcome.status == "SUCCEEDED" and not failed:
@@ -443,7 +448,7 @@ class JobRunner:
                 else f"was lost first ({outcome.lost.get(first, 'no exit code')})")
         return (record("FAILED", codes, failed, first),
                 JobFailed(f"job {job_id} failed: rank {first} ({node.name}, {node.address}) {what}; "
-                          f"return codes: {rc_list}"))
+                          f"return codes: {rc_list}", job_id=job_id))
 
     def node_job(self, job_id: int) -> str:
         """The job's name on the nodes (JobRecord.node_job)."""

@@ -359,21 +359,24 @@ class Supervisor:
         self.stop_attempt.clear()
         with open(attempt_log(job.id, attempt), "a", buffering=1) as log:
             runner = AttemptRunner(inv, reporter=Reporter(stream=log, plain=True), registry=self.registry)
-            before = {j.job_id for j in self.registry.jobs(inv.cluster)}
             thread, result = _in_thread(f"attempt-{attempt}", lambda: runner.run(
                 spec, run_setup=True, sync_file_mounts=True, detach=False, stop=self.stop_attempt.is_set))
-            lost = self.monitor(inv, thread, before, attempt)
+            lost = self.monitor(inv, thread, lambda: runner.job_id, attempt)
             thread.join()
-            cluster_job = self.cluster_job(inv, before)
             error = result.get("error")
+            # the job the attempt ran: its outcome's or its failure's; for an error that is no job's
+            # failure (a changed host key), the one its runner made, if it got that far
+            said = result["outcome"].job_id if "outcome" in result else getattr(error, "job_id", None)
+            cluster_job = said if said is not None else runner.job_id
             if error is not None and not isinstance(error, (JobFailed, UserError)):
                 raise error  # the attempt's end was recorded; anything else is the supervisor's own failure
             return self.ended(inv, runner, cluster_job, lost, aborted=self.stop_attempt.is_set())
 
-    def monitor(self, inv: Inventory, thread: threading.Thread, before: set[int],
+    def monitor(self, inv: Inventory, thread: threading.Thread, cluster_job_of: Callable[[], int | None],
                 attempt: int) -> dict[int, str]:
-        """Until the attempt's thread ends: mark RUNNING once every rank runs; stop the attempt when a
-        node is gone or the user cancels."""
+        """Until the attempt's thread ends: mark RUNNING once every rank runs (`cluster_job_of()`: the
+        cluster job the attempt runs, once it exists); stop the attempt when a node is gone or the
+        user cancels."""
         running = False
         next_check = time.monotonic() + tick_s()
         self.ended_at = None
@@ -394,7 +397,7 @@ class Supervisor:
                 self.stop_attempt.set()  # lets go of the attempt's stream; the ranks run on
                 thread.join()
                 raise HandBack()
-            cluster_job = self.cluster_job(inv, before)
+            cluster_job = cluster_job_of()
             if not running and cluster_job is not None:
                 record = self.registry.job(inv.cluster, cluster_job)
                 if record is not None and record.status == "RUNNING":
@@ -417,10 +420,6 @@ class Supervisor:
         self.ended_at = self.ended_at or time.time()
         return {}
 
-    def cluster_job(self, inv: Inventory, before: set[int]) -> int | None:
-        ids = [j.job_id for j in self.registry.jobs(inv.cluster) if j.job_id not in before]
-        return max(ids) if ids else None
-
     def watch_again(self, inv: Inventory, job: ManagedJob) -> AttemptEnd:
         """A restarted supervisor: follow the attempt that runs, from its start."""
         assert job.cluster_job is not None
@@ -433,7 +432,7 @@ class Supervisor:
             # an error (the head did not answer) leaves no outcome: recovered below
             thread, result = _in_thread(f"attempt-{job.attempt}", lambda: runner.follow(
                 job.cluster_job or 0, nodes, echo=True, stop=self.stop_attempt.is_set))
-            lost = self.monitor(inv, thread, set(), job.attempt)
+            lost = self.monitor(inv, thread, lambda: job.cluster_job, job.attempt)
             thread.join()
             outcome = result.get("outcome")
             if outcome is not None:
