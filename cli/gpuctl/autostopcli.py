@@ -62,10 +62,9 @@ def check_setting(setting: Autostop | None, req: ClusterRequest, file: object) -
 
 def _prepared(inv: Inventory, registry: Registry, reporter: Reporter) -> None:
     """The watcher is the head's agent: nodes made with --provision-only have none yet."""
-    from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.jobplane.preparer import Preparer
 
-    runner = JobRunner(inv, reporter=reporter, registry=registry)
-    runner.ensure_prepared(runner.fingerprint())
+    Preparer(inv, reporter=reporter, registry=registry).ensure_prepared()
 
 
 def arm_for_apply(inv: Inventory, setting: Autostop | None, *, registry: Registry, lease_minutes: float | None,

@@ -264,9 +264,8 @@ def _apply_job(task: Task, req: ClusterRequest, inv: Inventory, registry: Regist
                 spec = replace(spec, workdir=clone.path, envs={**clone.envs, **spec.envs})
             job_id = _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=not no_setup,
                           sync_file_mounts=True, detach=detach, cancel_on_interrupt=cancel_on_interrupt)
-    except JobFailed:  # the failed job is the result: its document, then the error line and exit code 1
-        docs.append(cliargs.apply_document(registry, req.name, inv, job_id=None, latest_job=True,
-                                           phases=reporter.phases))
+    except JobFailed as exc:  # the failed job is the result: its document, then the error line and exit code 1
+        docs.append(cliargs.apply_document(registry, req.name, inv, job_id=exc.job_id, phases=reporter.phases))
         raise
     docs.append(cliargs.apply_document(registry, req.name, inv, job_id=job_id, phases=reporter.phases))
 
@@ -448,9 +447,9 @@ def exec_(
     try:
         job_id = _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=False,
                       sync_file_mounts=False, detach=detach, cancel_on_interrupt=cancel_on_interrupt)
-    except JobFailed:
+    except JobFailed as exc:
         if as_json:  # as apply: the failed job is the result
-            _emit_job("exec", registry, name, (registry.jobs(name) or [None])[-1])
+            _emit_job("exec", registry, name, registry.job(name, exc.job_id) if exc.job_id is not None else None)
         raise
     if as_json:
         _emit_job("exec", registry, name, registry.job(name, job_id))

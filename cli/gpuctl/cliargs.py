@@ -225,7 +225,7 @@ def down_document(results: list[Teardown], one: bool) -> dict[str, Any]:
 
 
 def apply_document(registry: Registry, name: str, inv: Inventory, *, job_id: int | None,
-                   latest_job: bool = False, phases: list | None = None) -> dict[str, Any]:
+                   phases: list | None = None) -> dict[str, Any]:
     """apply's JSON document: the cluster as `status` shows it, the job this apply ran (or null), and
     how long each phase took (provision, prepare, job). Made when the job ends; emitted by
     `emit_apply` once `--down` had its say."""
@@ -233,8 +233,6 @@ def apply_document(registry: Registry, name: str, inv: Inventory, *, job_id: int
 
     record = registry.cluster(name)
     job = registry.job(name, job_id) if job_id is not None else None
-    if latest_job:
-        job = (registry.jobs(name) or [None])[-1]
     doc = output.cluster_doc(record, inv, None) if record is not None else {"name": name}
     doc.pop("last_job", None)
     return {"ok": job is None or job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,

@@ -135,11 +135,8 @@ def register(app: typer.Typer) -> None:
                  output_format: str = OutputOption) -> None:
         """Make nodes again with Terraform (same rank, name and placement), prepare only them, and check health."""
         from gpuctl.common.console import Reporter
-        from gpuctl.configplane import prepare
         from gpuctl.healthcheck import health
-        from gpuctl.jobplane import autostop
-        from gpuctl.jobplane.runner import JobRunner
-        from gpuctl.provision import lifecycle
+        from gpuctl.jobplane import replacement
         from gpuctl.state.registry import Registry
 
         as_json = wants_json(output_format)
@@ -156,21 +153,13 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 output.emit("replace", document)
             return
-        old = {n.rank: n for n in inv.nodes if n.rank in ranks}
-        _consent_to_replace(name, inv, [old[r] for r in ranks], registry, reporter, force=force, yes=yes)
-        new_inv = lifecycle.replace_nodes(name, ranks, reporter=reporter, registry=registry)
-        cdir = cluster_dir(name)
-        prepare.forget(cdir, list(old.values()))
-        runner = JobRunner(new_inv, reporter=reporter, registry=registry)
-        runner.ensure_prepared(runner.fingerprint())  # only the new nodes: the others keep their records
-        setting = autostop.saved(name)
-        if setting is not None:  # the head's watcher powers off the nodes by address and key: the new ones now
-            record = registry.cluster(name)
-            autostop.arm(new_inv, setting, request=record.request if record else {})
+        _consent_to_replace(name, inv, [n for n in inv.nodes if n.rank in ranks], registry, reporter, force=force,
+                            yes=yes)
+        made = replacement.replace_nodes(inv, ranks, reporter=reporter, registry=registry)
+        old = {n.rank: n for n in made.old}
         document["replaced"] = [{"name": n.name, "rank": n.rank, "old_node_id": old[n.rank].node_id,
-                                 "node_id": n.node_id, "address": n.address}
-                                for n in new_inv.nodes if n.rank in old]
-        report = health.run_health(new_inv, registry=registry, reporter=reporter) if recheck else None
+                                 "node_id": n.node_id, "address": n.address} for n in made.new]
+        report = health.run_health(made.inv, registry=registry, reporter=reporter) if recheck else None
         if report is not None:
             document.update(ok=report.ok, health=report.document())
             if not as_json:

@@ -169,14 +169,14 @@ def start_cluster(record: ClusterRecord, *, registry: Registry, reporter: Report
     again); its inventory."""
     from gpuctl.configplane import prepare
     from gpuctl.jobplane import autostop
-    from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.jobplane.preparer import Preparer
     from gpuctl.provision import lifecycle
 
     name = record.name
     inv = lifecycle.start_cluster(name, reporter=reporter, registry=registry)
     wait_for_ssh(inv, reporter=reporter, timeout=prepare.wait_timeout())
-    runner = JobRunner(inv, reporter=reporter, registry=registry)
-    runner.ensure_prepared(runner.fingerprint())  # nothing to do unless gpuctl changed while it was stopped
+    # nothing to do unless gpuctl changed while it was stopped
+    Preparer(inv, reporter=reporter, registry=registry).ensure_prepared()
     setting = autostop.saved(name)
     if setting is not None:  # a fresh countdown: the time it spent stopped is not idle time
         armed = autostop.arm(inv, setting, request=record.request)

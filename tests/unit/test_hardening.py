@@ -301,7 +301,7 @@ def test_a_key_the_console_does_not_list_stops_gpuctl_and_is_forgotten(tmp_path:
                                                                          monkeypatch: pytest.MonkeyPatch):
     from gpuctl.providers.aws import hostkeys
     from gpuctl.common.console import Reporter
-    from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.jobplane.preparer import Preparer
     from gpuctl.state.registry import Registry
 
     key = tmp_path / "k"
@@ -309,11 +309,11 @@ def test_a_key_the_console_does_not_list_stops_gpuctl_and_is_forgotten(tmp_path:
     kh = tmp_path / "known_hosts"
     kh.write_text(f"gpuctl-i-1 ssh-ed25519 {key.with_suffix('.pub').read_text().split()[1]}\n")
     node = pinned_node(tmp_path, rank=0, name="head", node_id="i-1")
-    runner = JobRunner(Inventory(cluster="c", cloud="aws", nodes=(node,), region="us-east-1"),
-                       reporter=Reporter(plain=True), registry=Registry())
+    preparer = Preparer(Inventory(cluster="c", cloud="aws", nodes=(node,), region="us-east-1"),
+                        reporter=Reporter(plain=True), registry=Registry())
     monkeypatch.setattr(hostkeys, "console_output", lambda node_id, region: CONSOLE.format(ed="B" * 43))
     with pytest.raises(UserError, match="head .* not one the instance printed"):
-        runner.check_console_host_keys([node])
+        preparer.check_console_host_keys([node])
     assert kh.read_text() == ""  # forgotten: nothing trusts it
     monkeypatch.setattr(hostkeys, "console_output", lambda node_id, region: "")
-    runner.check_console_host_keys([node])  # no console yet: said, not a failure
+    preparer.check_console_host_keys([node])  # no console yet: said, not a failure

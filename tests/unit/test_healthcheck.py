@@ -521,9 +521,9 @@ def test_a_failed_probe_job_says_what_its_failing_rank_said() -> None:
         lines = {0: ["ok"], 1: ["starting", "bash: line 1: /home/me/.venv/bin/python3: Permission denied", "  "]}
 
         def run(self, spec, **kw):
-            raise JobFailed("job 4 failed: rank 1 (worker1, 10.0.0.3) failed first with exit code 126")
+            raise JobFailed("job 4 failed: rank 1 (worker1, 10.0.0.3) failed first with exit code 126", job_id=4)
 
-    registry = SimpleNamespace(jobs=lambda cluster: [job])
+    registry = SimpleNamespace(job=lambda cluster, job_id: job if job_id == 4 else None)
     job_id, failure = collect.run_probe_job(Runner(), SimpleNamespace(name="check"), registry)  # type: ignore[arg-type]
     assert job_id == 4 and failure == ("job 4 failed: rank 1 (worker1, 10.0.0.3) failed first with exit code 126; "
                                        "rank 1 said: bash: line 1: /home/me/.venv/bin/python3: Permission denied")

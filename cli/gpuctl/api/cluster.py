@@ -59,12 +59,13 @@ class RemoteError(JobFailed):
     """A function raised on a node (or could not be loaded there, or returned what does not pickle).
 
     `rank`, `node` and `address` say where; `type_name`, `remote_traceback` and
-    `exception` (the exception itself when it could travel, else None) say what.
+    `exception` (the exception itself when it could travel, else None) say what; `job_id`, which
+    job of the cluster it was.
     """
 
     def __init__(self, message: str, *, rank: int, node: str, address: str, record: dict[str, Any],
-                 exception: BaseException | None = None) -> None:
-        super().__init__(message)
+                 exception: BaseException | None = None, job_id: int | None = None) -> None:
+        super().__init__(message, job_id=job_id)
         self.rank = rank
         self.node = node
         self.address = address
@@ -480,7 +481,8 @@ def _failure(exc: JobFailed, collector: wire.Collector, job_nodes: Sequence[Node
         first = runner.outcome.first_failed if runner.outcome else None
         tail = collector.tail.get(first, []) if first is not None else []
         if tail:
-            return JobFailed(exc.message + f"\nlast output of rank {first}:\n  " + "\n  ".join(tail[-5:]))
+            return JobFailed(exc.message + f"\nlast output of rank {first}:\n  " + "\n  ".join(tail[-5:]),
+                             job_id=exc.job_id)
         return exc
     loads = [r for r, rec in records.items() if rec.get("stage") == "load"]
     first = runner.outcome.first_failed if runner.outcome and runner.outcome.first_failed in records else \
@@ -512,4 +514,4 @@ def _failure(exc: JobFailed, collector: wire.Collector, job_nodes: Sequence[Node
             original = None
     node = by_rank[first]
     return RemoteError(message, rank=first, node=node.name, address=node.address, record=rec,
-                       exception=original if isinstance(original, BaseException) else None)
+                       exception=original if isinstance(original, BaseException) else None, job_id=exc.job_id)

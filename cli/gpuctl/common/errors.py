@@ -29,13 +29,15 @@ class ClusterNotFound(UserError):
 
 
 class JobFailed(Exception):
-    """The job ran but some stage or rank failed; the message names them."""
+    """The job ran but some stage or rank failed; the message names them. `job_id`: the cluster's
+    job that failed (None where no job was made yet, or none was being run: a prepare on its own)."""
 
     exit_code = 1
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, job_id: int | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.job_id = job_id
 
 
 class PrepareFailed(JobFailed):

@@ -49,9 +49,8 @@ def run_probe_job(runner: JobRunner, spec: JobSpec, registry: Registry) -> tuple
     try:
         return runner.run(spec, run_setup=False, sync_file_mounts=True, detach=False).job_id, None
     except JobFailed as exc:
-        jobs = registry.jobs(runner.inv.cluster)
-        job = jobs[-1] if jobs and jobs[-1].name == spec.name else None
-        return (job.job_id if job else None), exc.message + _said_by_failed_rank(runner, job)
+        job = registry.job(runner.inv.cluster, exc.job_id) if exc.job_id is not None else None
+        return exc.job_id, exc.message + _said_by_failed_rank(runner, job)
 
 
 def _said_by_failed_rank(runner: JobRunner, job: Any) -> str:

@@ -1,7 +1,7 @@
 """Run one job on a provisioned cluster, as a reader follows it.
 
 run: prepare the nodes if their prepared state is not the expected one (the
-configuration plane, once) -> copy the workdir and file_mounts to the head
+configuration plane, once: preparer.py) -> copy the workdir and file_mounts to the head
 (once) -> one SSH call to the head that carries the job (the job plane):
 the head's agent copies on to the workers, runs setup everywhere (a
 barrier), starts `run` on the job's nodes, stops the others as soon as one
@@ -28,19 +28,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from gpuctl.common.console import Reporter
-from gpuctl.common.errors import JobCancelled, JobDetached, JobFailed, PrepareFailed, UserError
+from gpuctl.common.errors import JobCancelled, JobDetached, JobFailed, UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.common.ranklines import RankLines
-from gpuctl.configplane import clusterview, fabricrecord, playbooks, prepare
-from gpuctl.jobplane import bucketupload, client, gitignore, headinstall, jobenv, joblogs, payload, stream, upload
+from gpuctl.configplane import prepare
+from gpuctl.jobplane import bucketupload, client, gitignore, jobenv, joblogs, payload, stream, upload
 from gpuctl.node import protocol
 from gpuctl.jobplane.events import Event, Outcome
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.jobview import JobView
+from gpuctl.jobplane.preparer import Preparer
 from gpuctl.providers import get_provider
 from gpuctl.provision import containers, ssh
 from gpuctl.provision.inventory import Inventory, Node, hostfile_lines
-from gpuctl.provision.sshkeys import ensure_internal_key
 from gpuctl.spec import buckets
 from gpuctl.spec.buckets import BucketMount
 from gpuctl.state.registry import TERMINAL_JOB_STATES, Registry
@@ -149,177 +149,15 @@ class JobRunner:
         self.reporter = reporter
         self.registry = registry
         self.cdir = cluster_dir(inv.cluster)
-        self.inventory_path = self.cdir / "inventory.yml"
-        self.private_data_dir = self.cdir / "runner"
+        self.preparer = Preparer(inv, reporter=reporter, registry=registry)  # the nodes' prepared state
         self.control_dir = ssh.control_dir_for(self.cdir / "cm")
         self.by_rank = {n.rank: n for n in inv.nodes}
-        self.features = prepare.features(self.cdir)  # optional node features prepared so far (bucket tools)
+        self.job_id: int | None = None  # the job `run` made last, from the moment it exists (a supervisor reads it)
         self.output = RankLines(reporter)  # every rank's line in progress, as a terminal shows it
-
-    # -- the configuration plane, when needed ---------------------------------
-    def _request(self) -> dict:
-        rec = self.registry.cluster(self.inv.cluster)
-        return dict(rec.request) if rec and rec.request else {}
-
-    def fabric_env(self) -> dict:
-        """What prepare passes each node's fabric probe: the instance type and the cloud's static
-        defaults (written only where the probe cannot see); the node decides the rest."""
-        return fabricrecord.probe_settings(self.inv.cloud, self._request())
-
-    def fingerprint(self) -> str:
-        _, public = ensure_internal_key(self.cdir)
-        return prepare.fingerprint(internal_public_key=public, fabric_env=self.fabric_env(), features=self.features,
-                                   python=prepare.python_env(self.cdir))
-
-    def view(self) -> dict | None:
-        """What every node knows of the others (clusterview.py): given at prepare, carried by every job."""
-        return clusterview.cluster_view(self.inv, fabricrecord.hostnames(self.cdir))
-
-    def ensure_prepared(self, fingerprint: str, why: str | None = None) -> None:
-        """Prepare the nodes not recorded as prepared with `fingerprint` (none: nothing to do)."""
-        nodes = prepare.unprepared(self.cdir, self.inv, fingerprint)
-        if not nodes:
-            return
-        if why is None:
-            records = prepare.recorded(self.cdir)
-            known = [n for n in nodes if prepare.node_key(n) in records]
-            first = not records and not prepare.has_old_record(self.cdir)
-            why = ("first job on this cluster" if first else
-                   "gpuctl or the cluster changed" if known or not records else
-                   ", ".join(n.name for n in nodes[:8]) + (", ..." if len(nodes) > 8 else "") + " not prepared yet")
-        self.prepare(fingerprint, nodes, why)
-
-    def prepare(self, fingerprint: str, nodes: Sequence[Node], why: str) -> None:
-        """Bring `nodes` to the prepared state: the head (and any node the head cannot install) by
-        the prepare play, each node on its own pace; then the other workers through the head, in
-        one call (headinstall.py). Record those that got there, also when others failed: they are
-        not prepared again."""
-        key, public = ensure_internal_key(self.cdir)
-        total = len(self.inv.nodes)
-        title = (f"Preparing {len(nodes)} node(s) ({why})" if len(nodes) == total else
-                 f"Preparing {len(nodes)} of {total} node(s) ({why})")
-        installed: dict[str, dict] = {}
-        provider = get_provider(self.inv.cloud)
-        view = self.view()
-        by_head = self.installable_by_head(nodes, view)
-        with self.reporter.stage(title, phase="prepare") as step:
-            def on_installed(host: str, result: Mapping) -> None:
-                installed[host] = dict(result)
-                step.update(f"{len(installed)} of {len(nodes)} node(s) prepared", len(installed), len(nodes))
-
-            def play(names: list[str], wait: bool) -> playbooks.PlaybookResult:
-                return prepare.run_prepare(
-                    self.inventory_path, private_data_dir=self.private_data_dir, control_dir=self.control_dir,
-                    fingerprint_value=fingerprint, internal_key=key, fabric_env=self.fabric_env(),
-                    known_hosts=Path(self.inv.head.known_hosts) if self.inv.head.known_hosts else None,
-                    features=self.features, limit=names, python=prepare.python_env(self.cdir),
-                    fabric_head=self.inv.head.address, view=view, wait=wait,
-                    manages_sshd=not provider.local, on_installed=on_installed)
-
-            def play_waiting(names: list[str]) -> playbooks.PlaybookResult:
-                # Every node at once without waiting (a wait costs a connection reset and a probe per
-                # node), then a wait for those still booting, each prepared as soon as it answers.
-                result = play(names, wait=False)
-                booting = [h for h, why in result.unreachable_reasons.items() if not ssh.host_key_changed(why)]
-                if booting and result.error is None:
-                    step.update(f"{len(installed)} of {len(nodes)} node(s) prepared; waiting for "
-                                f"{len(booting)} to accept SSH")
-                    # a phase within prepare: the nodes still booting, each prepared as it answers
-                    with self.reporter.phase("wait"):
-                        result = playbooks.merge_results(result, play(booting, wait=True), booting)
-                return result
-
-            direct = [n.name for n in nodes if n not in by_head]
-            if direct and by_head:
-                step.update(f"the prepare play on {', '.join(direct[:3])}{', ...' if len(direct) > 3 else ''}")
-            result = play_waiting(direct) if direct else playbooks.PlaybookResult(ok=True)
-            if by_head:
-                head_failed = {f.host for f in result.failures} | set(result.unreachable)
-                missed = [n.name for n in by_head]
-                if self.inv.head.name not in head_failed and result.error is None:
-                    step.update(f"{len(installed)} of {len(nodes)} node(s) prepared; the head installs the "
-                                f"other {len(by_head)}")
-                    by_head_result, missed = self.install_by_head(fingerprint, public, by_head, view, on_installed)
-                    result = playbooks.merge_results(result, by_head_result, [])
-                if missed:  # not reached from the head (booting, made before nodes trusted it, head down)
-                    result = playbooks.merge_results(result, play_waiting(missed), [])
-        found = fabricrecord.record(self.cdir, self.inv, installed)  # also after a failure: what the nodes found
-        failed = {f.host for f in result.failures} | set(result.unreachable)
-        done = [n for n in nodes if n.name in installed and n.name not in failed]
-        if provider.checks_console_host_keys:
-            self.check_console_host_keys(done)
-        if done and result.error is None:
-            prepare.record(self.cdir, self.inv, done, fingerprint)
-            prepare.record_features(self.cdir, self.features)
-        self.publish()  # shared state: the prepare records and learned host keys, a failure's too
-        if not result.ok:
-            for host, reason in result.unreachable_reasons.items():
-                node = next((n for n in self.inv.nodes if n.name == host), None)
-                if node is not None and ssh.host_key_changed(reason):
-                    raise UserError(ssh.host_key_error(node))
-            raise PrepareFailed(f"preparing the nodes failed: {describe_result(result)}")
-        if found is not None:
-            for line in fabricrecord.warnings(found, fabricrecord.expected_kind(self.inv.cloud, self._request())):
-                self.reporter.info(f"Fabric: {line}")
-
-    def install_by_head(self, fingerprint: str, public_key: str, workers: Sequence[Node], view: Mapping,
-                        on_installed: Callable[[str, Mapping], None]) -> tuple[playbooks.PlaybookResult, list[str]]:
-        """The head installs `workers` (headinstall.py): the outcome as a play's, and the workers it
-        did not reach, for the prepare play."""
-        def on_peer(node: Node, outcome: headinstall.PeerResult) -> None:
-            if outcome.ok:
-                on_installed(node.name, {k: v for k, v in outcome.result.items() if k != "changed"})
-
-        provider = get_provider(self.inv.cloud)
-        bundle = prepare.install_bundle(fingerprint_value=fingerprint, internal_public_key=public_key, view=view,
-                                        fabric_env=self.fabric_env(), fabric_head=self.inv.head.address)
-        with self.reporter.phase("head_install"):  # a phase within prepare: one call, whatever the size
-            outcomes = headinstall.install_through_head(
-                self.inv.head, workers, bundle=bundle, bootstrap=prepare.install_bootstrap(),
-                python=provider.node_python(), view=view, control_dir=self.control_dir, on_result=on_peer)
-        failures = [playbooks.HostFailure(n.name, n.rank, None, outcomes[n.name].error) for n in workers
-                    if not outcomes[n.name].ok and not outcomes[n.name].unreachable]
-        return (playbooks.PlaybookResult(ok=not failures, failures=failures),
-                [n.name for n in workers if outcomes[n.name].unreachable])
-
-    def installable_by_head(self, nodes: Sequence[Node], view: Mapping | None) -> list[Node]:
-        """The workers of `nodes` the head may install itself: their provider authorized the internal
-        key at boot, the controller knows their host keys (the head checks them strictly), there is
-        a view to give (not loopback nodes) and the install step is all that applies to them."""
-        provider = get_provider(self.inv.cloud)
-        if not (provider.authorizes_internal_key_at_boot and view and self.inv.head.known_hosts):
-            return []
-        if not prepare.only_install_step(manages_sshd=not provider.local, features=self.features,
-                                         python=prepare.python_env(self.cdir)):
-            return []
-        pinned = ssh.known_aliases(Path(self.inv.head.known_hosts))
-        return [n for n in nodes if n.rank != 0 and n.host_key_alias in pinned]
 
     def publish(self) -> None:
         """Leave the cluster's records in the state bucket (shared state only), for the next runner."""
         self.registry.publish(self.inv.cluster)
-
-    def check_console_host_keys(self, nodes: Sequence[Node]) -> None:
-        """The keys learned at first contact against those each instance printed to its console."""
-        provider = get_provider(self.inv.cloud)
-        unchecked = 0
-        for node in nodes:
-            if not node.known_hosts:
-                continue
-            printed, bad = provider.console_host_keys(node.node_id, self.inv.region, Path(node.known_hosts),
-                                                      node.host_key_alias)
-            if not printed:
-                unchecked += 1
-                continue
-            if bad:
-                ssh.forget_host_keys(Path(node.known_hosts), {node.host_key_alias})
-                prepare.forget(self.cdir, [node])
-                raise UserError(f"{node.name} ({node.ssh_host}): the SSH host key gpuctl received ({bad[0]}) is not "
-                                f"one the instance printed to its console ({', '.join(sorted(printed))}); someone may "
-                                "be intercepting the connection, so no job was run")
-        if unchecked:
-            self.reporter.info(f"Host keys of {unchecked} node(s) not checked against their console "
-                               "(no fingerprints printed there yet); learned at first contact")
 
     # -- one job ----------------------------------------------------------------
     live_partials = True  # False: ranks' lines show only whole (a runner that reads them: check, health)
@@ -346,6 +184,7 @@ class JobRunner:
             self.publish()  # also a `down` from another runner
         buckets.check(spec.bucket_mounts, spec.envs)  # so does a bucket the nodes could not mount safely
         job = self.registry.new_job(inv.cluster, name=spec.name, num_nodes=len(job_nodes))
+        self.job_id = job.job_id
         joblogs.mark_watching(inv.cluster, job.job_id)
         session: client.Session | None = None
         timing = ExitStack()  # the job's phase, once the nodes are prepared
@@ -353,10 +192,11 @@ class JobRunner:
             task = spec.task_id or jobenv.task_id(inv.cluster, job.job_id, _started_stamp())
             self.registry.update_job(inv.cluster, job.job_id, task_id=task)
             needed = prepare.features(self.cdir, buckets.tools_needed(spec.bucket_mounts))
-            more = [f for f in needed if f not in self.features]
-            self.features = needed
-            fingerprint = self.fingerprint()
-            self.ensure_prepared(fingerprint, f"the job's cloud buckets need {' and '.join(more)}" if more else None)
+            more = [f for f in needed if f not in self.preparer.features]
+            self.preparer.features = needed
+            fingerprint = self.preparer.fingerprint()
+            self.preparer.ensure_prepared(fingerprint, f"the job's cloud buckets need {' and '.join(more)}"
+                                          if more else None)
             timing.enter_context(self.reporter.phase("job"))
             mounts = dict(spec.file_mounts) if sync_file_mounts else {}
             self.record_placed([*mounts, *(b.dest for b in spec.bucket_mounts)])
@@ -386,16 +226,16 @@ class JobRunner:
                         raise UserError(ssh.host_key_error(inv.head)) from None
                     if attempt == 2:
                         raise JobFailed(f"job {job.job_id}: the head ({inv.head.ssh_host}) did not take the job: "
-                                        f"{exc}") from None
-                    self.prepare(fingerprint, [inv.head], f"{inv.head.name}: its agent did not answer: {exc}")
+                                        f"{exc}", job_id=job.job_id) from None
+                    self.preparer.prepare(fingerprint, [inv.head], f"{inv.head.name}: its agent did not answer: {exc}")
                     continue
                 if outcome is not None and outcome.status == "UNPREPARED" and attempt == 1:
                     stale = [self.by_rank[r] for r in outcome.ranks if r in self.by_rank] or list(inv.nodes)
                     prepare.forget(self.cdir, stale)
                     why = [f"{n.name}: {view.unprepared[n.rank]}" if view.unprepared.get(n.rank) else n.name
                            for n in stale[:3]]
-                    self.prepare(fingerprint, stale, "; ".join(why) + ("; ..." if len(stale) > 3 else "") +
-                                 (" (not as prepared)" if not any(view.unprepared.values()) else ""))
+                    self.preparer.prepare(fingerprint, stale, "; ".join(why) + ("; ..." if len(stale) > 3 else "") +
+                                          (" (not as prepared)" if not any(view.unprepared.values()) else ""))
                     view.reset()
                     continue
                 break
@@ -405,6 +245,8 @@ class JobRunner:
                 return JobOutcome(job.job_id, "RUNNING", {})
             return self.conclude(job.job_id, job_nodes, outcome)
         except JobFailed as exc:
+            if exc.job_id is None:  # a failure of no job's own (preparing the nodes for it): this job's now
+                exc.job_id = job.job_id
             current = self.registry.job(inv.cluster, job.job_id)
             if current is not None and current.status not in TERMINAL_JOB_STATES:  # not PENDING until it is stale
                 self.record_outcome(job.job_id, "FAILED", {}, [str(exc)])
@@ -417,8 +259,8 @@ class JobRunner:
                                       f"'{name}'. Follow it again: gpuctl logs {name} {job.job_id}; cancel it: "
                                       f"gpuctl cancel {name} {job.job_id}") from None
                 self._interrupted(job.job_id, job_nodes, session)
-            raise JobCancelled(f"job {job.job_id} cancelled (Ctrl-C); its processes were stopped on every node") \
-                from None
+            raise JobCancelled(f"job {job.job_id} cancelled (Ctrl-C); its processes were stopped on every node",
+                               job_id=job.job_id) from None
         finally:
             self.output.end()
             timing.close()
@@ -441,7 +283,7 @@ class JobRunner:
                 self.record_outcome(job_id, "FAILED", {}, [str(exc)])
                 if ssh.host_key_changed(str(exc)):
                     raise UserError(ssh.host_key_error(self.inv.head)) from None
-                raise JobFailed(f"job {job_id}: {exc}") from None
+                raise JobFailed(f"job {job_id}: {exc}", job_id=job_id) from None
             return items, sum(i.changed for i in items if i.dest not in spec.internal_mounts)
 
         if spec.workdir_implied and not shown:
@@ -466,7 +308,7 @@ class JobRunner:
                                                    endpoint=where["endpoint"], region=where["region"])
             except bucketupload.UploadError as exc:
                 self.record_outcome(job_id, "FAILED", {}, [str(exc)])
-                raise JobFailed(f"job {job_id}: {exc}") from None
+                raise JobFailed(f"job {job_id}: {exc}", job_id=job_id) from None
             step.update("; ".join(f"s3://{f.mount.bucket}: {f.sent} file(s) sent, {f.unchanged} unchanged"
                                   for f in filled))
 
@@ -486,7 +328,7 @@ class JobRunner:
             setup=payload.stage_plan(spec.setup if run_setup else None, setup_env,
                                      hostfile_lines(inv.nodes)),
             run=payload.stage_plan(spec.run, run_env, hostfile_lines(job_nodes)),
-            sync=dests, grace=KILL_GRACE_S, container=container, view=self.view(),
+            sync=dests, grace=KILL_GRACE_S, container=container, view=self.preparer.view(),
             buckets=buckets.payload_entries(spec.bucket_mounts),
             storage=buckets.storage_settings(spec.envs,
                                             default_region=get_provider(inv.cloud).bucket_region(inv.region)),
@@ -580,13 +422,14 @@ class JobRunner:
                 outcome = replace(outcome, detail=f"{outcome.detail}; stopped what still ran of it on {names}")
         current = self.registry.job(self.inv.cluster, job_id)
         if outcome.status == "CANCELLED" or (current is not None and current.status == "CANCELLED"):
-            return record("CANCELLED", outcome.run, ["cancelled"]), JobFailed(f"job {job_id} was cancelled")
+            return (record("CANCELLED", outcome.run, ["cancelled"]),
+                    JobFailed(f"job {job_id} was cancelled", job_id=job_id))
         if outcome.status == "FAILED_SETUP":
             failed = describe_codes({r: c for r, c in outcome.setup.items() if c != 0}
                                     | {r: None for r in outcome.lost}, self.by_rank, lost=outcome.lost)
             detail = failed or [outcome.detail]
             return (record("FAILED_SETUP", outcome.setup, detail),
-                    JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail)))
+                    JobFailed(f"job {job_id}: setup failed, run not started: " + "; ".join(detail), job_id=job_id))
         changed = [r for r, why in sorted(outcome.lost.items()) if ssh.host_key_changed(why)]
         if changed:  # a node's key is not the one the others know: nothing ran
             return (record("FAILED", {}, [f"host key of rank {changed[0]} changed"]),
@@ -595,7 +438,7 @@ class JobRunner:
             if outcome.status == "SUCCEEDED":  # nothing to run (setup only)
                 return record("SUCCEEDED", {}, []), None
             detail = outcome.detail or "failed before any rank ran"  # sync, a lost node, ...
-            return record("FAILED", {}, [detail]), JobFailed(f"job {job_id}: {detail}")
+            return record("FAILED", {}, [detail]), JobFailed(f"job {job_id}: {detail}", job_id=job_id)
         codes = {r: outcome.run.get(r) for r in range(len(job_nodes))}
         failed = describe_codes(codes, self.by_rank, lost=outcome.lost)
         if outcome.status == "SUCCEEDED" and not failed:
@@ -608,7 +451,7 @@ class JobRunner:
                 else f"was lost first ({outcome.lost.get(first, 'no exit code')})")
         return (record("FAILED", codes, failed, first),
                 JobFailed(f"job {job_id} failed: rank {first} ({node.name}, {node.address}) {what}; "
-                          f"return codes: {rc_list}"))
+                          f"return codes: {rc_list}", job_id=job_id))
 
     def node_job(self, job_id: int) -> str:
         """The job's name on the nodes (JobRecord.node_job)."""
@@ -696,13 +539,4 @@ class JobRunner:
                              stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                              start_new_session=True, env={**os.environ, "GPUCTL_PLAIN": "1"})
         return log
-
-
-def describe_result(result: playbooks.PlaybookResult) -> str:
-    parts = [f"{f.host}: {f.message}" + (f" (exit code {f.rc})" if f.rc is not None and "exit code" not in f.message
-                                          else "") for f in result.failures]
-    parts += [f"{h}: unreachable ({result.unreachable_reasons.get(h, 'no reason given')})" for h in result.unreachable]
-    if result.error:
-        parts.append(result.error)
-    return "; ".join(parts) or "ansible reported a failure"
 

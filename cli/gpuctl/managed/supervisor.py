@@ -34,7 +34,8 @@ from typing import Any, Callable, Mapping, TextIO
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import JobFailed, ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
-from gpuctl.jobplane import autostop, joblogs
+from gpuctl.jobplane import autostop, joblogs, replacement
+from gpuctl.jobplane.preparer import Preparer
 from gpuctl.jobplane.runner import JobRunner, JobSpec
 from gpuctl.managed import fencing, freeze, owner, shared
 from gpuctl.managed.launch import HAND_BACK_ENV, supervisor_alive
@@ -47,6 +48,8 @@ from gpuctl.spec.autostop import Autostop
 from gpuctl.spec.recovery import JobRecovery
 from gpuctl.state.registry import Registry
 
+# The managed cluster's own autostop: down once idle and no supervisor renews its lease.
+MANAGED_AUTOSTOP = Autostop(idle_minutes=1, down=True, wait_for="jobs")
 LOCAL_POLL_S = 0.5  # how often the supervisor reads the attempt's state and the cancel flag
 MAX_SUPERVISOR_RUNS = 10  # a supervisor that keeps dying (a bug, a broken state): the job fails, the cluster goes
 
@@ -323,11 +326,13 @@ class Supervisor:
     def arm(self, inv: Inventory) -> None:
         """The cluster takes itself down once idle and no supervisor renews its lease."""
         lease_s = autostop.lease_seconds()
-        runner = AttemptRunner(inv, reporter=self.reporter, registry=self.registry)
-        runner.ensure_prepared(runner.fingerprint())  # the head's agent runs the watcher
+        Preparer(inv, reporter=self.reporter, registry=self.registry).ensure_prepared()  # the head's agent watches
         record = self.registry.cluster(inv.cluster)
-        autostop.arm(inv, Autostop(idle_minutes=1, down=True, wait_for="jobs"),
-                     request=record.request if record else {}, lease_s=lease_s)
+        autostop.arm(inv, MANAGED_AUTOSTOP, request=record.request if record else {}, lease_s=lease_s)
+        self.hold_lease(inv, lease_s)
+
+    def hold_lease(self, inv: Inventory, lease_s: float) -> None:
+        """Renew the cluster's lease on its head (a new head after a replacement) while this runs."""
         if self.lease is not None:
             self.lease.__exit__(None, None, None)
         self.lease = autostop.Lease(inv, lease_s).__enter__()
@@ -354,21 +359,24 @@ class Supervisor:
         self.stop_attempt.clear()
         with open(attempt_log(job.id, attempt), "a", buffering=1) as log:
             runner = AttemptRunner(inv, reporter=Reporter(stream=log, plain=True), registry=self.registry)
-            before = {j.job_id for j in self.registry.jobs(inv.cluster)}
             thread, result = _in_thread(f"attempt-{attempt}", lambda: runner.run(
                 spec, run_setup=True, sync_file_mounts=True, detach=False, stop=self.stop_attempt.is_set))
-            lost = self.monitor(inv, thread, before, attempt)
+            lost = self.monitor(inv, thread, lambda: runner.job_id, attempt)
             thread.join()
-            cluster_job = self.cluster_job(inv, before)
             error = result.get("error")
+            # the job the attempt ran: its outcome's or its failure's; for an error that is no job's
+            # failure (a changed host key), the one its runner made, if it got that far
+            said = result["outcome"].job_id if "outcome" in result else getattr(error, "job_id", None)
+            cluster_job = said if said is not None else runner.job_id
             if error is not None and not isinstance(error, (JobFailed, UserError)):
                 raise error  # the attempt's end was recorded; anything else is the supervisor's own failure
             return self.ended(inv, runner, cluster_job, lost, aborted=self.stop_attempt.is_set())
 
-    def monitor(self, inv: Inventory, thread: threading.Thread, before: set[int],
+    def monitor(self, inv: Inventory, thread: threading.Thread, cluster_job_of: Callable[[], int | None],
                 attempt: int) -> dict[int, str]:
-        """Until the attempt's thread ends: mark RUNNING once every rank runs; stop the attempt when a
-        node is gone or the user cancels."""
+        """Until the attempt's thread ends: mark RUNNING once every rank runs (`cluster_job_of()`: the
+        cluster job the attempt runs, once it exists); stop the attempt when a node is gone or the
+        user cancels."""
         running = False
         next_check = time.monotonic() + tick_s()
         self.ended_at = None
@@ -389,7 +397,7 @@ class Supervisor:
                 self.stop_attempt.set()  # lets go of the attempt's stream; the ranks run on
                 thread.join()
                 raise HandBack()
-            cluster_job = self.cluster_job(inv, before)
+            cluster_job = cluster_job_of()
             if not running and cluster_job is not None:
                 record = self.registry.job(inv.cluster, cluster_job)
                 if record is not None and record.status == "RUNNING":
@@ -412,10 +420,6 @@ class Supervisor:
         self.ended_at = self.ended_at or time.time()
         return {}
 
-    def cluster_job(self, inv: Inventory, before: set[int]) -> int | None:
-        ids = [j.job_id for j in self.registry.jobs(inv.cluster) if j.job_id not in before]
-        return max(ids) if ids else None
-
     def watch_again(self, inv: Inventory, job: ManagedJob) -> AttemptEnd:
         """A restarted supervisor: follow the attempt that runs, from its start."""
         assert job.cluster_job is not None
@@ -428,7 +432,7 @@ class Supervisor:
             # an error (the head did not answer) leaves no outcome: recovered below
             thread, result = _in_thread(f"attempt-{job.attempt}", lambda: runner.follow(
                 job.cluster_job or 0, nodes, echo=True, stop=self.stop_attempt.is_set))
-            lost = self.monitor(inv, thread, set(), job.attempt)
+            lost = self.monitor(inv, thread, lambda: job.cluster_job, job.attempt)
             thread.join()
             outcome = result.get("outcome")
             if outcome is not None:
@@ -506,8 +510,8 @@ class Supervisor:
         return d
 
     def recover(self, inv: Inventory, req: Any, decision: Decision, attempt: int) -> Inventory:
-        """Fence the attempt everywhere, replace the lost nodes, prepare them (the next attempt's run
-        prepares what is not as prepared), and hand the head the new view."""
+        """Fence the attempt everywhere, then replace the lost nodes (replacement.py: their records
+        forgotten, they prepared, the head's watcher armed again) and renew the lease on the head."""
         job = self.job()
         confirmed = fencing.fence(inv, job.task_id, attempt + 1,
                                   ranks=[n.rank for n in inv.nodes if n.rank not in decision.replace])
@@ -523,9 +527,13 @@ class Supervisor:
         names = ", ".join(inv.nodes[r].name for r in ranks)
         self.say(f"replacing {names} (only these; the other nodes stay)")
         tries = 0
+        lease_s = autostop.lease_seconds()
         while True:
             try:
-                inv = lifecycle.replace_nodes(inv.cluster, ranks, reporter=self.reporter, registry=self.registry)
+                # the head may be new, and the workers' addresses are: the watcher is armed again
+                inv = replacement.replace_nodes(inv, ranks, reporter=self.reporter, registry=self.registry,
+                                                setting=MANAGED_AUTOSTOP, lease_s=lease_s,
+                                                check=self.check_cancel).inv
                 break
             except ProvisionError as exc:
                 tries += 1
@@ -541,8 +549,8 @@ class Supervisor:
                 self.say(f"no capacity for {names} ({exc}); again in {capacity_backoff_s():g} s")
                 time.sleep(capacity_backoff_s())
             self.check_cancel()
+        self.hold_lease(inv, lease_s)
         self.check_cancel()
-        self.arm(inv)  # the head may be new, and the workers' addresses are
         return inv
 
     # -- the end -------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 One path for `gpuctl apply` / `gpuctl down` and the Python API
 (gpuctl.Cluster): the cluster's lock, its registry record (INIT -> UP,
 STOPPING -> gone), provisioner.provision / provisioner.destroy, the ssh config
-and the host keys of replaced nodes. `replace_nodes` serves managed jobs that
-lost nodes and `gpuctl replace`: the same lock, record and host keys around
+and the host keys of replaced nodes. `replace_nodes` is the provisioning step of
+the one replacement (jobplane/replacement.py) that managed jobs that lost nodes and
+`gpuctl replace` share: the same lock, record and host keys around
 provisioner.replace_nodes.
 
 With shared state (gpuctl.state.remotestate) both also hold the cluster's lock in
@@ -131,10 +132,9 @@ def replace_nodes(name: str, ranks: Sequence[int], *, reporter: Reporter, regist
 
     Under the cluster's lock, as bring_up. Afterwards the cluster is UP in the registry, its ssh
     config rewritten, the old nodes' host keys forgotten and the new ones pinned where the provider
-    read them at boot, and the old nodes' ControlMasters closed. The replaced nodes have new ids, so
-    prepare (configplane, a layer above: it keys its records by id) finds no record of them and
-    prepares exactly them before the next job; a caller there may also drop the old records
-    (prepare.forget(cluster_dir, old nodes)). UserError for a cluster that does not exist or a rank
+    read them at boot, and the old nodes' ControlMasters closed. Forgetting the old nodes' prepare
+    records and preparing the new ones is the caller's, a layer above (jobplane/replacement.py,
+    which every replacement goes through). UserError for a cluster that does not exist or a rank
     it does not have.
     """
     from gpuctl.provision import provisioner, ssh
