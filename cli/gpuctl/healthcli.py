@@ -49,7 +49,7 @@ def gate(inv: Inventory, *, registry: Registry, reporter: Reporter, wanted: bool
 
     if wanted is False:
         return
-    expect = health.expectations(inv, health.recorded_request(inv.cluster))
+    expect = health.expectations(inv, health.recorded_request(registry, inv.cluster))
     if wanted is None and expect.gpus <= 0:
         return
     seen = health.last_verdicts(cluster_dir(inv.cluster), inv)

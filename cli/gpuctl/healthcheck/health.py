@@ -71,14 +71,11 @@ def expectations(inv: Inventory, request: Mapping[str, Any] | None) -> Expectati
                         fabric=fabric if fabric in ("efa", "ib", "roce") else None)
 
 
-def recorded_request(name: str) -> dict[str, Any] | None:
-    """The request as provisioning prepared it (cluster.json: with what preflight learnt, the EFA count)."""
-    from gpuctl.provision import provisioner
-
-    try:
-        return provisioner.load_cluster(name)[0]
-    except UserError:
-        return None
+def recorded_request(registry: Registry, name: str) -> dict[str, Any] | None:
+    """The cluster's one record of its request (the registry's, as the provider prepared it: with what
+    preflight learnt, the EFA count), which every check reads."""
+    record = registry.cluster(name)
+    return dict(record.request) if record is not None and record.request else None
 
 
 def run_script(expect: Expectations, level: int, *, python: str | None) -> str:
@@ -260,7 +257,7 @@ def run_health(inv: Inventory, *, registry: Registry, reporter: Reporter, level:
     from gpuctl.healthcheck import collect
     from gpuctl.jobplane.runner import JobSpec
 
-    expect = expect or expectations(inv, recorded_request(inv.cluster))
+    expect = expect or expectations(inv, recorded_request(registry, inv.cluster))
     local = get_provider(inv.cloud).local
     spec = JobSpec(name=JOB_NAME, run=run_script(expect, level, python=sys.executable if local else None),
                    num_nodes=len(inv.nodes), gpus_per_node=inv.head.gpus)

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from gpuctl.common.errors import ClusterNotFound, UserError
 from gpuctl.common.paths import cluster_dir, state_root
@@ -69,11 +69,13 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
     if was_stopped:
         reporter.info(f"Cluster '{req.name}' is stopped: starting its nodes again")
     started = False
+    recorded: dict[str, Any] = {}  # the request as the provider prepared it: the one record every check reads
 
     def record_start(prepared: ClusterRequest) -> None:
         nonlocal started
+        recorded.update(provisioner.request_to_dict(prepared))
         registry.upsert_cluster(req.name, cloud=req.cloud, region=prepared.region, zone=prepared.zone,
-                                num_nodes=req.num_nodes, status="INIT", request={**asdict(req), **shared})
+                                num_nodes=req.num_nodes, status="INIT", request={**recorded, **shared})
         started = True
 
     with _changing(req.name, "gpuctl apply", reporter, registry), \
@@ -103,7 +105,8 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
         registry.publish(req.name)
         registry.upsert_cluster(req.name, cloud=req.cloud, region=inv.region, zone=inv.zone,
                                 num_nodes=len(inv.nodes), status="UP",
-                                request={**asdict(req), **shared, "workdir": str(workdir) if workdir else None,
+                                request={**(recorded or provisioner.request_to_dict(req)), **shared,
+                                         "workdir": str(workdir) if workdir else None,
                                          "container_image": container_image})
         _record_segment(registry, req, num_nodes=len(inv.nodes), region=inv.region)
     write_ssh_config(inv)
