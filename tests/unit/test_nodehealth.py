@@ -339,6 +339,7 @@ def test_the_gate_checks_only_nodes_not_yet_seen_fit(tmp_path: Path, monkeypatch
     from gpuctl import healthcli
     from gpuctl.common.console import Reporter
     from gpuctl.common.errors import JobFailed
+    from gpuctl.state.registry import Registry
 
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
     inv = inventory()
@@ -360,20 +361,21 @@ def test_the_gate_checks_only_nodes_not_yet_seen_fit(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(health, "run_health", run_health)
     quiet = Reporter(plain=True)
-    healthcli.gate(inv, registry=None, reporter=quiet, wanted=None)
+    registry = Registry()  # no row of c1: expectations get no request (stubbed above)
+    healthcli.gate(inv, registry=registry, reporter=quiet, wanted=None)
     assert ran == []  # no GPU expected (local nodes): off
-    healthcli.gate(inv, registry=None, reporter=quiet, wanted=True)
+    healthcli.gate(inv, registry=registry, reporter=quiet, wanted=True)
     assert ran == ["healthy"]  # asked for: on
     gpus["n"] = 8
-    healthcli.gate(inv, registry=None, reporter=quiet, wanted=None)
+    healthcli.gate(inv, registry=registry, reporter=quiet, wanted=None)
     assert ran == ["healthy"]  # every node seen healthy: a warm re-apply costs nothing
-    healthcli.gate(inv, registry=None, reporter=quiet, wanted=False)
+    healthcli.gate(inv, registry=registry, reporter=quiet, wanted=False)
     verdicts["now"] = "unhealthy"
     with pytest.raises(JobFailed, match="worker1 .reset: GPU 0: 2 errors.; replace them: gpuctl replace c1 "
                                         "--unhealthy; or run without the gate: --no-health-check"):
-        healthcli.gate(inv, registry=None, reporter=quiet, wanted=True)
+        healthcli.gate(inv, registry=registry, reporter=quiet, wanted=True)
     with pytest.raises(JobFailed):  # unhealthy last time: checked again
-        healthcli.gate(inv, registry=None, reporter=quiet, wanted=None)
+        healthcli.gate(inv, registry=registry, reporter=quiet, wanted=None)
     assert ran == ["healthy", "unhealthy", "unhealthy"]
 
 
