@@ -313,6 +313,24 @@ def test_output_round_trips_through_the_head_byte_for_byte(node_home: Path, tmp_
     assert joblogs.local_log("c", 20, "run", 0).read_bytes() == data
 
 
+def test_events_prints_the_log_as_it_is_now_and_names_a_missing_job(node_home: Path):
+    """`gpuctl-node events JOB`: the head's events.log in one read, bytes as they are (a line still
+    being written too: the reader drops it); a job without one is exit 1 and one line."""
+    _, outcome, _ = submit(node_home, payload("23", "printf 'a\\377b\\n'; printf half"))
+    assert outcome is not None and outcome.status == "SUCCEEDED"
+    log = node_home / ".gpuctl" / "jobs" / "23" / "events.log"
+    with open(log, "ab") as fh:
+        fh.write(b"O 0 run being writ")
+    env = {**os.environ, "HOME": str(node_home)}
+    read = subprocess.run([sys.executable, str(AGENT_PATH), "events", "--", "23"], capture_output=True, env=env,
+                          timeout=30)
+    assert read.returncode == 0 and read.stdout == log.read_bytes() and b"a\xffb" in read.stdout, read.stderr
+    for job, says in (("24", b"gpuctl-node: job 24 has no events.log here"), ("-h", b"invalid job id '-h'")):
+        missing = subprocess.run([sys.executable, str(AGENT_PATH), "events", "--", job], capture_output=True,
+                                 env=env, timeout=30)
+        assert missing.returncode == 1 and says in missing.stderr and not missing.stdout
+
+
 def test_a_line_cut_by_a_killed_coordinator_keeps_its_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """events.log ends mid-line, with no X or D (the coordinator was killed while a rank wrote a
     long line): `gpuctl logs`' rebuild keeps every byte that reached the head."""

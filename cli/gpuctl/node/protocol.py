@@ -43,6 +43,7 @@ PROTOCOL = 1  # the payload's "v": the job format this agent and this controller
 # -- where the agent is on a node (node-side layout: docs/architecture.md) ---------------------
 AGENT = "~/.gpuctl/bin/gpuctl-node"
 NODE_JOBS_DIR = "~/.gpuctl/jobs"  # a job's directory there: NODE_JOBS_DIR/<job>
+JOB_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"  # a job's name there (the controller's `<id>-<token>`)
 MESSAGE_PREFIX = "gpuctl-node: "  # the agent's own lines on stderr (check-dest's refusal, ...)
 CLAIM_PREFIX = ".gpuctl-claim-"  # a claim marker's name in a destination (never copied)
 
@@ -61,6 +62,7 @@ CMD_SUBMIT = "submit"  # the controller's one call per job
 CMD_ATTACH = "attach"  # stream a job's events from an offset
 CMD_CANCEL = "cancel"
 CMD_JOB_STATUS = "job-status"
+CMD_EVENTS = "events"  # a job's events.log as it is now, in one read (`gpuctl logs` of a job that ended)
 CMD_RELAY = "relay"  # a worker's part of a job, started by its parent node
 CMD_COORDINATE = "coordinate"  # the head's coordinator, started by submit
 CMD_CONTAINER_STAGE = "container-stage"  # a stage in the node's container, started by its supervisor
@@ -72,6 +74,10 @@ CMD_AUTOSTOP_WATCH = "autostop-watch"  # the head's watcher, started by `autosto
 # the node's epoch of TASK and stops the older attempts' stages there (agent/epochs.py); one JSON line
 # {"fenced", "epoch", "stopped", "running", "doomed"}.
 CMD_FENCE = "fence"
+# Every sub-command above.
+AGENT_COMMANDS = (CMD_LAUNCH, CMD_FOLLOW, CMD_KILL, CMD_STATUS, CMD_CLAIM, CMD_CHECK_DEST, CMD_UNMOUNT_BUCKET,
+                  CMD_SUBMIT, CMD_ATTACH, CMD_CANCEL, CMD_JOB_STATUS, CMD_EVENTS, CMD_RELAY, CMD_COORDINATE,
+                  CMD_CONTAINER_STAGE, CMD_INSTALL, CMD_INSTALL_PEERS, CMD_AUTOSTOP, CMD_AUTOSTOP_WATCH, CMD_FENCE)
 AUTOSTOP_ACTIONS = ("set", "cancel", "renew", "release", "show", "sessions")
 AUTOSTOP_WAIT_FOR = ("jobs_and_ssh", "jobs", "none")  # SkyPilot's autostop.wait_for
 # Seconds for one worker's install step on the head, ssh included; the controller's deadline for the
