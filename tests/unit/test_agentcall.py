@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from gpuctl.configplane import bundle
-from gpuctl.jobplane import agentcall
+from gpuctl.jobplane import agentcall, autostop, client, joblogs
+from gpuctl.managed import fencing
 from gpuctl.node import protocol
 from gpuctl.provision import ssh
-from gpuctl.provision.inventory import Node
+from gpuctl.provision.inventory import Inventory, Node
 
 AGENT_PATH = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
 HOSTILE = ["plain", "a b", "it's", "$(id)", "`id`", "; rm -rf ~ #", "x\ny", "--help", "-h", "~/d", "*", ""]
@@ -160,7 +161,66 @@ def test_the_answer_is_the_last_json_line_and_none_is_an_error(monkeypatch: pyte
     assert agentcall.failure(0, "noise") is None
 
 
+def test_several_commands_are_one_call_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+
+    def run_on_all(nodes, command, *, control_dir, timeout=60):  # noqa: ANN001, ANN202 - a fake ssh.run_on_all
+        seen.append((command, timeout))
+        return {n.rank: subprocess.CompletedProcess([], 255 if n.rank else 0, '{"stopped": true}\n', "no route")
+                for n in nodes}
+
+    monkeypatch.setattr(ssh, "run_on_all", run_on_all)
+    replies = client.kill_stage([node(0), node(1)], job_id="3-t", stage=protocol.STAGES, control_dir=None, grace=2)
+    assert seen == [("~/.gpuctl/bin/gpuctl-node kill --grace=2 -- '~/.gpuctl/jobs/3-t' setup; "
+                     "~/.gpuctl/bin/gpuctl-node kill --grace=2 -- '~/.gpuctl/jobs/3-t' run", 64)]
+    assert replies[0].answers() == [{"stopped": True}] and replies[0].node.rank == 0
+    assert isinstance(replies[1].error, agentcall.Unreachable) and replies[1].error.why == "no route"
+
+
+def test_the_modules_behind_the_door_keep_their_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What each caller makes of the door's errors: None from the head's job calls, one line from
+    autostop, a fence not confirmed."""
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    inv = Inventory(cluster="c1", cloud="aws", nodes=(node(0), node(1)))
+    faked(monkeypatch, 255, err="ssh: connect to host 10.0.0.2 port 22: No route to host")
+    assert client.job_status_on_head(node(), "1-a", tmp_path) is None
+    assert client.cancel_on_head(node(), "1-a", tmp_path) is None
+    with pytest.raises(autostop.AutostopUnreachable, match="did not answer `autostop show`: ssh: connect"):
+        autostop.show(inv)
+    faked(monkeypatch, 127, err="bash: gpuctl-node: command not found")
+    with pytest.raises(autostop.AutostopUnreachable, match="its agent has no autostop"):
+        autostop.show(inv)
+    answers = {0: (0, '{"fenced": true, "epoch": 3, "stopped": ["j"], "doomed": {"time": "T"}}\n', ""),
+               1: (2, "", "gpuctl-node: error: argument cmd: invalid choice: 'fence'")}
+
+    def run_on_all(nodes, command, *, control_dir, timeout=60):  # noqa: ANN001, ANN202 - a fake ssh.run_on_all
+        assert command == "~/.gpuctl/bin/gpuctl-node fence -- t 3"
+        return {n.rank: subprocess.CompletedProcess([], *answers[n.rank]) for n in nodes}
+
+    monkeypatch.setattr(ssh, "run_on_all", run_on_all)
+    got = fencing.query(inv, "t", 3)
+    assert got[0] == fencing.Answer(ok=True, doomed="terminate at T", stopped=("j",))
+    assert not got[1].ok and "cannot fence" in got[1].detail
+
+
 # -- bytes and streams ---------------------------------------------------------------------------
+
+
+def test_a_jobs_events_are_read_as_bytes_through_the_agent(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """`events JOB`: the head's events.log as it is, in one call; the line still being written is dropped."""
+    log = home / ".gpuctl" / "jobs" / "5-k" / "events.log"
+    log.parent.mkdir()
+    log.write_bytes(b"O 0 run caf\xe9 \xff\nX 0 run 0\nD SUCCEEDED {}\nO 0 run half")
+    local_agent(monkeypatch, home)
+    data = agentcall.read(node(), agentcall.job_command(protocol.CMD_EVENTS, "5-k"), control_dir=None)
+    assert data == log.read_bytes()
+    inv = Inventory(cluster="c", cloud="local", nodes=(node(),))
+    read = joblogs.read_head(inv, "5-k", control_dir=None)
+    assert read is not None and read.offset == len(b"O 0 run caf\xe9 \xff\nX 0 run 0\nD SUCCEEDED {}\n")
+    assert read.outcome is not None and read.outcome.status == "SUCCEEDED"
+    with pytest.raises(agentcall.AgentFailed, match="job 6-k has no events.log here"):
+        agentcall.read(node(), agentcall.job_command(protocol.CMD_EVENTS, "6-k"), control_dir=None)
+    assert joblogs.read_head(inv, "6-k", control_dir=None) is None
 
 
 def test_a_read_that_runs_out_of_time_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:

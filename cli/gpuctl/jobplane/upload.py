@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Mapping
 
 from gpuctl.common.safetext import printable
+from gpuctl.jobplane import agentcall
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.payload import WORKDIR_DEST, workdir_rsync_args
-from gpuctl.node.protocol import AGENT, CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX, SUDO_MKDIR
+from gpuctl.node.protocol import CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX, SUDO_MKDIR
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 
@@ -68,7 +69,7 @@ def rsync_argv(head: Node, item: Item, control_dir: Path, extra: tuple[str, ...]
     parent = str(Path(remote).parent) if not item.is_dir else remote
     # The head's agent first checks the real path (a symlink into ~/.ssh, a mount in the workdir:
     # agent/destinations.py, check-dest); one that is missing is installed again at submit, so it is skipped.
-    check = f"{{ test ! -x {AGENT} || {AGENT} {CMD_CHECK_DEST} -- {shlex.quote(item.dest)}; }}"
+    check = agentcall.command(CMD_CHECK_DEST, item.dest).if_installed
     rsync_path = f"{check} && {make_dir_command(parent)} && rsync"
     host = f"[{head.ssh_host}]" if ":" in head.ssh_host else head.ssh_host
     src = str(item.src).rstrip("/") + ("/" if item.is_dir else "")
