@@ -223,6 +223,32 @@ def test_a_jobs_events_are_read_as_bytes_through_the_agent(monkeypatch: pytest.M
     assert joblogs.read_head(inv, "6-k", control_dir=None) is None
 
 
+def test_events_from_a_head_whose_agent_predates_the_word_are_read_in_place(monkeypatch: pytest.MonkeyPatch,
+                                                                             home: Path) -> None:
+    """A head prepared by an older gpuctl answers `events` with argparse's exit 2 until the next job
+    prepares it: its events.log is read in place, so `logs` and `down` still save the job's output."""
+    log = home / ".gpuctl" / "jobs" / "8-k" / "events.log"
+    log.parent.mkdir()
+    log.write_bytes(b"D SUCCEEDED {}\n")
+    old = home / "old-agent"
+    old.write_text("#!/bin/sh\necho \"gpuctl-node: error: argument cmd: invalid choice: '$1'\" >&2; exit 2\n")
+    old.chmod(0o755)
+    lines = []
+
+    def argv(n: Node, command: str, *, control_dir: Path | None = None, **kw: object) -> list[str]:
+        lines.append(command)
+        return ["bash", "-c", f"HOME={shlex.quote(str(home))}; " + command.replace(protocol.AGENT, str(old))]
+
+    monkeypatch.setattr(ssh, "ssh_argv", argv)
+    assert agentcall.read_events(node(), "8-k", control_dir=None) == b"D SUCCEEDED {}\n"
+    assert lines == ["~/.gpuctl/bin/gpuctl-node events -- 8-k", "cat -- ~/.gpuctl/jobs/8-k/events.log"]
+    old.write_text("#!/bin/sh\nexit 127\n")  # no agent at all: nothing is read around it
+    with pytest.raises(agentcall.AgentMissing):
+        agentcall.read_events(node(), "8-k", control_dir=None)
+    with pytest.raises(ValueError):
+        agentcall.read_events(node(), "8-k; rm -rf ~", control_dir=None)
+
+
 def test_a_read_that_runs_out_of_time_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ssh, "ssh_argv", lambda *a, **kw: ["sleep", "5"])
     with pytest.raises(agentcall.Unreachable, match="no answer within 0.2s"):

@@ -11,8 +11,9 @@ holds them to it). What the door owns:
   `job_command` add the job-id check for the words that take a job;
 - the transport: the cluster's ssh (provision/ssh.py's argv, on the ControlMaster the playbooks
   share): `call` / `call_all` run a command and hand back a `Reply`, never an exception; `read`
-  gives a command's stdout as bytes; `start` hands back the ssh process of a stream (submit,
-  attach, follow, install-peers) for the caller's own loop: one ssh call, read as it comes;
+  gives a command's stdout as bytes (`read_events`: a job's events.log); `start` hands back the
+  ssh process of a stream (submit, attach, follow, install-peers) for the caller's own loop: one
+  ssh call, read as it comes;
 - the answers: `Reply.answer()` / `ask` parse the agent's JSON answer (its last JSON line: a login
   banner before it is no answer) and `json_lines` a stream of them;
 - the errors, typed from the exit code: `AgentMissing` (127 no such command, 126 not executable,
@@ -226,7 +227,23 @@ def call_all(nodes: Sequence[Node], commands: Command | Sequence[Command], *, co
 def read(node: Node, cmd: Command, *, control_dir: Path | None, timeout: float = 300) -> bytes:
     """The command's stdout as bytes (a job's events: anything but a newline may be in them);
     raises AgentError when it failed or ran out of time."""
-    argv = ssh.ssh_argv(node, cmd.line, control_dir=control_dir)
+    return _read(node, cmd.line, control_dir=control_dir, timeout=timeout)
+
+
+def read_events(head: Node, job: str, *, control_dir: Path | None, timeout: float = 300) -> bytes:
+    """A job's events.log on the head as it is now: the agent's `events JOB`. An agent older than that
+    word (exit 2 until the next job prepares the head again) is read around, the file read in place, so
+    `logs` and `down` still save a job's output from a head prepared by an older gpuctl."""
+    try:
+        return read(head, job_command(protocol.CMD_EVENTS, job), control_dir=control_dir, timeout=timeout)
+    except AgentMissing as exc:
+        if exc.code != 2:
+            raise
+    return _read(head, f"cat -- {job_dir(job)}/events.log", control_dir=control_dir, timeout=timeout)
+
+
+def _read(node: Node, line: str, *, control_dir: Path | None, timeout: float) -> bytes:
+    argv = ssh.ssh_argv(node, line, control_dir=control_dir)
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:

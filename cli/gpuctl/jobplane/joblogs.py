@@ -13,7 +13,7 @@ files), private to the user (0700 directories, 0600 files):
 
 Written from the job's events as they stream in (attached jobs, the detached job's
 watcher), or rebuilt from the head's events.log in one call (`fetch`: cancelled jobs,
-`logs` after the fact; the head agent's `events`, through agentcall.read). Every rank's
+`logs` after the fact; the head agent's `events`, agentcall.read_events). Every rank's
 lines pass through the head, so no node but the head is asked. `gpuctl down` leaves them;
 `gpuctl logs NAME --purge` (`purge`) removes them.
 Logs an older gpuctl kept in `clusters/<name>/jobs/<id>/` are still read there.
@@ -171,8 +171,7 @@ class HeadLog:
 def read_head(inv: Inventory, node_job: str, *, control_dir: Path | None, timeout: float = 300) -> HeadLog | None:
     """The job's events.log from the head, in one call; None when the head did not answer."""
     try:  # bytes: the ranks' output may be anything but a newline
-        data = agentcall.read(inv.head, agentcall.job_command(protocol.CMD_EVENTS, node_job), control_dir=control_dir,
-                              timeout=timeout)
+        data = agentcall.read_events(inv.head, node_job, control_dir=control_dir, timeout=timeout)
     except agentcall.AgentError:
         return None
     whole = data[:data.rfind(b"\n") + 1]  # an event still being written is the next read's
