@@ -22,7 +22,7 @@ import pytest
 import testhosts
 
 from gpuctl.configplane import playbooks
-from gpuctl.jobplane import gitignore, payload, stream
+from gpuctl.jobplane import agentcall, gitignore, payload, stream
 from gpuctl.node import protocol
 from gpuctl.provision import ssh
 from gpuctl.provision.ansibleinventory import write_inventory
@@ -327,11 +327,11 @@ def test_kill_and_resume_after_dropped_connection(cluster: Cluster) -> None:
     assert codes == {0: 143, 1: 143}  # 128 + SIGTERM, recorded as killed
     expected = [f"line{i}" for i in range(1, 41)] + ["waiting"]
     assert seen == {0: expected, 1: expected}  # nothing lost, nothing repeated
-    status = ssh.run_on_all(cluster.nodes, protocol.agent_command(protocol.CMD_STATUS, job, protocol.STAGE_RUN), control_dir=ssh.control_dir_for(
-        cluster.control))
-    for res in status.values():
-        assert res.returncode == 0, res.stderr
-        assert json.loads(res.stdout) == {**json.loads(res.stdout), "running": False, "exit": 143, "killed": True}
+    status = agentcall.call_all(cluster.nodes, agentcall.stage_command(protocol.CMD_STATUS, job, protocol.STAGE_RUN),
+                                control_dir=ssh.control_dir_for(cluster.control))
+    for reply in status.values():
+        answer = reply.answer()
+        assert answer == {**answer, "running": False, "exit": 143, "killed": True}
 
 
 def test_unreachable_node(cluster: Cluster) -> None:

@@ -193,13 +193,15 @@ def test_fence_refuses_a_bad_epoch(home: Path, args: list[str], says: str):
 
 
 def test_fence_command_is_what_the_agent_parses(home: Path):
-    assert protocol.fence_command("my task", 3, 1.5) == "~/.gpuctl/bin/gpuctl-node fence --grace 1.5 -- 'my task' 3"
-    command = protocol.fence_command("-x", 2).replace(protocol.AGENT, f"{sys.executable} {AGENT_PATH}")
+    from gpuctl.managed.fencing import fence_command
+
+    assert fence_command("my task", 3, 1.5).line == "~/.gpuctl/bin/gpuctl-node fence --grace=1.5 -- 'my task' 3"
+    command = fence_command("-x", 2).line.replace(protocol.AGENT, f"{sys.executable} {AGENT_PATH}")
     out = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=30)
     assert json.loads(out.stdout)["epoch"] == 2, out.stderr
     for bad in (-1, True, "3"):
         with pytest.raises(ValueError):
-            protocol.fence_command("t", bad)  # type: ignore[arg-type]
+            fence_command("t", bad)  # type: ignore[arg-type]
 
 
 def test_the_payload_carries_epoch_and_spot_notice_only_when_given():

@@ -231,3 +231,61 @@ def test_no_node_module_has_a_copy_or_a_build_in_the_tree() -> None:
             built.append(rel)
     links = [rel for rel in tracked.decode().split("\0") if rel and (repo / rel).is_symlink()]
     assert not copies and not built and not links, (copies, built, links)
+
+
+# The controller reaches the node agent through one door (jobplane/agentcall.py): only it may write a
+# `gpuctl-node` command line. Other mentions of the agent's name, each with its reason:
+AGENT_DOOR = "gpuctl.jobplane.agentcall"
+PATHS_ON_NODES = ("AGENT", "NODE_JOBS_DIR")  # protocol's paths that only the door puts in a command line
+AGENT_NAME_ALLOWED = {
+    ("gpuctl.configplane.bundle", "bin/gpuctl-node"),  # the launcher's file name in the bundle prepare installs
+}
+
+
+def agent_lines_outside_the_door(tree: ast.AST, module: str) -> list[tuple[int, str]]:
+    """Where `tree` builds an agent command itself: protocol.AGENT (the agent's path) used or imported,
+    protocol.NODE_JOBS_DIR (a job's files on a node, which only the agent reads), or 'gpuctl-node' in a
+    string that is not a docstring (a literal, an f-string, a concatenation)."""
+    docstrings = {id(body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and (body := node.body) and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in PATHS_ON_NODES:
+            found.append((node.lineno, f"protocol.{node.attr}"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("protocol") and \
+                (names := [alias.name for alias in node.names if alias.name in PATHS_ON_NODES]):
+            found.append((node.lineno, f"imports {', '.join(names)}"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "gpuctl-node" in node.value and \
+                id(node) not in docstrings and (module, node.value) not in AGENT_NAME_ALLOWED:
+            found.append((node.lineno, repr(node.value[:60])))
+    return found
+
+
+def test_only_the_door_writes_agent_command_lines() -> None:
+    found = []
+    for m, p in modules().items():
+        if layer_of(m) == "node" or m == AGENT_DOOR:
+            continue
+        found += [f"{p.relative_to(PACKAGE)}:{line}: {what}"
+                  for line, what in agent_lines_outside_the_door(ast.parse(p.read_text(), str(p)), m)]
+    assert not found, ("gpuctl-node command lines outside jobplane/agentcall.py (use agentcall.command and "
+                       "its calls):\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("source", [
+    'from gpuctl.node import protocol\nline = f"{protocol.AGENT} status"\n',
+    'from gpuctl.node.protocol import AGENT\n',
+    'from gpuctl.node import protocol\nline = f"cat {protocol.NODE_JOBS_DIR}/{job}/events.log"\n',
+    'line = "~/.gpuctl/bin/gpuctl-node " + word\n',
+    'line = f"gpuctl-node kill {job}"\n',
+    'line = " ".join(["gpuctl-node", "cancel", job])\n',
+])
+def test_the_door_checker_sees_a_command_line_built_elsewhere(source: str) -> None:
+    assert agent_lines_outside_the_door(ast.parse(source), "gpuctl.jobplane.x")
+
+
+def test_the_door_checker_leaves_docstrings_and_the_bundle_alone() -> None:
+    source = '"""Calls `gpuctl-node submit`."""\n\ndef f():\n    """`gpuctl-node kill` too."""\n'
+    assert not agent_lines_outside_the_door(ast.parse(source), "gpuctl.jobplane.x")
+    assert not agent_lines_outside_the_door(ast.parse('FILES = {"bin/gpuctl-node": 1}\n'), "gpuctl.configplane.bundle")

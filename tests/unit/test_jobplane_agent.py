@@ -24,14 +24,28 @@ import pytest
 
 from e2e import pids_matching, wait_for
 from gpuctl.configplane import bundle
-from gpuctl.jobplane import client, joblogs
+from gpuctl.jobplane import agentcall, client, joblogs
 from gpuctl.jobplane.events import PIECE, Event, LineJoiner, Outcome, encode, parse_event
 from gpuctl.jobplane.stream import LineSplitter
+from gpuctl.node import protocol
+from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory, Node
 
 AGENT_PATH = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
 # ~/.gpuctl/bin/gpuctl-node on a node: imports the agent from ~/.gpuctl/lib/gpuctl_node.py
 LAUNCHER_PATH = bundle.NODE / "launcher.py"
+
+
+def local_head(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """Every agent call the controller makes (agentcall, over provision/ssh.py) is answered by the
+    agent built here, with `home` as the node's HOME: the door's lines, run by a shell, unchanged."""
+    local = f"HOME={shlex.quote(str(home))} {shlex.quote(sys.executable)} {shlex.quote(str(AGENT_PATH))}"
+
+    def argv(node: Node, command: str, *, control_dir: Path | None = None, **kw: object) -> list[str]:
+        assert command.startswith(protocol.AGENT + " ")
+        return ["bash", "-c", local + command[len(protocol.AGENT):]]
+
+    monkeypatch.setattr(ssh, "ssh_argv", argv)
 
 
 def load_agent():
@@ -196,8 +210,10 @@ def test_the_installed_command_imports_the_agent_and_keeps_its_bytecode(node_hom
     # a node whose agent is cut short (its cached bytecode then no longer matches) or gone: 127, as for a
     # missing command, so the controller prepares it again
     agent_text = (lib / "gpuctl_node.py").read_bytes()
-    for damage, says in ((lambda: (lib / "gpuctl_node.py").write_bytes(agent_text[:40000]), "AttributeError"),
-                         (lambda: (lib / "gpuctl_node.py").write_bytes(agent_text[:40013]), "SyntaxError"),
+    before_main = agent_text[:agent_text.index(b"\ndef main(")]  # whole definitions, main's not among them
+    for damage, says in ((lambda: (lib / "gpuctl_node.py").write_bytes(before_main), "AttributeError"),
+                         (lambda: (lib / "gpuctl_node.py").write_bytes(before_main + b"\ndef cut(sho"),
+                          "SyntaxError"),
                          (lambda: (lib / "gpuctl_node.py").unlink(), "ModuleNotFoundError")):
         damage()
         broken = subprocess.run([sys.executable, str(command), "job-status", "12"], capture_output=True, text=True,
@@ -312,7 +328,7 @@ def test_output_round_trips_through_the_head_byte_for_byte(node_home: Path, tmp_
     assert joblogs.local_log("c", 20, "run", 0).read_bytes() == data
 
     joblogs.local_log("c", 20, "run", 0).unlink()
-    monkeypatch.setattr(joblogs.ssh, "ssh_argv", lambda node, command, control_dir=None: ["cat", "--", str(log)])
+    local_head(monkeypatch, node_home)  # `gpuctl-node events 20`, answered by the agent in node_home
     node = Node("head", 0, "n0", "127.0.0.1", "127.0.0.1", 22, "u", "/k", 0)
     fetched = joblogs.fetch(Inventory(cluster="c", cloud="local", region=None, zone=None, nodes=(node,)), 20, "20",
                             control_dir=None)
@@ -320,14 +336,33 @@ def test_output_round_trips_through_the_head_byte_for_byte(node_home: Path, tmp_
     assert joblogs.local_log("c", 20, "run", 0).read_bytes() == data
 
 
+def test_events_prints_the_log_as_it_is_now_and_names_a_missing_job(node_home: Path):
+    """`gpuctl-node events JOB`: the head's events.log in one read, bytes as they are (a line still
+    being written too: the reader drops it); a job without one is exit 1 and one line."""
+    _, outcome, _ = submit(node_home, payload("23", "printf 'a\\377b\\n'; printf half"))
+    assert outcome is not None and outcome.status == "SUCCEEDED"
+    log = node_home / ".gpuctl" / "jobs" / "23" / "events.log"
+    with open(log, "ab") as fh:
+        fh.write(b"O 0 run being writ")
+    env = {**os.environ, "HOME": str(node_home)}
+    read = subprocess.run([sys.executable, str(AGENT_PATH), "events", "--", "23"], capture_output=True, env=env,
+                          timeout=30)
+    assert read.returncode == 0 and read.stdout == log.read_bytes() and b"a\xffb" in read.stdout, read.stderr
+    for job, says in (("24", b"gpuctl-node: job 24 has no events.log here"), ("-h", b"invalid job id '-h'")):
+        missing = subprocess.run([sys.executable, str(AGENT_PATH), "events", "--", job], capture_output=True,
+                                 env=env, timeout=30)
+        assert missing.returncode == 1 and says in missing.stderr and not missing.stdout
+
+
 def test_a_line_cut_by_a_killed_coordinator_keeps_its_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """events.log ends mid-line, with no X or D (the coordinator was killed while a rank wrote a
     long line): `gpuctl logs`' rebuild keeps every byte that reached the head."""
     data = bytes(range(256)).replace(b"\n", b"") * 700  # several pieces, none of them a newline
-    log = tmp_path / "events.log"
+    log = tmp_path / ".gpuctl" / "jobs" / "21" / "events.log"
+    log.parent.mkdir(parents=True)
     log.write_bytes(b"__GPUCTL_OFFSET__ 0\n" + agent.out_events(b"0 run ", b"whole", True)
                     + agent.out_events(b"0 run ", data, False))
-    monkeypatch.setattr(joblogs.ssh, "ssh_argv", lambda node, command, control_dir=None: ["cat", "--", str(log)])
+    local_head(monkeypatch, tmp_path)
     node = Node("head", 0, "n0", "127.0.0.1", "127.0.0.1", 22, "u", "/k", 0)
     inv = Inventory(cluster="c", cloud="local", region=None, zone=None, nodes=(node,))
     assert joblogs.fetch(inv, 21, "21", control_dir=None) is None  # no outcome: the job never said
@@ -374,9 +409,9 @@ def test_a_resumed_stream_loses_and_repeats_no_byte(node_home: Path, monkeypatch
     cuts = iter([PIECE * 3 + 17, 1_500_000])  # bytes each dropped connection delivers before it ends
     env = {**os.environ, "HOME": str(node_home)}
 
-    def start(self: client.Session, command: str, stdin_data: bytes | None) -> None:
-        words = command.split()[1:]  # `gpuctl-node attach 22 --offset N`: the local agent plays the head
-        line = shlex.join([sys.executable, str(AGENT_PATH), *words])
+    def start(self: client.Session, command: agentcall.Command, stdin_data: bytes | None) -> None:
+        # `gpuctl-node attach --offset=N -- 22`: the local agent plays the head
+        line = shlex.join([sys.executable, str(AGENT_PATH), *command.args])
         cut = next(cuts, None)
         self.proc = subprocess.Popen(["bash", "-c", line + (f" | head -c {cut}" if cut else "")],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

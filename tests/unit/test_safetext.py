@@ -117,7 +117,7 @@ def test_the_heads_word_on_a_worker_it_installed_is_printable(tmp_path: Path, mo
     (tmp_path / "out").write_text(json.dumps({"node": "worker1", "ok": False, "error": f"install: {HOSTILE}"}) + "\n")
     (tmp_path / "err").write_text(f"ssh: {HOSTILE}\n")
     script = f"cat >/dev/null; cat {tmp_path}/out; cat {tmp_path}/err >&2; exit 255"
-    monkeypatch.setattr(headinstall.ssh, "ssh_argv", lambda *a, **kw: ["sh", "-c", script])
+    monkeypatch.setattr("gpuctl.provision.ssh.ssh_argv", lambda *a, **kw: ["sh", "-c", script])
     head, worker1, worker2 = (Node(name=n, rank=r, node_id=f"i-{r}", address=f"10.0.0.{r + 2}", ssh_host=f"h{r}")
                               for r, n in enumerate(("head", "worker1", "worker2")))
     got = headinstall.install_through_head(head, [worker1, worker2], bundle={}, bootstrap="", python=None, view={},

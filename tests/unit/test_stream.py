@@ -103,10 +103,10 @@ def test_splitter_long_line_passed_on_in_pieces() -> None:
 
 
 def test_follow_command_resumes_from_offset() -> None:
-    assert stream._follow_command("42", "run", None, True) == (
-        "~/.gpuctl/bin/gpuctl-node follow ~/.gpuctl/jobs/42 run --print-offset")
-    assert stream._follow_command("42", "run", None, False).endswith("run --tail 0 --print-offset")
-    assert stream._follow_command("42", "run", 99, True).endswith("run --offset 99 --print-offset")
+    assert stream._follow_command("42", "run", None, True).line == (
+        "~/.gpuctl/bin/gpuctl-node follow --print-offset -- '~/.gpuctl/jobs/42' run")
+    assert stream._follow_command("42", "run", None, False).args[:3] == ("follow", "--tail=0", "--print-offset")
+    assert stream._follow_command("42", "run", 99, True).args[:3] == ("follow", "--offset=99", "--print-offset")
     with pytest.raises(ValueError):
         stream._follow_command("4 2; rm -rf /", "run", None, True)
 

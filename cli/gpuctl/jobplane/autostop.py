@@ -78,25 +78,21 @@ def _control_dir(inv: Inventory) -> Path:
 
 
 def _call(inv: Inventory, action: str, *, document: Mapping[str, Any] | None = None,
-          extra: tuple[str, ...] = (), timeout: float = 60) -> dict[str, Any]:
-    from gpuctl.common.safetext import clean, printable
+          lease: float | None = None, timeout: float = 60) -> dict[str, Any]:
+    from gpuctl.common.safetext import clean
+    from gpuctl.jobplane import agentcall
     from gpuctl.node import protocol
-    from gpuctl.provision import ssh
 
-    command = " ".join([protocol.AGENT, protocol.CMD_AUTOSTOP, action, *extra])
-    proc = ssh.run_ssh(inv.head, command, _control_dir(inv), timeout=timeout,
-                       input=json.dumps(document) if document is not None else None)
-    lines = proc.stdout.strip().splitlines()
     try:
-        answer = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict):
-        why = printable((proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1])
-        if proc.returncode == 2 or "invalid choice" in proc.stderr:
+        answer = agentcall.ask(inv.head, agentcall.command(protocol.CMD_AUTOSTOP, action, lease=lease),
+                               control_dir=_control_dir(inv), timeout=timeout,
+                               input=json.dumps(document) if document is not None else None)
+    except agentcall.AgentError as exc:
+        why = exc.why
+        if isinstance(exc, agentcall.AgentMissing):
             why = "its agent has no autostop; run `gpuctl apply` once to update the nodes"
         raise AutostopUnreachable(f"cluster '{inv.cluster}': the head ({inv.head.name}) did not answer "
-                                  f"`autostop {action}`: {why}")
+                                  f"`autostop {action}`: {why}") from None
     return clean(answer)  # the head's word, printed by `autostop show` and `status`
 
 
@@ -184,7 +180,7 @@ class Lease:
     def _renew(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
             try:
-                _call(self.inv, "renew", extra=("--lease", f"{self.lease_s:g}"))
+                _call(self.inv, "renew", lease=float(self.lease_s))
             except UserError:
                 pass  # a missed renewal is harmless: the lease lasts three periods
 

@@ -1,7 +1,8 @@
 """The controller's side of the job plane: one SSH session to the head per job.
 
 `submit` starts `gpuctl-node submit` on the head over the cluster's
-ControlMaster, writes the job and its secrets to its stdin, and hands every
+ControlMaster (agentcall.start: the door's one ssh process, read here as it
+streams), writes the job and its secrets to its stdin, and hands every
 event that comes back to `on_event` in the calling thread. A dropped
 connection is resumed with `gpuctl-node attach JOB --offset N` from the byte
 after the last whole event: nothing is lost or repeated. The ssh process runs
@@ -20,28 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gpuctl.common.safetext import printable
-from gpuctl.node import protocol
+from gpuctl.jobplane import agentcall
 from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, Outcome, parse_event
 from gpuctl.jobplane.stream import LineSplitter
-from gpuctl.provision import ssh
+from gpuctl.node import protocol
 from gpuctl.provision.inventory import Node
-
-# ssh's exit codes that mean "the agent is not what this gpuctl expects":
-# 127 no such command, 126 not executable, 2 an older agent without `submit`.
-_AGENT_MISSING = (2, 126, 127)
-
 
 # The outcome of a job whose coordinator ended without writing one (killed, or the head's agent with it).
 COORDINATOR_GONE = "the job's coordinator on the head ended without an outcome"
 
-
-class HeadUnreachable(Exception):
-    """ssh to the head failed before the agent answered."""
-
-
-class AgentMissing(Exception):
-    """The head has no (or an older) agent: the cluster needs `prepare`."""
+# What a submit or attach that never got the head's first line raises (runner.py prepares the head
+# and submits again): the head has no (or an older) agent, or ssh or the agent failed before it answered.
+AgentMissing = agentcall.AgentMissing
+HeadUnreachable = agentcall.Unreachable
 
 
 @dataclass
@@ -61,30 +53,22 @@ class Session:
     on_idle: Callable[[], None] | None = None  # after each read, and 4 times a second while none comes
 
     # -- connections ----------------------------------------------------------
-    def _start(self, command: str, stdin_data: bytes | None) -> None:
-        argv = ssh.ssh_argv(self.head, command, control_dir=self.control_dir)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    def _start(self, command: agentcall.Command, stdin_data: bytes | None) -> None:
         self.stderr = bytearray()
-        if stdin_data is not None:
-            assert self.proc.stdin is not None
-            try:
-                self.proc.stdin.write(stdin_data)
-                self.proc.stdin.close()
-            except BrokenPipeError:
-                pass
+        self.proc = agentcall.start(self.head, command, control_dir=self.control_dir, input=stdin_data,
+                                    own_session=True)
 
     def submit(self, payload: Mapping[str, Any], secrets_text: str,
                stop: Callable[[], bool] = lambda: False) -> Outcome | None:
         """Run the job; its outcome, or None when `stop()` said to leave it running."""
         data = (json.dumps(payload, separators=(",", ":")) + "\n" + json.dumps(secrets_text) + "\n").encode()
-        self._start(f"{protocol.AGENT} {protocol.CMD_SUBMIT}", data)
+        self._start(agentcall.command(protocol.CMD_SUBMIT), data)
         return self._pump(stop, first=True)
 
     def attach(self, offset: int = 0, stop: Callable[[], bool] = lambda: False) -> Outcome | None:
         """Stream a submitted job's events from `offset` (0: all of them again)."""
         self.offset = offset
-        self._start(protocol.job_command(protocol.CMD_ATTACH, self.job, "--offset", str(offset)), None)
+        self._start(agentcall.job_command(protocol.CMD_ATTACH, self.job, offset=offset), None)
         return self._pump(stop, first=True)
 
     def _pump(self, stop: Callable[[], bool], *, first: bool) -> Outcome | None:
@@ -101,18 +85,17 @@ class Session:
             if stop():
                 return None
             assert self.proc is not None
-            rc = self.proc.returncode
-            reason = self.stderr.decode(errors="replace").strip().splitlines()
-            why = printable(reason[-1]) if reason else f"ssh exit code {rc}"  # the head's stderr: in our error line
+            error = agentcall.failure(self.proc.returncode, bytes(self.stderr)) or \
+                HeadUnreachable("the head ended the stream without its last line", self.proc.returncode)
             if not self.header_seen:
-                if rc in _AGENT_MISSING:
-                    raise AgentMissing(why)
-                raise HeadUnreachable(why)
+                # no first line: the head did not take the job (an agent that failed is one to prepare again)
+                raise error if isinstance(error, (AgentMissing, HeadUnreachable)) else \
+                    HeadUnreachable(error.why, error.code)
             failures += 1
             if failures > 3:
-                raise HeadUnreachable(f"the connection to the head dropped {failures} times: {why}")
+                raise HeadUnreachable(f"the connection to the head dropped {failures} times: {error.why}", error.code)
             time.sleep(min(2.0 ** (failures - 1), 8.0))
-            self._start(protocol.job_command(protocol.CMD_ATTACH, self.job, "--offset", str(self.offset or 0)), None)
+            self._start(agentcall.job_command(protocol.CMD_ATTACH, self.job, offset=self.offset or 0), None)
 
     def _read_connection(self, stop: Callable[[], bool]) -> bool:
         """Read one connection to its end; True when the stream ended with the agent's sentinel."""
@@ -210,35 +193,29 @@ def event_splitter(offset: int | None) -> LineSplitter:
 
 def cancel_on_head(head: Node, job: str, control_dir: Path, wait: float = 30.0) -> dict[str, Any] | None:
     """Ask the head's coordinator to end the job everywhere; its outcome, or None if unreachable."""
-    proc = ssh.run_ssh(head, protocol.job_command(protocol.CMD_CANCEL, job, "--wait", f"{wait:g}"), control_dir,
-                       timeout=wait + 30)
-    if proc.returncode != 0:
-        return None
     try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        return agentcall.ask(head, agentcall.job_command(protocol.CMD_CANCEL, job, wait=float(wait)),
+                             control_dir=control_dir, timeout=wait + 30)
+    except agentcall.AgentError:
         return None
 
 
 def job_status_on_head(head: Node, job: str, control_dir: Path) -> dict[str, Any] | None:
     """The head's record of a job (job.json), {"status": "RUNNING"|"LOST"|"UNKNOWN"}, or None if unreachable."""
-    proc = ssh.run_ssh(head, protocol.job_command(protocol.CMD_JOB_STATUS, job), control_dir, timeout=30)
-    if proc.returncode != 0:
-        return None
     try:
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        return agentcall.ask(head, agentcall.job_command(protocol.CMD_JOB_STATUS, job), control_dir=control_dir,
+                             timeout=30)
+    except agentcall.AgentError:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def kill_stage(nodes: Sequence[Node], *, job_id: str, stage: str | Sequence[str], control_dir: Path | None,
-               grace: float = 10.0, timeout: float = 60) -> dict[int, subprocess.CompletedProcess[str]]:
+               grace: float = 10.0, timeout: float = 60) -> dict[int, agentcall.Reply]:
     """SIGTERM, then SIGKILL after `grace` s, the stage's process group on every node at once.
 
-    Several stages are ended in one ssh round per node. stdout of each result
-    is the agent's JSON status ({pid, running, exit, killed}), a line per stage.
+    Several stages are ended in one ssh round per node. Each reply's answers() are the agent's
+    statuses ({pid, running, exit, killed, stopped}), one per stage.
     """
     stages = [stage] if isinstance(stage, str) else list(stage)
-    command = "; ".join(protocol.agent_command(protocol.CMD_KILL, job_id, s, "--grace", f"{grace:g}") for s in stages)
-    return ssh.run_on_all(nodes, command, control_dir=control_dir, timeout=timeout + grace * len(stages))
+    commands = [agentcall.stage_command(protocol.CMD_KILL, job_id, s, grace=float(grace)) for s in stages]
+    return agentcall.call_all(nodes, commands, control_dir=control_dir, timeout=timeout + grace * len(stages))

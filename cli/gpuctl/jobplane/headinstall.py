@@ -3,23 +3,20 @@
 Once the head is prepared, the workers need the same bundle the Ansible module gives each node.
 Sending it from here costs the controller an ssh session and a module run per node; the head
 already holds the cluster's internal key and the workers' host keys, so it installs them itself
-(agent/peerinstall.py) and streams one result line per worker back. The controller's cost is one
-call, whatever the number of workers.
+(agent/peerinstall.py) and streams one result line per worker back (agentcall.start: one ssh call,
+read as each line comes). The controller's cost is one call, whatever the number of workers.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gpuctl.common.safetext import printable
-from gpuctl.jobplane import payload
+from gpuctl.jobplane import agentcall, payload
 from gpuctl.node import protocol
-from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 
 
@@ -49,26 +46,18 @@ def install_through_head(head: Node, workers: Sequence[Node], *, bundle: Mapping
         "targets": [payload.peer_entry(n) for n in workers],
         "parallel": parallel or payload.fanout(),
     }
-    argv = ssh.ssh_argv(head, f"{protocol.AGENT} {protocol.CMD_INSTALL_PEERS}", control_dir=control_dir)
     outcomes: dict[str, PeerResult] = {}
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     # A head that stops answering holds nothing up for good: each worker has its own limit there.
     rounds = -(-len(workers) // int(request["parallel"]))
-    watchdog = threading.Timer(protocol.PEER_INSTALL_TIMEOUT * rounds + 60, proc.kill)
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        proc.stdin.write(json.dumps(request))
-        proc.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass
-    for line in proc.stdout:
-        try:
-            data = json.loads(line)
-            node = by_name[data["node"]]
-        except (ValueError, KeyError, TypeError):
-            continue  # not a result line (a login banner): the worker stays unreported
+    proc = agentcall.start(head, agentcall.command(protocol.CMD_INSTALL_PEERS), control_dir=control_dir,
+                           input=json.dumps(request), text=True,
+                           kill_after=protocol.PEER_INSTALL_TIMEOUT * rounds + 60)
+    assert proc.stdout is not None and proc.stderr is not None
+    for data in agentcall.json_lines(proc.stdout):  # a line that is not a result (a login banner) is skipped
+        name = data.get("node")
+        node = by_name.get(name) if isinstance(name, str) else None
+        if node is None:
+            continue  # not a worker of this request: it stays unreported
         outcome = PeerResult(ok=bool(data.get("ok")), result=dict(data.get("result") or {}),
                              error=printable(str(data.get("error") or "")), unreachable=bool(data.get("unreachable")))
         outcomes[node.name] = outcome
@@ -76,11 +65,10 @@ def install_through_head(head: Node, workers: Sequence[Node], *, bundle: Mapping
             on_result(node, outcome)
     err = proc.stderr.read()
     code = proc.wait()
-    watchdog.cancel()
     missing = [n for n in workers if n.name not in outcomes]
     if missing:
-        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-        why = f"the head ({head.name}) did not install it: " + (printable(lines[-1]) if lines else f"exit code {code}")
+        error = agentcall.failure(code, err)
+        why = f"the head ({head.name}) did not install it: " + (error.why if error is not None else "no result")
         for node in missing:
             outcomes[node.name] = PeerResult(ok=False, result={}, error=why, unreachable=True)
     return outcomes

@@ -13,8 +13,9 @@ files), private to the user (0700 directories, 0600 files):
 
 Written from the job's events as they stream in (attached jobs, the detached job's
 watcher), or rebuilt from the head's events.log in one call (`fetch`: cancelled jobs,
-`logs` after the fact). Every rank's lines pass through the head, so no node but the head
-is asked. `gpuctl down` leaves them; `gpuctl logs NAME --purge` (`purge`) removes them.
+`logs` after the fact; the head agent's `events`, agentcall.read_events). Every rank's
+lines pass through the head, so no node but the head is asked. `gpuctl down` leaves them;
+`gpuctl logs NAME --purge` (`purge`) removes them.
 Logs an older gpuctl kept in `clusters/<name>/jobs/<id>/` are still read there.
 The job's runtime files (its watcher's pid and log) stay in `clusters/<name>/jobs/<id>/`.
 """
@@ -24,16 +25,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Collection, Iterator, Mapping
 
 from gpuctl.common.paths import cluster_dir, state_root
-from gpuctl.node import protocol
+from gpuctl.jobplane import agentcall
 from gpuctl.jobplane.events import Event, LineJoiner, Outcome, decode, encode, parse_event
-from gpuctl.provision import ssh
+from gpuctl.node import protocol
 from gpuctl.provision.inventory import Inventory
 
 STAGES = protocol.STAGES
@@ -170,14 +170,11 @@ class HeadLog:
 
 def read_head(inv: Inventory, node_job: str, *, control_dir: Path | None, timeout: float = 300) -> HeadLog | None:
     """The job's events.log from the head, in one call; None when the head did not answer."""
-    argv = ssh.ssh_argv(inv.head, f"cat -- {protocol.node_job_dir(node_job)}/events.log", control_dir=control_dir)
     try:  # bytes: the ranks' output may be anything but a newline
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+        data = agentcall.read_events(inv.head, node_job, control_dir=control_dir, timeout=timeout)
+    except agentcall.AgentError:
         return None
-    if proc.returncode != 0:
-        return None
-    whole = proc.stdout[:proc.stdout.rfind(b"\n") + 1]  # an event still being written is the next read's
+    whole = data[:data.rfind(b"\n") + 1]  # an event still being written is the next read's
     joiner = LineJoiner()
     outcome = None
     ranks = {n.rank for n in inv.nodes}

@@ -9,7 +9,6 @@ agent), so `queue` and `logs --status` never report a stale RUNNING.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -19,11 +18,10 @@ from typing import Callable, Sequence
 from gpuctl.common.console import Reporter
 from gpuctl.common.ranklines import RankLines
 from gpuctl.common.errors import UserError
-from gpuctl.jobplane import client, joblogs
+from gpuctl.jobplane import agentcall, client, joblogs
 from gpuctl.node import protocol
 from gpuctl.jobplane.events import Outcome
 from gpuctl.jobplane.runner import JobRunner, describe_codes
-from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import TERMINAL_JOB_STATES, JobRecord, Registry
 
@@ -60,14 +58,15 @@ class StageStatus:
 def node_status(nodes: Sequence[Node], node_job: str, stage: str, control_dir: Path) -> dict[int, StageStatus]:
     """Ask every node's agent about one stage of a job (its name on the nodes), all at once (when the
     head cannot say)."""
-    command = protocol.agent_command(protocol.CMD_STATUS, node_job, stage)
-    results = ssh.run_on_all(nodes, command, control_dir=control_dir, timeout=30)
+    replies = agentcall.call_all(nodes, agentcall.stage_command(protocol.CMD_STATUS, node_job, stage),
+                                 control_dir=control_dir, timeout=30)
     out: dict[int, StageStatus] = {}
-    for rank, proc in results.items():
-        if proc.returncode != 0:
+    for rank, reply in replies.items():
+        try:
+            data = reply.answer()
+        except agentcall.AgentError:  # no answer: nothing can be said of the stage there
             out[rank] = StageStatus(running=False, exit=None, reachable=False)
             continue
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
         out[rank] = StageStatus(running=bool(data.get("running")), exit=data.get("exit"), reachable=True)
     return out
 

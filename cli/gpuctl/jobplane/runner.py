@@ -485,17 +485,11 @@ class JobRunner:
         results = client.kill_stage(job_nodes, job_id=self.node_job(job_id), stage=protocol.STAGES,
                                  control_dir=self.control_dir, grace=KILL_GRACE_S)
         stopped, unreachable = [], []
-        for rank, proc in sorted(results.items()):
-            if proc.returncode != 0:
+        for rank, reply in sorted(results.items()):
+            if reply.error is not None:
                 unreachable.append(rank)
-                continue
-            for line in proc.stdout.splitlines():
-                try:
-                    if json.loads(line).get("stopped"):
-                        stopped.append(rank)
-                        break
-                except (ValueError, AttributeError):
-                    continue
+            elif any(answer.get("stopped") for answer in reply.answers()):
+                stopped.append(rank)
         return LeftoverReport(stopped=tuple(stopped), unreachable=tuple(unreachable))
 
     def record_outcome(self, job_id: int, status: str, codes: Mapping[int, int | None], detail: list[str],

@@ -2,10 +2,11 @@
 
 Ansible returns a task's output only when the task ends, so each node's stage
 writes `~/.gpuctl/jobs/<job>/<stage>.log` and the controller follows those
-files: one `ssh node gpuctl-node follow ... --print-offset` per node, all
-read by one selector loop in the caller's thread (no per-node walking, and
-`on_line` is never called concurrently). The ssh connections ride on the
-ControlMaster sockets of the playbooks (same `control_dir`).
+files: one `ssh node gpuctl-node follow ... --print-offset` per node (each
+agentcall.start's ssh process), all read by one selector loop in the caller's
+thread (no per-node walking, and `on_line` is never called concurrently). The
+ssh connections ride on the ControlMaster sockets of the playbooks (same
+`control_dir`).
 
 Protocol (gpuctl-node follow): a first line `__GPUCTL_OFFSET__ <byte offset>`
 when the log is open, then the log bytes verbatim, then, once the stage has
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from gpuctl.jobplane import agentcall
 from gpuctl.node import protocol
 from gpuctl.node.protocol import OFFSET_HEADER, SENTINEL
 from gpuctl.provision import ssh
@@ -160,9 +162,9 @@ class _Follower:
     err: bytearray = field(default_factory=bytearray)
 
 
-def _follow_command(job_id: str, stage: str, offset: int | None, from_start: bool) -> str:
-    where = ["--offset", str(offset)] if offset is not None else ([] if from_start else ["--tail", "0"])
-    return protocol.agent_command(protocol.CMD_FOLLOW, job_id, stage, *where, "--print-offset")
+def _follow_command(job_id: str, stage: str, offset: int | None, from_start: bool) -> agentcall.Command:
+    return agentcall.stage_command(protocol.CMD_FOLLOW, job_id, stage, offset=offset,
+                                   tail=0 if offset is None and not from_start else None, print_offset=True)
 
 
 def follow(
@@ -198,10 +200,9 @@ def follow(
     stop_seen_at: float | None = None
 
     def start(f: _Follower) -> None:
-        argv = ssh.ssh_argv(f.node, _follow_command(job_id, stage, f.offset, from_start), control_dir=control)
         f.splitter = LineSplitter(offset=f.offset)
         f.err = bytearray()
-        f.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        f.proc = agentcall.start(f.node, _follow_command(job_id, stage, f.offset, from_start), control_dir=control)
         for pipe, kind in ((f.proc.stdout, "out"), (f.proc.stderr, "err")):
             assert pipe is not None
             os.set_blocking(pipe.fileno(), False)

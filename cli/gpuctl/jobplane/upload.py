@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Mapping
 
 from gpuctl.common.safetext import printable
+from gpuctl.jobplane import agentcall
 from gpuctl.jobplane.gitignore import WorkdirFilter
 from gpuctl.jobplane.payload import WORKDIR_DEST, workdir_rsync_args
-from gpuctl.node.protocol import AGENT, CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX, SUDO_MKDIR
+from gpuctl.node.protocol import CLAIM_PREFIX, CMD_CHECK_DEST, MESSAGE_PREFIX, SUDO_MKDIR
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
 
@@ -67,9 +68,9 @@ def rsync_argv(head: Node, item: Item, control_dir: Path, extra: tuple[str, ...]
     remote = remote_path(item.dest)
     parent = str(Path(remote).parent) if not item.is_dir else remote
     # The head's agent first checks the real path (a symlink into ~/.ssh, a mount in the workdir:
-    # node/destinations.py, check-dest); one that is missing or cannot load (its launcher's 127) is
-    # installed again at submit, so it is skipped, as the controller's own check (spec/nodepaths.py) is not.
-    check = f"{{ test ! -x {AGENT} || {AGENT} {CMD_CHECK_DEST} -- {shlex.quote(item.dest)} || test $? -eq 127; }}"
+    # node/destinations.py, check-dest); one that is missing or cannot load is installed again at submit,
+    # so it is skipped (Command.if_installed).
+    check = agentcall.command(CMD_CHECK_DEST, item.dest).if_installed
     rsync_path = f"{check} && {make_dir_command(parent)} && rsync"
     host = f"[{head.ssh_host}]" if ":" in head.ssh_host else head.ssh_host
     src = str(item.src).rstrip("/") + ("/" if item.is_dir else "")

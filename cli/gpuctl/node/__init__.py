@@ -22,7 +22,7 @@ the order the bundle joins them (each uses only the ones before it):
   destinations.py    claims of shared destinations; where no copy or mount may land (check-dest)
   buckets.py         cloud-bucket file_mounts with rclone: check, copy, mount, unmount
   relay.py           one node's part of a job and the ssh tree below it (relay)
-  coordinator.py     the head's side of a job: phases, fail-fast, the outcome (submit, attach, cancel)
+  coordinator.py     the head's side of a job: phases, fail-fast, the outcome (submit, attach, events, cancel)
   main.py            the command line
 The node's programs, installed as files beside the agent:
   launcher.py        bin/gpuctl-node: imports the agent (its bytecode cached), or exits 127
@@ -69,7 +69,7 @@ The events up the tree and the commands down it: protocol.py.
 
 Other commands: launch/follow/kill/status of one stage on this node (used by
 `gpuctl logs` and as a fallback), claim (shared-filesystem detection), cancel,
-attach and job-status of a coordinated job, container-stage (a stage in the
+attach, events and job-status of a coordinated job, container-stage (a stage in the
 node's container, started by the stage's supervisor), fence (a managed job's
 newer attempt stops the older ones' ranks here).
 """

@@ -1,8 +1,8 @@
-"""The head's side of a job (`submit`, `coordinate`, `attach`, `cancel`, `job-status`).
+"""The head's side of a job (`submit`, `coordinate`, `attach`, `events`, `cancel`, `job-status`).
 
 `submit` is the controller's one call: it takes the job from stdin, starts
 the detached coordinator (`coordinate`) and streams JOBDIR/events.log back;
-`attach` streams it again from an offset. The `Coordinator` drives the
+`attach` streams it again from an offset, `events` prints it as it is now. The `Coordinator` drives the
 phases (P events: hello, buckets, sync, mounts, setup, run) through the head's
 Relay, decides fail-fast (it sees every exit first), and ends with the
 outcome (job.json and the D event) whatever happened, the controller attached
@@ -29,10 +29,10 @@ from gpuctl.node.procs import pid_alive
 from gpuctl.node.relay import Relay, describe_by_node, read_payload
 from gpuctl.node.protocol import (
     CMD_COORDINATE, EV_BUCKETS, EV_CLAIMS, EV_DONE, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_PHASE, EV_STARTED,
-    EV_SYNCED, EXIT_UNKNOWN, HELLO_OK, HELLO_PROBLEM, HELLO_UNPREPARED, OFFSET_HEADER, PHASE_BUCKETS,
-    PHASE_CANCELLING, PHASE_MOUNTS, PHASE_PLAN, PHASE_RUN, PHASE_RUNNING, PHASE_SETUP, PHASE_START, PHASE_SYNC,
-    RELAY_BUCKETS, RELAY_CLAIM, RELAY_CLEANUP, RELAY_END, RELAY_KILL, RELAY_RELEASE, RELAY_START, RELAY_SYNC,
-    SENTINEL, STAGE_AGENT, STAGE_EVENTS, STAGE_RUN, STAGE_SETUP,
+    EV_SYNCED, EXIT_UNKNOWN, HELLO_OK, HELLO_PROBLEM, HELLO_UNPREPARED, MESSAGE_PREFIX, OFFSET_HEADER,
+    PHASE_BUCKETS, PHASE_CANCELLING, PHASE_MOUNTS, PHASE_PLAN, PHASE_RUN, PHASE_RUNNING, PHASE_SETUP, PHASE_START,
+    PHASE_SYNC, RELAY_BUCKETS, RELAY_CLAIM, RELAY_CLEANUP, RELAY_END, RELAY_KILL, RELAY_RELEASE, RELAY_START,
+    RELAY_SYNC, SENTINEL, STAGE_AGENT, STAGE_EVENTS, STAGE_RUN, STAGE_SETUP,
 )
 
 
@@ -401,6 +401,29 @@ def cmd_submit(args):
 def cmd_attach(args):
     """Stream a job's events from a byte offset (a controller reconnecting, `gpuctl logs`)."""
     return follow_stage(Stage(job_dir(args.job), STAGE_EVENTS), Out(), offset=args.offset, print_offset=True)
+
+
+def cmd_events(args):
+    """Print a job's events.log as it is now, in one read (`gpuctl logs` of a job, rebuilt on the
+    controller); a line still being written is the reader's to drop. Exit 1 with one line when the
+    job has no events here."""
+    path = Stage(job_dir(args.job), STAGE_EVENTS).log
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the with below, once opening is known to work
+    except OSError as exc:
+        sys.stderr.write("%sjob %s has no events.log here: %s\n" % (MESSAGE_PREFIX, args.job, exc.strerror))
+        return 1
+    with fh:
+        left = os.fstat(fh.fileno()).st_size  # what is there now: a job still running writes on
+        out = getattr(sys.stdout, "buffer", sys.stdout)
+        while left > 0:
+            chunk = fh.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
+        out.flush()
+    return 0
 
 
 def cmd_cancel(args):

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 
 from gpuctl.node.procs import pid_alive
-from gpuctl.node.protocol import NODE_JOBS_DIR, SUDO_MKDIR
+from gpuctl.node.protocol import JOB_ID_PATTERN, NODE_JOBS_DIR, SUDO_MKDIR
 
 
 GPUCTL_DIR = os.path.expanduser("~/.gpuctl")
@@ -24,7 +24,7 @@ PREPARED_FILE = os.path.join(GPUCTL_DIR, "prepared")  # the prepare play's finge
 INSTALLED_FILE = os.path.join(GPUCTL_DIR, "installed.json")  # {path under ~/.gpuctl: sha256} of the bundle
 FABRIC_ENV = os.path.join(GPUCTL_DIR, "fabric.env")  # the prepare play's NCCL/fabric defaults
 JOBS_DIR = os.path.expanduser(NODE_JOBS_DIR)  # ~/.gpuctl/jobs
-JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 # Sources fabric.env, the stage's env file, then secrets.sh with every
 # assignment exported, then replaces itself with `bash STAGE.sh`. The paths

@@ -5,8 +5,9 @@ sub-commands (how the controller calls it), the commands a relay takes down the
 tree, the event letters that come back up, the coordinator's phases and the
 stream's markers. The agent is built with this module inside it
 (configplane/bundle.py) and the controller imports it (events.py parses
-with it, client.py and stream.py call the agent with it), so an event or a
-command word exists once. Standard library only, Python >= 3.6 syntax: it runs
+with it; jobplane/agentcall.py, the controller's one door to the agent, builds
+every agent command line from its words), so an event or a command word exists
+once. Standard library only, Python >= 3.6 syntax: it runs
 on the nodes' system python3 too.
 
 Events (one line each, up the tree and to the controller):
@@ -36,13 +37,12 @@ Commands down the tree (one line each, on a relay's stdin):
   claim TOKEN | sync JSON | buckets TOKEN KINDS | release | start STAGE | kill GRACE STAGE... | cleanup | end
 """
 
-import shlex
-
 PROTOCOL = 1  # the payload's "v": the job format this agent and this controller speak
 
 # -- where the agent is on a node (node-side layout: docs/architecture.md) ---------------------
 AGENT = "~/.gpuctl/bin/gpuctl-node"
 NODE_JOBS_DIR = "~/.gpuctl/jobs"  # a job's directory there: NODE_JOBS_DIR/<job>
+JOB_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"  # a job's name there (the controller's `<id>-<token>`)
 MESSAGE_PREFIX = "gpuctl-node: "  # the agent's own lines on stderr (check-dest's refusal, ...)
 CLAIM_PREFIX = ".gpuctl-claim-"  # a claim marker's name in a destination (never copied)
 
@@ -61,6 +61,7 @@ CMD_SUBMIT = "submit"  # the controller's one call per job
 CMD_ATTACH = "attach"  # stream a job's events from an offset
 CMD_CANCEL = "cancel"
 CMD_JOB_STATUS = "job-status"
+CMD_EVENTS = "events"  # a job's events.log as it is now, in one read (`gpuctl logs` of a job that ended)
 CMD_RELAY = "relay"  # a worker's part of a job, started by its parent node
 CMD_COORDINATE = "coordinate"  # the head's coordinator, started by submit
 CMD_CONTAINER_STAGE = "container-stage"  # a stage in the node's container, started by its supervisor
@@ -72,6 +73,10 @@ CMD_AUTOSTOP_WATCH = "autostop-watch"  # the head's watcher, started by `autosto
 # the node's epoch of TASK and stops the older attempts' stages there (agent/epochs.py); one JSON line
 # {"fenced", "epoch", "stopped", "running", "doomed"}.
 CMD_FENCE = "fence"
+# Every sub-command above: the controller's door (jobplane/agentcall.py) builds a line only from these.
+AGENT_COMMANDS = (CMD_LAUNCH, CMD_FOLLOW, CMD_KILL, CMD_STATUS, CMD_CLAIM, CMD_CHECK_DEST, CMD_UNMOUNT_BUCKET,
+                  CMD_SUBMIT, CMD_ATTACH, CMD_CANCEL, CMD_JOB_STATUS, CMD_EVENTS, CMD_RELAY, CMD_COORDINATE,
+                  CMD_CONTAINER_STAGE, CMD_INSTALL, CMD_INSTALL_PEERS, CMD_AUTOSTOP, CMD_AUTOSTOP_WATCH, CMD_FENCE)
 AUTOSTOP_ACTIONS = ("set", "cancel", "renew", "release", "show", "sessions")
 AUTOSTOP_WAIT_FOR = ("jobs_and_ssh", "jobs", "none")  # SkyPilot's autostop.wait_for
 # Seconds for one worker's install step on the head, ssh included; the controller's deadline for the
@@ -132,37 +137,6 @@ PHASE_CANCELLING = "cancelling"
 # -- the streams `follow`, `submit` and `attach` print ----------------------------------------------
 SENTINEL = "__GPUCTL_EXIT__"  # the last line: `__GPUCTL_EXIT__ CODE` (or `unknown`)
 OFFSET_HEADER = "__GPUCTL_OFFSET__"  # the first line with --print-offset: `__GPUCTL_OFFSET__ BYTES`
-
-
-# -- the controller's side of the grammar ---------------------------------------------------------
-def node_job_dir(job_id):
-    """A job's directory on a node as a shell word (`~` expands on the node); ValueError for an id
-    that is not one word of letters, digits, '.', '_' and '-' (so it can never be an option)."""
-    if not job_id or not all(c.isalnum() or c in "._-" for c in job_id) or job_id.startswith("."):
-        raise ValueError("job id %r must be letters, digits, '.', '_' or '-'" % (job_id,))
-    return "%s/%s" % (NODE_JOBS_DIR, job_id)
-
-
-def agent_command(action, job_id, stage, *args):
-    """The shell command running `gpuctl-node ACTION JOBDIR STAGE ARGS...` (one stage) on a node."""
-    return " ".join([AGENT, shlex.quote(action), node_job_dir(job_id), shlex.quote(stage)]
-                    + [shlex.quote(a) for a in args])
-
-
-def fence_command(task, epoch, grace=None):
-    """The shell command running `gpuctl-node fence TASK EPOCH` on a node (the task after `--`, so
-    that no id is read as an option)."""
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ValueError("epoch %r must be a whole number >= 0" % (epoch,))
-    options = [] if grace is None else ["--grace", "%g" % float(grace)]
-    return " ".join([AGENT, CMD_FENCE] + options + ["--", shlex.quote(str(task)), str(epoch)])
-
-
-def job_command(action, job, *args):
-    """The shell command running `gpuctl-node ACTION JOB ARGS...` (a coordinated job: attach,
-    cancel, job-status) on the head; `job` is checked as node_job_dir checks it."""
-    node_job_dir(job)
-    return " ".join([AGENT, action, job] + [shlex.quote(a) for a in args])
 
 
 # A file_mount's directory where the login user may not write (/opt/x/data), made through
