@@ -204,7 +204,7 @@ def test_node_with_other_prepared_state_is_prepared_again(jp: JP):
     w3 = jp.nodes[3]
     jp.cluster.ssh(w3, "echo stale > ~/.gpuctl/prepared")
     res = jp.gpuctl("exec", NAME, "--", "true").check()
-    assert "Preparing 1 of 5 node(s) (worker3 not as prepared)" in res.stdout, res.describe()  # only that one
+    assert "Preparing 1 of 5 node(s) (worker3: prepared state " in res.stdout, res.describe()  # that one, and why
     records = json.loads((jp.cluster.cdir / "prepared.json").read_text())
     assert jp.cluster.read(w3, "~/.gpuctl/prepared").strip() in records.values() and len(set(records.values())) == 1
 
@@ -213,7 +213,7 @@ def test_node_without_agent_is_prepared_again(jp: JP):
     w4 = jp.nodes[4]
     jp.cluster.ssh(w4, "rm ~/.gpuctl/bin/gpuctl-node")
     res = jp.gpuctl("exec", NAME, "--", "echo", "back").check()
-    assert "Preparing 1 of 5 node(s) (worker4 not as prepared)" in res.stdout, res.describe()
+    assert "Preparing 1 of 5 node(s) (worker4: no gpuctl agent: " in res.stdout, res.describe()
     assert f"({w4.name}, rank=4) back" in res.stdout.splitlines()
 
 
