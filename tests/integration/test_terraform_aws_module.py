@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shutil
 import subprocess
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+import tfprovider
 
 pytestmark = pytest.mark.integration
 
@@ -197,35 +195,9 @@ def mocked_env(module_copy: Path, tf_env: dict[str, str]) -> Iterator[dict[str, 
     """tf_env for `terraform test` with mock providers: one AWS provider process, started here in
     debug mode, serves every run its schema (TF_REATTACH_PROVIDERS), where Terraform 1.11 starts a
     provider of its own twice per run (about 1 s of CPU each, 170 times for this module's runs).
-    Mocked runs only read the schema, so the two terraform processes can share it."""
-    import ctypes
-    import signal as signals
-
-    # (a path pattern: init may link the version directory to the mirror, which rglob would not enter)
-    binary = next((module_copy / ".terraform" / "providers").glob(
-        "registry.terraform.io/hashicorp/aws/*/*/terraform-provider-aws_*"))
-
-    def die_with_the_worker() -> None:  # PR_SET_PDEATHSIG: a killed test run leaves no provider behind
-        ctypes.CDLL(None).prctl(1, signals.SIGTERM)
-
-    proc = subprocess.Popen([str(binary), "-debug"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=tf_env, preexec_fn=die_with_the_worker)
-    try:
-        lines: queue.Queue[str] = queue.Queue()  # read all along: its logs must never fill the pipe
-        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
-        reattach, deadline = None, time.monotonic() + 120
-        while reattach is None:  # it prints the setting once it listens
-            found = re.search(r"TF_REATTACH_PROVIDERS='([^']+)'",
-                              lines.get(timeout=max(0.1, deadline - time.monotonic())))
-            reattach = found[1] if found else None
+    Mocked runs only read the schema, so the two terraform processes can share it (tests/tfprovider.py)."""
+    with tfprovider.serving(tfprovider.installed_binary(module_copy), tf_env) as reattach:
         yield {**tf_env, "TF_REATTACH_PROVIDERS": reattach}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_fmt(module_copy: Path, tf_env: dict[str, str]) -> None:
