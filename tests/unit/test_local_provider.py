@@ -484,6 +484,26 @@ def test_commands_avoid_python_terraform_quirks(fake_tf: FakeTerraform, tmp_path
     assert fake_tf.argv == ["init", "-input=false", "-no-color"]
 
 
+def test_init_counts_as_done_until_the_root_changes(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+    """provision() inits once per root as written (with shared state it inits the root first, to read its state)."""
+    root = TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin))
+    root.write({"module": {"cluster": {"source": "/m"}}})
+    assert not root.initialised
+    fake_tf.will(rc=0, stdout="Terraform has been successfully initialized!\n")
+    root.init()
+    assert root.initialised
+    root.write({"module": {"cluster": {"source": "/m"}}})  # the same root again
+    assert root.initialised
+    assert not TerraformRoot(root.workdir, terraform_bin=str(fake_tf.bin)).initialised  # as far as it knows
+    root.write({"module": {"cluster": {"source": "/moved"}}})
+    assert not root.initialised
+    root.write({"module": {"cluster": {"source": "/m"}}})
+    fake_tf.will(rc=1, stderr="Error: Failed to query available provider packages\n")
+    with pytest.raises(ProvisionError):
+        root.init()
+    assert not root.initialised  # a failed init is no init
+
+
 def test_unformatted_failure_falls_back_to_stderr_tail(fake_tf: FakeTerraform, tmp_path: Path) -> None:
     fake_tf.will(rc=3, stderr="panic: something odd\n\ngoroutine 1 [running]:\nmain.main()\n")
     with pytest.raises(ProvisionError, match=r"(?s)panic: something odd.*main\.main\(\)"):
