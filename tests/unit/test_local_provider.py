@@ -473,7 +473,10 @@ def test_commands_avoid_python_terraform_quirks(fake_tf: FakeTerraform, tmp_path
     argv = fake_tf.argv
     assert argv[0] == "destroy"
     assert {"-auto-approve", "-input=false", "-json", "-no-color", "-lock-timeout=7s"} <= set(argv)
-    assert not [a for a in argv if a.startswith(("-force", "-synchronous", "-state", "-var", "-reconfigure"))]
+    assert not [a for a in argv
+                if a.startswith(("-force", "-synchronous", "-state", "-var", "-reconfigure", "-refresh"))]
+    root.destroy(refresh=False)
+    assert fake_tf.argv[0] == "destroy" and "-refresh=false" in fake_tf.argv
     fake_tf.will(rc=0, stdout='{"type":"change_summary","changes":{"add":1,"change":0,"remove":0,"operation":"apply"}}\n')
     assert root.apply() is True
     assert fake_tf.argv[0] == "apply" and "-auto-approve" in fake_tf.argv

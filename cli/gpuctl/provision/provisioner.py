@@ -281,7 +281,9 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
                 on_progress(line)
             if nxt is None:
                 raise
-            root.destroy()  # what the failed attempt made (a subnet, some nodes): the retry starts clean
+            # What the failed attempt made (a subnet, some nodes): the retry starts clean. That apply read
+            # or made every object in the state moments ago, so none is read back first.
+            root.destroy(refresh=False)
             plan_file, planned = None, False
             req = nxt
             root.write(root_config(provider, req, cdir, public_key, remote))

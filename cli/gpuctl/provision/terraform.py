@@ -229,11 +229,12 @@ class TerraformRoot:
             raise ProvisionError(f"terraform output -json in {self.workdir} printed no JSON") from None
         return {k: (v.get("value") if isinstance(v, Mapping) else v) for k, v in raw.items()}
 
-    def destroy(self) -> None:
-        """`terraform destroy` of everything in this root's state."""
+    def destroy(self, *, refresh: bool = True) -> None:
+        """`terraform destroy` of everything in this root's state. `refresh=False` (`-refresh=false`):
+        nothing is read back from the cloud first, for a state that an apply read or made moments ago."""
         self._run(
             "destroy", input=False, no_color=IsFlagged, json=IsFlagged,
-            auto_approve=IsFlagged, lock_timeout=self.lock_timeout,
+            auto_approve=IsFlagged, lock_timeout=self.lock_timeout, **({} if refresh else {"refresh": False}),
         )
 
     # -- plumbing ----------------------------------------------------------
