@@ -192,10 +192,11 @@ def module_copy(tmp_path_factory: pytest.TempPathFactory, tf_env: dict[str, str]
 
 @pytest.fixture(scope="module")
 def mocked_env(module_copy: Path, tf_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """tf_env for `terraform test` with mock providers: one AWS provider process, started here in
-    debug mode, serves every run its schema (TF_REATTACH_PROVIDERS), where Terraform 1.11 starts a
-    provider of its own twice per run (about 1 s of CPU each, 170 times for this module's runs).
-    Mocked runs only read the schema, so the two terraform processes can share it (tests/tfprovider.py)."""
+    """tf_env for commands that never configure the AWS provider (`terraform validate`, `terraform test`
+    with mock providers): one provider process, started here in debug mode, serves every run its
+    schema and validation (TF_REATTACH_PROVIDERS), where Terraform 1.11 starts a provider of its own
+    twice per run (about 1 s of CPU each, 170 times for this module's runs) and per validate. Nothing
+    configures it, so two terraform processes can share it (tests/tfprovider.py)."""
     with tfprovider.serving(tfprovider.installed_binary(module_copy), tf_env) as reattach:
         yield {**tf_env, "TF_REATTACH_PROVIDERS": reattach}
 
@@ -204,19 +205,20 @@ def test_fmt(module_copy: Path, tf_env: dict[str, str]) -> None:
     ok(terraform(["fmt", "-check", "-recursive", "-diff", "-no-color"], module_copy, tf_env))
 
 
-def test_validate_module(module_copy: Path, tf_env: dict[str, str]) -> None:
-    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], module_copy, tf_env))
+def test_validate_module(module_copy: Path, mocked_env: dict[str, str]) -> None:
+    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], module_copy, mocked_env))
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_validate_example(module_copy: Path, tf_env: dict[str, str], example: str) -> None:
+def test_validate_example(module_copy: Path, tf_env: dict[str, str], mocked_env: dict[str, str], example: str) -> None:
     path = module_copy / "examples" / example
     assert 'source = "../.."' in (path / "main.tf").read_text(), "examples call the module by relative source"
     ok(terraform(["init", "-backend=false", "-no-color"], path, tf_env))
-    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], path, tf_env))
+    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], path, mocked_env))
 
 
-def test_module_from_a_git_source_with_subdir_and_ref(tmp_path: Path, tf_env: dict[str, str]) -> None:
+def test_module_from_a_git_source_with_subdir_and_ref(tmp_path: Path, tf_env: dict[str, str],
+                                                      mocked_env: dict[str, str]) -> None:
     """The README's `git::URL//terraform/modules/aws-gpu-instance-group?ref=...` form, offline:
     a bare clone of this repository stands in for GitHub, pinned to the committed HEAD."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
@@ -239,7 +241,7 @@ def test_module_from_a_git_source_with_subdir_and_ref(tmp_path: Path, tf_env: di
     (module,) = [m for m in installed if m["Key"] == "training_cluster"]
     assert module["Dir"].endswith("terraform/modules/aws-gpu-instance-group"), module
     assert (root / module["Dir"] / "outputs.tf").is_file()
-    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], root, tf_env))
+    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], root, mocked_env))
 
 
 def test_examples_cover_the_main_shapes() -> None:
