@@ -10,12 +10,9 @@ Two things follow from one process serving many commands:
 - the provider reads its environment (AWS credentials, shared config files) when it is
   configured, so it gets the environment terraform would have given it (`env`);
 - it holds one configuration at a time: commands that configure it (plan, apply) must
-  not overlap, while commands that only read its schema (mocked `terraform test` runs) can.
+  not overlap, while commands that never configure it (validate, mocked `terraform test`) can.
 
-Its garbage collector runs less often than Go's default (GOGC=400 unless `env` sets one): the
-provider keeps about 40 MB live but allocates some 2 GB each time it validates a configuration
-with an `endpoints` block (303 attributes, each path spelled out with the whole block), and at
-GOGC=100 a third of its CPU went to collecting; one process per test can afford ~200 MB more.
+Its garbage collector runs less often than Go's default (GOGC below, unless `env` sets one).
 """
 
 from __future__ import annotations
@@ -32,6 +29,10 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 
+# Go's garbage collector for terraform and the provider in tests: at the default (100) a third of the
+# provider's CPU went to collecting, as it keeps ~40 MB live but allocates ~2 GB each time it validates
+# a provider block with `endpoints` (303 attributes, each path spelled out with the whole block), and
+# terraform decodes the provider's 13 MB schema in every command. 400 costs each ~200 MB more.
 GOGC = "400"
 
 

@@ -81,7 +81,7 @@ def aws_provider_binary(tmp_path_factory: pytest.TempPathFactory, tf_cli_config:
 def aws_env(moto: MotoServer, tf_cli_config: Path, plugin_cache: Path, _isolated_state: Path) -> dict[str, str]:
     env = fake_aws_env(moto.url)
     env.update(TF_CLI_CONFIG_FILE=str(tf_cli_config), TF_PLUGIN_CACHE_DIR=str(plugin_cache),
-               TF_IN_AUTOMATION="1", GPUCTL_STATE_DIR=str(_isolated_state))
+               TF_IN_AUTOMATION="1", GPUCTL_STATE_DIR=str(_isolated_state), GOGC=tfprovider.GOGC)
     return env
 
 

@@ -172,7 +172,7 @@ def flat(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def tf_env(tf_cli_config: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    env = {"GOGC": tfprovider.GOGC, **{k: v for k, v in os.environ.items() if not k.startswith("TF_")}}
     env.update(TF_CLI_CONFIG_FILE=str(tf_cli_config), TF_IN_AUTOMATION="1", TF_INPUT="0", CHECKPOINT_DISABLE="1")
     return env
 
