@@ -1,6 +1,7 @@
 """The AWS path end to end against a real moto server on 127.0.0.1.
 
-Real terraform, the real hashicorp/aws provider (from the local mirror), the
+Real terraform, the real hashicorp/aws provider (from the local mirror; one
+process serves all of a test's terraform commands, tests/tfprovider.py), the
 real aws-gpu-instance-group module and the real `gpuctl` CLI in a subprocess;
 moto stands in for EC2. Checks that:
 - `apply --provision-only` creates node_count running instances tagged with the
@@ -32,10 +33,12 @@ from typing import Iterator
 
 import boto3
 import pytest
+import tfprovider
 import yaml
 from e2e import LOST_NODES_PY, REPLACE_NODES_PY, gpuctl_python
 from mototest import CapacityShortage, MotoServer, fake_aws_env, isolated_aws_env
 
+from gpuctl.providers.aws import provider as aws_provider
 from gpuctl.state.registry import Registry
 
 pytestmark = pytest.mark.integration
@@ -59,12 +62,39 @@ def moto(moto_server: MotoServer) -> Iterator[MotoServer]:
     moto_server.reset()
 
 
+@pytest.fixture(scope="session")
+def aws_provider_binary(tmp_path_factory: pytest.TempPathFactory, tf_cli_config: Path, plugin_cache: Path) -> Path:
+    """The hashicorp/aws binary that `terraform init` installs for the roots gpuctl renders (their
+    version constraint, from the mirror)."""
+    root = tmp_path_factory.mktemp("aws-provider")
+    (root / "main.tf.json").write_text(json.dumps({"terraform": {"required_providers": {
+        "aws": {"source": "hashicorp/aws", "version": aws_provider.PROVIDER_VERSION}}}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    env.update(TF_CLI_CONFIG_FILE=str(tf_cli_config), TF_PLUGIN_CACHE_DIR=str(plugin_cache), TF_IN_AUTOMATION="1")
+    init = subprocess.run(["terraform", "init", "-input=false", "-no-color"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert init.returncode == 0, init.stdout + init.stderr
+    return tfprovider.installed_binary(root)
+
+
 @pytest.fixture()
 def aws_env(moto: MotoServer, tf_cli_config: Path, plugin_cache: Path, _isolated_state: Path) -> dict[str, str]:
     env = fake_aws_env(moto.url)
     env.update(TF_CLI_CONFIG_FILE=str(tf_cli_config), TF_PLUGIN_CACHE_DIR=str(plugin_cache),
-               TF_IN_AUTOMATION="1", GPUCTL_STATE_DIR=str(_isolated_state))
+               TF_IN_AUTOMATION="1", GPUCTL_STATE_DIR=str(_isolated_state), GOGC=tfprovider.GOGC)
     return env
+
+
+@pytest.fixture()
+def tf_aws_env(aws_env: dict[str, str], aws_provider_binary: Path) -> Iterator[dict[str, str]]:
+    """aws_env, where this test's terraform commands share one AWS provider process (tests/tfprovider.py)
+    instead of starting four per command. It is started with aws_env, which is what terraform would
+    pass it, less AWS_CA_BUNDLE: a provider configured a second time in one process fails on a CA
+    bundle ("unable to add custom RootCAs"), and moto is plain HTTP. The test's commands run one
+    after another, as its one configuration at a time requires."""
+    env = {k: v for k, v in aws_env.items() if k != "AWS_CA_BUNDLE"}
+    with tfprovider.serving(aws_provider_binary, env) as reattach:
+        yield {**aws_env, "TF_REATTACH_PROVIDERS": reattach}
 
 
 def ec2(moto: MotoServer) -> object:
@@ -112,8 +142,8 @@ def task_file(tmp_path: Path, body: str) -> Path:
     return path
 
 
-def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: MotoServer, aws_env: dict[str, str],
-                                                         _isolated_state: Path) -> None:
+def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: MotoServer,
+                                                         tf_aws_env: dict[str, str], _isolated_state: Path) -> None:
     """One provisioning run (terraform apply is the slow part) covering the whole path:
     us-east-1a has no capacity, so gpuctl destroys that attempt and provisions in
     us-east-1b; then inventory, SSH ingress, a replace and `down` are checked."""
@@ -135,7 +165,7 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
     s3 = shared_state_bucket(moto)
     with CapacityShortage(moto.url, zones=["us-east-1a"]) as proxy:
         # one provider retry, so the capacity error surfaces at once (gpuctl.common.config)
-        env = {**aws_env, **shared_state(moto), "GPUCTL_AWS_ENDPOINT_URL": proxy.url, "GPUCTL_AWS_MAX_RETRIES": "1",
+        env = {**tf_aws_env, **shared_state(moto), "GPUCTL_AWS_ENDPOINT_URL": proxy.url, "GPUCTL_AWS_MAX_RETRIES": "1",
                "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
         up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
         assert up.returncode == 0, up.stdout + up.stderr
@@ -153,7 +183,7 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
 
 
 def test_stopped_nodes_come_back_with_apply_and_with_stop_and_start(tmp_path: Path, moto: MotoServer,
-                                                                     aws_env: dict[str, str],
+                                                                     tf_aws_env: dict[str, str],
                                                                      _isolated_state: Path) -> None:
     """The same instances, stopped and started again: by themselves (autostop's shutdown) then
     `gpuctl apply`, and by `gpuctl stop` / `gpuctl start` through Terraform (its own test beside the
@@ -169,7 +199,7 @@ def test_stopped_nodes_come_back_with_apply_and_with_stop_and_start(tmp_path: Pa
         run: echo never runs with --provision-only
         """)
     s3 = shared_state_bucket(moto)
-    env = {**aws_env, **shared_state(moto), "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
+    env = {**tf_aws_env, **shared_state(moto), "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
     up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
     assert up.returncode == 0, up.stdout + up.stderr
     ids = sorted(i["InstanceId"] for i in running(moto, name))
@@ -385,7 +415,7 @@ def check_cluster(moto: MotoServer, proxy: CapacityShortage, stdout: str, name: 
 
 
 def test_dry_run_of_p5_example_shows_plan_efa_and_placement(tmp_path: Path, moto: MotoServer,
-                                                             aws_env: dict[str, str]) -> None:
+                                                             tf_aws_env: dict[str, str]) -> None:
     example = REPO / "examples" / "aws-p5" / "cluster.yaml"
     # moto has no Deep Learning AMI parameter in SSM (and refuses to create /aws/ names),
     # so the example gets one of moto's images; everything else is as written.
@@ -396,7 +426,7 @@ def test_dry_run_of_p5_example_shows_plan_efa_and_placement(tmp_path: Path, moto
     task["workdir"] = str(example.parent)
     copy = tmp_path / "cluster.yaml"
     copy.write_text(yaml.safe_dump(task, sort_keys=False))
-    out = gpuctl("apply", str(copy), "--dry-run", env=aws_env, cwd=tmp_path)
+    out = gpuctl("apply", str(copy), "--dry-run", env=tf_aws_env, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "AWS us-east-1/us-east-1a: 4 x p5.48xlarge (8 x H100 each), on-demand" in text

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shutil
 import subprocess
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+import tfprovider
 
 pytestmark = pytest.mark.integration
 
@@ -174,7 +172,7 @@ def flat(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def tf_env(tf_cli_config: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    env = {"GOGC": tfprovider.GOGC, **{k: v for k, v in os.environ.items() if not k.startswith("TF_")}}
     env.update(TF_CLI_CONFIG_FILE=str(tf_cli_config), TF_IN_AUTOMATION="1", TF_INPUT="0", CHECKPOINT_DISABLE="1")
     return env
 
@@ -194,57 +192,33 @@ def module_copy(tmp_path_factory: pytest.TempPathFactory, tf_env: dict[str, str]
 
 @pytest.fixture(scope="module")
 def mocked_env(module_copy: Path, tf_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """tf_env for `terraform test` with mock providers: one AWS provider process, started here in
-    debug mode, serves every run its schema (TF_REATTACH_PROVIDERS), where Terraform 1.11 starts a
-    provider of its own twice per run (about 1 s of CPU each, 170 times for this module's runs).
-    Mocked runs only read the schema, so the two terraform processes can share it."""
-    import ctypes
-    import signal as signals
-
-    # (a path pattern: init may link the version directory to the mirror, which rglob would not enter)
-    binary = next((module_copy / ".terraform" / "providers").glob(
-        "registry.terraform.io/hashicorp/aws/*/*/terraform-provider-aws_*"))
-
-    def die_with_the_worker() -> None:  # PR_SET_PDEATHSIG: a killed test run leaves no provider behind
-        ctypes.CDLL(None).prctl(1, signals.SIGTERM)
-
-    proc = subprocess.Popen([str(binary), "-debug"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=tf_env, preexec_fn=die_with_the_worker)
-    try:
-        lines: queue.Queue[str] = queue.Queue()  # read all along: its logs must never fill the pipe
-        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
-        reattach, deadline = None, time.monotonic() + 120
-        while reattach is None:  # it prints the setting once it listens
-            found = re.search(r"TF_REATTACH_PROVIDERS='([^']+)'",
-                              lines.get(timeout=max(0.1, deadline - time.monotonic())))
-            reattach = found[1] if found else None
+    """tf_env for commands that never configure the AWS provider (`terraform validate`, `terraform test`
+    with mock providers): one provider process, started here in debug mode, serves every run its
+    schema and validation (TF_REATTACH_PROVIDERS), where Terraform 1.11 starts a provider of its own
+    twice per run (about 1 s of CPU each, 170 times for this module's runs) and per validate. Nothing
+    configures it, so two terraform processes can share it (tests/tfprovider.py)."""
+    with tfprovider.serving(tfprovider.installed_binary(module_copy), tf_env) as reattach:
         yield {**tf_env, "TF_REATTACH_PROVIDERS": reattach}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_fmt(module_copy: Path, tf_env: dict[str, str]) -> None:
     ok(terraform(["fmt", "-check", "-recursive", "-diff", "-no-color"], module_copy, tf_env))
 
 
-def test_validate_module(module_copy: Path, tf_env: dict[str, str]) -> None:
-    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], module_copy, tf_env))
+def test_validate_module(module_copy: Path, mocked_env: dict[str, str]) -> None:
+    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], module_copy, mocked_env))
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_validate_example(module_copy: Path, tf_env: dict[str, str], example: str) -> None:
+def test_validate_example(module_copy: Path, tf_env: dict[str, str], mocked_env: dict[str, str], example: str) -> None:
     path = module_copy / "examples" / example
     assert 'source = "../.."' in (path / "main.tf").read_text(), "examples call the module by relative source"
     ok(terraform(["init", "-backend=false", "-no-color"], path, tf_env))
-    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], path, tf_env))
+    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], path, mocked_env))
 
 
-def test_module_from_a_git_source_with_subdir_and_ref(tmp_path: Path, tf_env: dict[str, str]) -> None:
+def test_module_from_a_git_source_with_subdir_and_ref(tmp_path: Path, tf_env: dict[str, str],
+                                                      mocked_env: dict[str, str]) -> None:
     """The README's `git::URL//terraform/modules/aws-gpu-instance-group?ref=...` form, offline:
     a bare clone of this repository stands in for GitHub, pinned to the committed HEAD."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
@@ -267,7 +241,7 @@ def test_module_from_a_git_source_with_subdir_and_ref(tmp_path: Path, tf_env: di
     (module,) = [m for m in installed if m["Key"] == "training_cluster"]
     assert module["Dir"].endswith("terraform/modules/aws-gpu-instance-group"), module
     assert (root / module["Dir"] / "outputs.tf").is_file()
-    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], root, tf_env))
+    assert "The configuration is valid" in ok(terraform(["validate", "-no-color"], root, mocked_env))
 
 
 def test_examples_cover_the_main_shapes() -> None:

@@ -473,7 +473,10 @@ def test_commands_avoid_python_terraform_quirks(fake_tf: FakeTerraform, tmp_path
     argv = fake_tf.argv
     assert argv[0] == "destroy"
     assert {"-auto-approve", "-input=false", "-json", "-no-color", "-lock-timeout=7s"} <= set(argv)
-    assert not [a for a in argv if a.startswith(("-force", "-synchronous", "-state", "-var", "-reconfigure"))]
+    assert not [a for a in argv
+                if a.startswith(("-force", "-synchronous", "-state", "-var", "-reconfigure", "-refresh"))]
+    root.destroy(refresh=False)
+    assert fake_tf.argv[0] == "destroy" and "-refresh=false" in fake_tf.argv
     fake_tf.will(rc=0, stdout='{"type":"change_summary","changes":{"add":1,"change":0,"remove":0,"operation":"apply"}}\n')
     assert root.apply() is True
     assert fake_tf.argv[0] == "apply" and "-auto-approve" in fake_tf.argv
@@ -482,6 +485,26 @@ def test_commands_avoid_python_terraform_quirks(fake_tf: FakeTerraform, tmp_path
     fake_tf.will(rc=0, stdout="Terraform has been successfully initialized!\n")
     root.init()
     assert fake_tf.argv == ["init", "-input=false", "-no-color"]
+
+
+def test_init_counts_as_done_until_the_root_changes(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+    """provision() inits once per root as written (with shared state it inits the root first, to read its state)."""
+    root = TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin))
+    root.write({"module": {"cluster": {"source": "/m"}}})
+    assert not root.initialised
+    fake_tf.will(rc=0, stdout="Terraform has been successfully initialized!\n")
+    root.init()
+    assert root.initialised
+    root.write({"module": {"cluster": {"source": "/m"}}})  # the same root again
+    assert root.initialised
+    assert not TerraformRoot(root.workdir, terraform_bin=str(fake_tf.bin)).initialised  # as far as it knows
+    root.write({"module": {"cluster": {"source": "/moved"}}})
+    assert not root.initialised
+    root.write({"module": {"cluster": {"source": "/m"}}})
+    fake_tf.will(rc=1, stderr="Error: Failed to query available provider packages\n")
+    with pytest.raises(ProvisionError):
+        root.init()
+    assert not root.initialised  # a failed init is no init
 
 
 def test_unformatted_failure_falls_back_to_stderr_tail(fake_tf: FakeTerraform, tmp_path: Path) -> None:

@@ -248,8 +248,7 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
             key_path, public_key = ensure_cluster_key(cdir)
             root.write(root_config(provider, req, cdir, public_key, remote))
             if root.has_state():
-                on_progress(f"terraform init ({root.workdir})")
-                root.init()
+                _init(root, on_progress)
                 plan_file, planned = _checked_plan(provider, root, req, on_destroy), True
         except BaseException:
             if created:  # nothing was provisioned: leave no half-made cluster behind
@@ -260,8 +259,7 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
         on_start(req)
         _write_request(cdir, req)
     if not planned:
-        on_progress(f"terraform init ({root.workdir})")
-        root.init()
+        _init(root, on_progress)
     for line in [] if addresses else provider.describe(req):
         on_progress(line)
     while True:
@@ -283,7 +281,9 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
                 on_progress(line)
             if nxt is None:
                 raise
-            root.destroy()  # what the failed attempt made (a subnet, some nodes): the retry starts clean
+            # What the failed attempt made (a subnet, some nodes): the retry starts clean. That apply read
+            # or made every object in the state moments ago, so none is read back first.
+            root.destroy(refresh=False)
             plan_file, planned = None, False
             req = nxt
             root.write(root_config(provider, req, cdir, public_key, remote))
@@ -292,6 +292,13 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     inv = _inventory_from_outputs(root, req, cdir, key_path)
     on_progress(f"inventory: {cdir / INVENTORY_FILE}")
     return inv
+
+
+def _init(root: TerraformRoot, on_progress: Progress) -> None:
+    """`terraform init`, unless it already ran on the root as it is (shared state inits it first to read it)."""
+    if not root.initialised:
+        on_progress(f"terraform init ({root.workdir})")
+        root.init()
 
 
 def _inventory_from_outputs(root: TerraformRoot, req: ClusterRequest, cdir: Path, key_path: Path) -> Inventory:

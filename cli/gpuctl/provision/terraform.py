@@ -96,6 +96,7 @@ class TerraformRoot:
         self.workdir = Path(workdir)
         self.terraform_bin = terraform_bin
         self.lock_timeout = lock_timeout
+        self._initialised: str | None = None  # the root file's text when init last ran here
 
     # -- files -------------------------------------------------------------
 
@@ -116,6 +117,12 @@ class TerraformRoot:
 
     def read(self) -> dict[str, Any]:
         return json.loads(self.root_file.read_text())
+
+    def _root_text(self) -> str | None:
+        try:
+            return self.root_file.read_text()
+        except OSError:
+            return None
 
     def has_state(self) -> bool:
         """Whether the state records any resource (something may exist): the local state, or a
@@ -146,7 +153,15 @@ class TerraformRoot:
 
     def init(self) -> None:
         """`terraform init` (modules and providers; honours the CLI config's mirrors)."""
+        text, self._initialised = self._root_text(), None
         self._run("init", input=False, no_color=IsFlagged)
+        self._initialised = text
+
+    @property
+    def initialised(self) -> bool:
+        """Whether init already ran through this object on the root file as it is now: the modules,
+        providers and backend it names are in place, so another init would change nothing."""
+        return self._initialised is not None and self._initialised == self._root_text()
 
     def plan(self, replace: Sequence[str] = ()) -> PlanSummary:
         """`terraform plan`: what apply would change (with `replace`, as apply(replace=) would). Creates nothing."""
@@ -214,11 +229,12 @@ class TerraformRoot:
             raise ProvisionError(f"terraform output -json in {self.workdir} printed no JSON") from None
         return {k: (v.get("value") if isinstance(v, Mapping) else v) for k, v in raw.items()}
 
-    def destroy(self) -> None:
-        """`terraform destroy` of everything in this root's state."""
+    def destroy(self, *, refresh: bool = True) -> None:
+        """`terraform destroy` of everything in this root's state. `refresh=False` (`-refresh=false`):
+        nothing is read back from the cloud first, for a state that an apply read or made moments ago."""
         self._run(
             "destroy", input=False, no_color=IsFlagged, json=IsFlagged,
-            auto_approve=IsFlagged, lock_timeout=self.lock_timeout,
+            auto_approve=IsFlagged, lock_timeout=self.lock_timeout, **({} if refresh else {"refresh": False}),
         )
 
     # -- plumbing ----------------------------------------------------------
