@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -59,7 +60,9 @@ def test_playbooks_roles_agent_and_readme_inside(tarball: Path) -> None:
     assert "plugins/modules/gpuctl_node_install.py" in members  # the install step's module
     # The node's files are built from cli/gpuctl/node/ (none is in ansible/ in the repository): the
     # tarball holds them as prepare gives them to a node, the role's defaults naming each.
-    assert not (ANSIBLE / "roles/gpuctl_node/files").exists()
+    tracked = subprocess.run(["git", "ls-files", "ansible/roles/gpuctl_node/files"], cwd=REPO, capture_output=True,
+                             text=True, check=False).stdout
+    assert tracked == ""
     defaults = (ANSIBLE / "roles/gpuctl_node/defaults/main.yml").read_text()
     for rel, (data, mode) in bundle.files().items():
         name = Path(rel).name

@@ -23,11 +23,13 @@ the health probe, the all-reduce probe and its nccl-tests helper) go as the file
 from __future__ import annotations
 
 import ast
+import base64
 import builtins
 import hashlib
 import os
 import sys
 import tempfile
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -210,6 +212,13 @@ def files() -> dict[str, tuple[bytes, str]]:
     out = {AGENT: (agent_text().encode(), "0644")}
     out.update({rel: ((NODE / src).read_bytes(), mode) for rel, (src, mode) in PROGRAMS.items()})
     return out
+
+
+def packed_files() -> dict[str, dict[str, str]]:
+    """files() as the install step's bundle carries them: {path: {mode, zdata}} (zlib, then base64: 40%
+    of the bytes in each node's module run). Role gpuctl_node reads them as `gpuctl_agent_files`."""
+    return {rel: {"mode": mode, "zdata": base64.b64encode(zlib.compress(data, 9)).decode()}
+            for rel, (data, mode) in files().items()}
 
 
 def write(directory: Path) -> list[Path]:

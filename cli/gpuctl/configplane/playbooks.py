@@ -56,6 +56,7 @@ import yaml
 from gpuctl.common.paths import ansible_dir
 from gpuctl.common.safetext import printable
 from gpuctl.common.yamlfile import load_yaml
+from gpuctl.configplane import bundle
 from gpuctl.provision import ssh
 
 PLAYBOOKS = ("prepare", "wait", "sync", "setup", "env", "run", "kill")
@@ -334,8 +335,11 @@ def run_playbook(
     vars_dir.mkdir(exist_ok=True, mode=0o700)
     vars_file = vars_dir / f"{ident}.yml"
     fd = os.open(vars_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    # The node's files for role gpuctl_node (wait.yml, prepare.yml): the repository's role has no files/
+    # (a built collection has), so gpuctl gives the bundle it builds from cli/gpuctl/node/.
+    given = {} if "gpuctl_agent_files" in extravars else {"gpuctl_agent_files": bundle.packed_files()}
     with os.fdopen(fd, "w") as fh:
-        fh.write(dump_extravars({**extravars, "gpuctl_control_dir": str(control)}))
+        fh.write(dump_extravars({**extravars, **given, "gpuctl_control_dir": str(control)}))
 
     envvars = {
         "ANSIBLE_CONFIG": str(ansible_dir() / "ansible.cfg"),

@@ -27,11 +27,9 @@ controller's own Python.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
-import zlib
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -50,10 +48,8 @@ FEATURES = ("rclone", "fuse")  # what gpuctl_storage installs (AWS) or checks (e
 
 
 def agent_files() -> dict[str, dict[str, str]]:
-    """What the install step puts under ~/.gpuctl (bundle.files), read once for every node."""
-    # zlib + base64: 40% of the bytes in each node's module run
-    return {rel: {"mode": mode, "zdata": base64.b64encode(zlib.compress(data, 9)).decode()}
-            for rel, (data, mode) in bundle.files().items()}
+    """What the install step puts under ~/.gpuctl (the node bundle), read once for every node."""
+    return bundle.packed_files()
 
 
 def install_bundle(*, fingerprint_value: str, internal_public_key: str, view: Mapping[str, Any],
