@@ -216,7 +216,13 @@ def files() -> dict[str, tuple[bytes, str]]:
 
 def packed_files() -> dict[str, dict[str, str]]:
     """files() as the install step's bundle carries them: {path: {mode, zdata}} (zlib, then base64: 40%
-    of the bytes in each node's module run). Role gpuctl_node reads them as `gpuctl_agent_files`."""
+    of the bytes in each node's module run). Role gpuctl_node reads them as `gpuctl_agent_files`.
+    Compressed once per process and sources (a prepare asks for them for the play and the head's install)."""
+    return {rel: dict(entry) for rel, entry in _packed_for(sources_hash()).items()}
+
+
+@lru_cache(maxsize=None)
+def _packed_for(key: str) -> dict[str, dict[str, str]]:
     return {rel: {"mode": mode, "zdata": base64.b64encode(zlib.compress(data, 9)).decode()}
             for rel, (data, mode) in files().items()}
 
