@@ -199,3 +199,44 @@ def test_a_cancel_from_any_runner_reaches_the_lease_holder(remote: Remote, tmp_p
         assert lease.cancelled
     finally:
         lease.release()
+
+
+def test_kept_logs_follow_their_newest_writer_and_a_stale_copy_never_undoes_them(
+        remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runner B's supervisor died mid-attempt with a short copy it never kept; runner C watched the
+    attempt again and kept its whole output. B's next look (or its next supervisor) takes C's copy in
+    place of its own, so B keeping its logs again cannot undo C's; a copy the bucket has nothing newer
+    for stays, and the supervisor's log keeps B's own lines the bucket lacks."""
+    store = remote.store
+
+    def log_of(root: Path, k: int) -> Path:
+        path = root / f"attempt-{k}.log" if k else root / "supervisor.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    b, c = tmp_path / "b", tmp_path / "c"
+    log_of(b, 1).write_text("attempt 1 whole\n")
+    shared.push_log(store, 7, 1, log_of(b, 1))
+    log_of(b, 2).write_text("== attempt 2 ==\nJob 2 running\n")  # died before keeping it
+    log_of(b, 0).write_text("10:00 attempt 2: starting\n10:01 only b saw this\n")
+
+    log_of(c, 2).write_text("== attempt 2 ==\nrank 0 attempt 2 resumes at step 8\n")
+    log_of(c, 0).write_text("10:00 attempt 2: starting\n10:05 watching attempt 2 again\n")
+    for k in (0, 2):
+        shared.push_log(store, 7, k, log_of(c, k))
+
+    shared.pull_logs(store, 7, lambda k: log_of(b, k))
+    assert log_of(b, 1).read_text() == "attempt 1 whole\n"  # its own kept copy, nothing newer: untouched
+    assert log_of(b, 2).read_text() == "== attempt 2 ==\nrank 0 attempt 2 resumes at step 8\n"
+    merged = log_of(b, 0).read_text()
+    assert merged.startswith("10:00 attempt 2: starting\n10:05 watching attempt 2 again\n")
+    assert merged.endswith("== lines this runner wrote that the state bucket did not keep ==\n10:01 only b saw this\n")
+    # B keeps its logs again: the bucket now has C's output, never B's short copy
+    shared.push_log(store, 7, 2, log_of(b, 2))
+    assert b"resumes at step 8" in store.get(store.key("managed", "jobs", "7", "attempt-2.log"))
+    # a copy B grew after keeping it is its newest: a second look leaves it alone
+    log_of(b, 1).write_text("attempt 1 whole\nand more\n")
+    shared.pull_logs(store, 7, lambda k: log_of(b, k))
+    assert log_of(b, 1).read_text() == "attempt 1 whole\nand more\n"
+    # the remembered ETags are private, as the logs are
+    assert stat.S_IMODE(os.stat(b / ".attempt-2.log.etag").st_mode) == 0o600

@@ -218,21 +218,66 @@ def missing_secrets(names: Iterable[str], env: dict[str, str] | None = None) -> 
 
 
 def push_log(store: S3Store, job_id: int, attempt: int, path: Path) -> None:
+    """Keep a log (attempt 0: the supervisor's) in the bucket, and remember the copy's ETag beside
+    it: the bucket's copy is this runner's word until another runner replaces it."""
     if path.is_file():
-        store.put(_job_key(store, job_id, f"attempt-{attempt}.log"), path.read_bytes())
+        etag = store.put_etag(_job_key(store, job_id, f"attempt-{attempt}.log"), path.read_bytes())
+        _write_private(_synced(path), etag.encode())
 
 
 def pull_logs(store: S3Store, job_id: int, into: Callable[[int], Path]) -> None:
-    """Every kept attempt log this runner lacks (an attempt another runner supervised)."""
+    """Every kept log another runner wrote since this runner last kept or fetched it, in place of
+    this runner's copy (an attempt another runner's supervisor watched after this runner's died:
+    its copy is the newer). A local copy the bucket has nothing newer for stays, as it may hold
+    more than the bucket (a supervisor that died before keeping it). The supervisor's log keeps
+    this runner's lines the bucket's copy lacks, after it."""
     prefix = _job_key(store, job_id, "attempt-")
-    for key in store.list(prefix):
+    for key, etag in store.list(prefix).items():
         stem = key[len(prefix):].removesuffix(".log")
-        if stem.isdigit() and not into(int(stem)).exists():
-            data = store.get(key)
-            if data is not None:
-                fd = os.open(into(int(stem)), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
+        if not stem.isdigit():
+            continue
+        path = into(int(stem))
+        if path.exists() and _read_text(_synced(path)) == etag:
+            continue
+        found = store.get_tagged(key)
+        if found is None:
+            continue
+        data, etag = found
+        if int(stem) == 0 and path.exists():
+            data = _merged_supervisor_log(data, path.read_bytes())
+        _write_private(path, data)  # in place: a supervisor of this runner may hold it open to append
+        _write_private(_synced(path), etag.encode())
+
+
+def _synced(path: Path) -> Path:
+    return path.with_name(f".{path.name}.etag")
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def _merged_supervisor_log(kept: bytes, local: bytes) -> bytes:
+    """The bucket's supervisor log, then the lines only this runner's copy has (from a supervisor
+    of this runner that died before keeping them)."""
+    if kept.startswith(local):
+        return kept
+    known = set(kept.splitlines())
+    extra = [line for line in local.splitlines() if line not in known]
+    if not extra:
+        return kept
+    if kept and not kept.endswith(b"\n"):
+        kept += b"\n"
+    return kept + b"== lines this runner wrote that the state bucket did not keep ==\n" + b"\n".join(extra) + b"\n"
 
 
 def request_cancel(store: S3Store, job_id: int) -> None:

@@ -198,6 +198,11 @@ class Supervisor:
             return False
         self.store.lease = lease
         self.store.push(self.job_id)  # the bucket's row now says which runner supervises the job
+        try:  # the logs as the last holder kept them, so that this one's keeping extends, not undoes, them
+            shared.pull_logs(self.store.bucket, self.job_id, lambda k: attempt_log(self.job_id, k) if k
+                             else supervisor_log(self.job_id))
+        except (ProvisionError, UserError) as exc:
+            self.say(f"could not fetch the kept logs from the state bucket: {exc}")
         self.say(f"holding managed job {self.job_id}'s lease in the state bucket ({lease.me['who']}, "
                  f"term {lease.term:g} s)")
         return True
