@@ -1,3 +1,3 @@
-from gpuctl.cli import main
+from gpuctl.clistart import main
 
 main()

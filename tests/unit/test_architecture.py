@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cli" / "gpuctl"
 LAYERS = ("node", "common", "spec", "providers", "state", "provision", "configplane", "jobplane", "healthcheck", "managed",
           "api", "cli")
 # Top-level modules and the layer they belong to.
-TOP_LEVEL = {"__init__": "common", "__main__": "cli", "cli": "cli", "cliargs": "cli", "autostopcli": "cli",
+TOP_LEVEL = {"__init__": "common", "__main__": "cli", "cli": "cli", "clistart": "cli", "cliargs": "cli", "autostopcli": "cli",
              "costcli": "cli", "healthcli": "cli", "jobscli": "cli", "usage": "cli", "entrypoints": "cli",
              "logscli": "cli", "powercli": "cli"}
 MAX_LINES = 800

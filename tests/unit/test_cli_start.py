@@ -120,3 +120,80 @@ def test_exec_loads_the_job_plane_and_nothing_of_provisioning(tmp_path: Path) ->
     # What exec runs a job with (imported before the cluster is looked up), so this is its whole import graph.
     assert {"gpuctl.jobplane.runner", "gpuctl.state.registry", "gpuctl.provision.inventory"} <= modules
     assert not loaded(modules, NOT_FOR_EXEC), f"gpuctl exec loaded {loaded(modules, NOT_FOR_EXEC)}"
+
+
+# The program as installed: gpuctl.clistart.main (pyproject's [project.scripts]), which answers
+# --version and a kept help before typer loads.
+ENTRY_MODULES_AT_EXIT = MODULES_AT_EXIT.replace("import gpuctl.cli\n", "import gpuctl.clistart\n").replace(
+    "gpuctl.cli.main()", "gpuctl.clistart.main()")
+
+
+def entry_at_exit(tmp_path: Path, *argv: str, cache: Path, columns: int = 100,
+                  ) -> tuple[subprocess.CompletedProcess, set[str]]:
+    out = tmp_path / f"modules-{len(list(tmp_path.iterdir()))}.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_STATE_BUCKET")}
+    env.update(PYTHONPATH=str(Path(gpuctl.__file__).resolve().parents[1]), HOME=str(tmp_path), COLUMNS=str(columns),
+               GPUCTL_STATE_DIR=str(tmp_path / "state"), GPUCTL_CACHE_DIR=str(cache))
+    proc = subprocess.run([sys.executable, "-c", ENTRY_MODULES_AT_EXIT, str(out), *argv], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=60)
+    assert out.exists(), f"no module list: exit {proc.returncode}\n{proc.stderr}"
+    return proc, set(json.loads(out.read_text()))
+
+
+def test_the_scripts_entry_is_clistart() -> None:
+    project = (REPO / "pyproject.toml").read_text()
+    assert 'gpuctl = "gpuctl.clistart:main"' in project
+    assert "gpuctl.clistart" in (REPO / "cli" / "gpuctl" / "__main__.py").read_text()
+
+
+def test_version_loads_no_command_tree(tmp_path: Path) -> None:
+    proc, modules = entry_at_exit(tmp_path, "--version", cache=tmp_path / "cache")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"gpuctl {gpuctl.__version__}\n", "")
+    assert not loaded(modules, ("typer", "click", "gpuctl.cli", *NOT_FOR_HELP)), sorted(modules)
+
+
+@pytest.mark.parametrize("argv", [["--help"], [], ["jobs", "launch", "--help"], ["cost-report", "--help"]], ids=repr)
+def test_a_help_once_rendered_is_printed_again_without_typer(tmp_path: Path, argv: list[str]) -> None:
+    cache = tmp_path / "cache"
+    first, first_modules = entry_at_exit(tmp_path, *argv, cache=cache)
+    assert first.returncode == 0 and first.stdout.startswith("Usage: gpuctl"), first.stderr
+    assert "typer" in first_modules  # rendered by click the first time
+    [entry] = cache.glob("help-*.json")
+    assert oct(entry.stat().st_mode & 0o777) == "0o600" and oct(cache.stat().st_mode & 0o777) == "0o700"
+    again, modules = entry_at_exit(tmp_path, *argv, cache=cache)
+    assert (again.returncode, again.stdout, again.stderr) == (0, first.stdout, first.stderr)
+    assert not loaded(modules, ("typer", "click", "gpuctl.cli", *NOT_FOR_HELP)), sorted(modules)
+
+
+def test_a_kept_help_follows_the_code_and_the_width(tmp_path: Path) -> None:
+    """A module that made the help changed since (its mtime or size differs): rendered again; a
+    terminal of another width has its own help."""
+    cache = tmp_path / "cache"
+    wide, _ = entry_at_exit(tmp_path, "exec", "--help", cache=cache, columns=120)
+    [entry] = cache.glob("help-*.json")
+    kept = json.loads(entry.read_text())
+    cli_py = next(p for p in kept["made_by"] if p.endswith(os.path.join("gpuctl", "cli.py")))
+    kept["made_by"][cli_py][0] -= 1  # as if cli.py had been edited since
+    kept["text"] = "stale help\n"
+    entry.write_text(json.dumps(kept))
+    again, modules = entry_at_exit(tmp_path, "exec", "--help", cache=cache, columns=120)
+    assert again.stdout == wide.stdout and "typer" in modules
+    assert json.loads(entry.read_text())["text"] == wide.stdout  # kept again, as rendered now
+    narrow, _ = entry_at_exit(tmp_path, "exec", "--help", cache=cache, columns=60)
+    assert narrow.returncode == 0 and narrow.stdout != wide.stdout
+    assert len(narrow.stdout.splitlines()[0]) <= 60 < len(wide.stdout.splitlines()[0])  # the usage line, wrapped
+    assert len(list(cache.glob("help-*.json"))) == 2
+
+
+def test_a_help_that_fails_or_cannot_be_kept_is_still_the_commands_own(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    helped, _ = entry_at_exit(tmp_path, "--help", cache=blocked / "cache")  # under a file: cannot be made
+    assert helped.returncode == 0 and helped.stdout.startswith("Usage: gpuctl") and helped.stderr == ""
+    cache = tmp_path / "cache"
+    wrong, _ = entry_at_exit(tmp_path, "nosuch", "--help", cache=cache)
+    assert wrong.returncode == 2 and "error: no such command 'nosuch'" in wrong.stderr, wrong.stderr
+    assert not list(cache.glob("help-*.json"))  # only a help that printed and exited 0 is kept
+    options, _ = entry_at_exit(tmp_path, "status", "-o", "json", "--help", cache=cache)
+    assert options.returncode == 0 and options.stdout.startswith("Usage: gpuctl status")
+    assert not list(cache.glob("help-*.json"))  # words beyond command names: never from the cache

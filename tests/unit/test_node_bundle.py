@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.common.paths import CACHE_ENV
 from gpuctl.configplane import bundle
 
 
 def test_the_agent_is_built_from_the_node_package_and_cached_by_its_sources(tmp_path, monkeypatch):
-    monkeypatch.setenv(bundle.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     bundle._agent_for.cache_clear()
     text = bundle.agent_text()
     assert text == bundle.build_agent()  # the same bytes each time: the fingerprint hashes them
@@ -39,7 +40,7 @@ def test_the_agent_is_built_from_the_node_package_and_cached_by_its_sources(tmp_
 def test_an_unwritable_cache_still_gives_the_agent(tmp_path, monkeypatch):
     blocked = tmp_path / "file"
     blocked.write_text("")
-    monkeypatch.setenv(bundle.CACHE_ENV, str(blocked / "cache"))  # under a file: cannot be made
+    monkeypatch.setenv(CACHE_ENV, str(blocked / "cache"))  # under a file: cannot be made
     bundle._agent_for.cache_clear()
     try:
         assert bundle.agent_text() == bundle.build_agent()

@@ -65,3 +65,16 @@ def readable_state_file(workdir: Path) -> Path:
     local = workdir / LOCAL_STATE_FILE
     snapshot = workdir / STATE_SNAPSHOT_FILE
     return local if local.is_file() or not snapshot.is_file() else snapshot
+
+
+CACHE_ENV = "GPUCTL_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """What gpuctl keeps to go faster and can always make again (the built node agent, rendered
+    help): $GPUCTL_CACHE_DIR, else $XDG_CACHE_HOME/gpuctl or ~/.cache/gpuctl."""
+    given = os.environ.get(CACHE_ENV) or ""
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpuctl"

@@ -33,6 +33,8 @@ import zlib
 from functools import lru_cache
 from pathlib import Path
 
+from gpuctl.common.paths import cache_dir
+
 NODE = Path(__file__).resolve().parents[1] / "node"  # cli/gpuctl/node
 # Dependency order: each module imports only from those before it.
 AGENT_MODULES = (
@@ -65,7 +67,6 @@ PROGRAMS = {
     "lib/allreduceprobe.py": ("allreduceprobe.py", "0644"),
     "lib/ncclperf.py": ("ncclperf.py", "0644"),
 }
-CACHE_ENV = "GPUCTL_CACHE_DIR"
 
 
 class BuildError(Exception):
@@ -162,15 +163,6 @@ def sources_hash() -> str:
     for rel in (OVERVIEW, *AGENT_MODULES, *sorted(src for src, _ in PROGRAMS.values())):
         h.update(rel.encode() + b"\0" + hashlib.sha256((NODE / rel).read_bytes()).digest())
     return h.hexdigest()
-
-
-def cache_dir() -> Path:
-    """Where built agents are kept: $GPUCTL_CACHE_DIR, else $XDG_CACHE_HOME/gpuctl or ~/.cache/gpuctl."""
-    given = os.environ.get(CACHE_ENV) or ""
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gpuctl"
 
 
 @lru_cache(maxsize=None)
