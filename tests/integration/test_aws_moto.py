@@ -210,6 +210,13 @@ def test_stopped_nodes_come_back_with_apply_and_with_stop_and_start(tmp_path: Pa
     again = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert sorted(i["InstanceId"] for i in running(moto, name)) == ids
+    # a node's public address is new once it started (moto, as EC2, drops it at the stop): the apply's
+    # inventory has the new ones, not the private addresses its outputs had while the nodes were stopped
+    from gpuctl.provision.provisioner import load_inventory_of
+
+    inv = load_inventory_of(name)
+    assert inv is not None and {n.node_id: n.ssh_host for n in inv.nodes} == {
+        i["InstanceId"]: i.get("PublicIpAddress") for i in running(moto, name)}
     check_stop_and_start(moto, name, env, _isolated_state, tmp_path, ids)
     down = gpuctl("down", name, env=env, cwd=tmp_path)
     assert down.returncode == 0, down.stdout + down.stderr

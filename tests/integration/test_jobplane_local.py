@@ -24,9 +24,11 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -162,8 +164,17 @@ def test_fanout_tree_has_depth_two(jp: JP):
 
 
 def test_ranks_output_and_exit_codes_through_the_tree(jp: JP):
-    res = jp.gpuctl("exec", NAME, *shell('echo "out $GPUCTL_NODE_RANK"; echo "err $GPUCTL_NODE_RANK" >&2; '
-                                          'exit $((GPUCTL_NODE_RANK == 4 ? 7 : 0))'))
+    # rank 4 fails only once the others have ended (their marks, in a directory every node sees), so
+    # that each one's own code is read, not the 143 of being stopped after the first failure
+    marks = Path(tempfile.mkdtemp(prefix="gpuctl-jp-", dir="/tmp"))
+    marks.chmod(0o777)
+    try:
+        res = jp.gpuctl("exec", NAME, *shell(
+            'echo "out $GPUCTL_NODE_RANK"; echo "err $GPUCTL_NODE_RANK" >&2; '
+            f'if [ "$GPUCTL_NODE_RANK" = 4 ]; then for _ in $(seq 600); do [ "$(ls {marks} | wc -l)" -ge 4 ] && break; '
+            f'sleep 0.05; done; sleep 0.5; exit 7; fi; trap "touch {marks}/$GPUCTL_NODE_RANK" EXIT'))
+    finally:
+        shutil.rmtree(marks, ignore_errors=True)
     assert res.returncode == 1, res.describe()
     lines = res.stdout.splitlines()
     for n in jp.nodes:

@@ -28,6 +28,10 @@ Facts (class attributes):
   `count` index is the node's rank), e.g. `aws_instance.node`; what
   `node_addresses` names for `terraform apply -replace`. Empty: gpuctl cannot
   make a single node again (it did not make them).
+- `power_resource`: the module's resource that holds the nodes' power state
+  (`aws_ec2_instance_state.node`), empty where there is none. An apply that
+  updates it started (or stopped) nodes, and the outputs that apply printed
+  were read before: a node's public address is new once it started.
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ class Provider(Protocol):
     checks_console_host_keys: bool
     authorizes_internal_key_at_boot: bool
     node_resource: str
+    power_resource: str
 
     # -- provisioning (provision/provisioner.py) -------------------------------------------------
 
@@ -275,6 +280,7 @@ class BaseProvider:
     checks_console_host_keys = False
     authorizes_internal_key_at_boot = False
     node_resource = ""
+    power_resource = ""
 
     def module_dir(self) -> Path:
         path = terraform_dir() / "modules" / self.module_name

@@ -99,8 +99,6 @@ def bring_up(req: ClusterRequest, *, reporter: Reporter, registry: Registry, wor
                 registry.publish(req.name)  # a half-made cluster: the next runner can still take it down
                 registry.set_cluster_status(req.name, "INIT")
             raise
-        if was_stopped:  # the outputs were read before the nodes started: their public addresses are new
-            inv = provisioner.refresh_inventory(req.name, on_progress=reporter.info)
         (cluster_dir(req.name) / STOP_FILE).unlink(missing_ok=True)
         registry.publish(req.name)
         registry.upsert_cluster(req.name, cloud=req.cloud, region=inv.region, zone=inv.zone,

@@ -239,6 +239,7 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
         key_path, public_key = ensure_cluster_key(cdir)
     plan_file: Path | None = None
     planned = False  # an existing cluster's apply: planned first, then that plan applied (or none)
+    powers = False  # the plan starts nodes (stopped by autostop or `gpuctl stop`): addresses read again after
     if not replace_ranks:
         req = provider.prepare(req)
         created = not cdir.exists()
@@ -249,7 +250,8 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
             root.write(root_config(provider, req, cdir, public_key, remote))
             if root.has_state():
                 _init(root, on_progress)
-                plan_file, planned = _checked_plan(provider, root, req, on_destroy), True
+                plan_file, powers = _checked_plan(provider, root, req, on_destroy)
+                planned = True
         except BaseException:
             if created:  # nothing was provisioned: leave no half-made cluster behind
                 shutil.rmtree(cdir, ignore_errors=True)
@@ -284,11 +286,14 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
             # What the failed attempt made (a subnet, some nodes): the retry starts clean. That apply read
             # or made every object in the state moments ago, so none is read back first.
             root.destroy(refresh=False)
-            plan_file, planned = None, False
+            plan_file, planned, powers = None, False, False
             req = nxt
             root.write(root_config(provider, req, cdir, public_key, remote))
             _write_request(cdir, req)
     on_progress("terraform apply: done" if changed else "terraform apply: no changes, reusing the existing nodes")
+    if powers:  # the apply's outputs were read while the nodes were stopped: no public address, or the old one
+        on_progress("terraform apply -refresh-only: the started nodes' addresses as they are now")
+        root.refresh()
     inv = _inventory_from_outputs(root, req, cdir, key_path)
     on_progress(f"inventory: {cdir / INVENTORY_FILE}")
     return inv
@@ -376,13 +381,16 @@ def refresh_inventory(name: str, *, on_progress: Progress = _quiet) -> Inventory
 
 
 def _checked_plan(provider: Provider, root: TerraformRoot, req: ClusterRequest,
-                  on_destroy: Callable[[Doomed], None]) -> Path | None:
+                  on_destroy: Callable[[Doomed], None]) -> tuple[Path | None, bool]:
     """Plan an existing cluster's apply into a file; hand the nodes it would destroy to on_destroy
-    first. The plan file, or None when the plan changes nothing."""
+    first. The plan file, or None when the plan changes nothing; and whether it changes the nodes'
+    power state (provider.power_resource): nodes that autostop or `gpuctl stop` stopped start."""
     plan_file = root.workdir / "gpuctl.tfplan"
     changes = root.plan_to(plan_file)
     if not changes:
-        return None
+        return None, False
+    powered = f".{provider.power_resource}[" if provider.power_resource else None
+    powers = powered is not None and any(c.action == "update" and powered in c.address for c in changes)
     index = {a: i for i, a in enumerate(provider.node_addresses(range(MAX_NODE_INDEX)))} \
         if provider.node_resource else {}
     # Only nodes that came up are anyone's: an apply that never finished left no inventory, and a node
@@ -406,7 +414,7 @@ def _checked_plan(provider: Provider, root: TerraformRoot, req: ClusterRequest,
         except BaseException:
             plan_file.unlink(missing_ok=True)
             raise
-    return plan_file
+    return plan_file, powers
 
 
 MAX_NODE_INDEX = 1024  # more nodes than any provider makes in one cluster

@@ -335,6 +335,7 @@ class AwsProvider(BaseProvider):
     # Replacing the instance redoes what hangs on its id (aws_ec2_instance_state, aws_eip) by
     # Terraform's own graph; the launch template, subnet and groups stay.
     node_resource = "aws_instance.node"
+    power_resource = "aws_ec2_instance_state.node"
 
     def __init__(self, settings: AwsSettings | None = None) -> None:
         self._settings = settings
