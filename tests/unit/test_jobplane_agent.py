@@ -195,7 +195,7 @@ def test_one_node_job_streams_output_and_succeeds(node_home: Path):
 def test_the_installed_command_imports_the_agent_and_keeps_its_bytecode(node_home: Path, monkeypatch):
     """As the prepare play installs them: bin/gpuctl-node imports lib/gpuctl_node.py, so the first
     call leaves the agent's bytecode in lib/__pycache__ and later calls do not compile it again; the
-    agent runs itself again (the coordinator, whose fork supervises the stage) through that command."""
+    coordinator (a fork of `submit`) and the stage's supervisor (a fork of the coordinator) are that command."""
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # as some images set it: the launcher caches all the same
     lib = node_home / ".gpuctl" / "lib"
     lib.mkdir()
@@ -205,7 +205,7 @@ def test_the_installed_command_imports_the_agent_and_keeps_its_bytecode(node_hom
     events, outcome, _ = submit(node_home, payload("12", 'tr "\\0" " " < /proc/$PPID/cmdline; echo'), command=command)
     assert outcome is not None and outcome.status == "SUCCEEDED"
     supervisor = [e.text for e in events if e.kind == "O" and e.stage == "run"]
-    assert supervisor and f"{command} coordinate 12" in supervisor[0], supervisor
+    assert supervisor and f"{command} submit" in supervisor[0], supervisor
     assert list((lib / "__pycache__").glob("gpuctl_node.*.pyc"))
     # a node whose agent is cut short (its cached bytecode then no longer matches) or gone: 127, as for a
     # missing command, so the controller prepares it again

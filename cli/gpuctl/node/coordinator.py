@@ -1,7 +1,7 @@
-"""The head's side of a job (`submit`, `coordinate`, `attach`, `events`, `cancel`, `job-status`).
+"""The head's side of a job (`submit`, `attach`, `events`, `cancel`, `job-status`).
 
-`submit` is the controller's one call: it takes the job from stdin, starts
-the detached coordinator (`coordinate`) and streams JOBDIR/events.log back;
+`submit` is the controller's one call: it takes the job from stdin, forks
+the detached coordinator (fork_coordinator) and streams JOBDIR/events.log back;
 `attach` streams it again from an offset, `events` prints it as it is now. The `Coordinator` drives the
 phases (P events: hello, buckets, sync, mounts, setup, run) through the head's
 Relay, decides fail-fast (it sees every exit first), and ends with the
@@ -13,22 +13,22 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
+import traceback
 
 from gpuctl.node.autostop import ensure_watcher, going
 from gpuctl.node.buckets import check_bucket_sources, parse_secrets, rclone_env
 from gpuctl.node.follow import OUTPUT_HEADS, Out, ev, follow_stage
 from gpuctl.node.jobdir import (
-    Stage, agent_file, cannot_write, job_dir, prepared_problem, read_int, read_text, take_job_dir, write_atomic,
+    Stage, cannot_write, job_dir, prepared_problem, read_int, read_text, take_job_dir, write_atomic,
     write_private,
 )
 from gpuctl.node.procs import pid_alive
 from gpuctl.node.relay import Relay, describe_by_node, read_payload
 from gpuctl.node.protocol import (
-    CMD_COORDINATE, EV_BUCKETS, EV_CLAIMS, EV_DONE, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_PHASE, EV_STARTED,
+    EV_BUCKETS, EV_CLAIMS, EV_DONE, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_PHASE, EV_STARTED,
     EV_SYNCED, EXIT_UNKNOWN, HELLO_OK, HELLO_PROBLEM, HELLO_UNPREPARED, MESSAGE_PREFIX, OFFSET_HEADER,
     PHASE_BUCKETS, PHASE_CANCELLING, PHASE_MOUNTS, PHASE_PLAN, PHASE_RUN, PHASE_RUNNING, PHASE_SETUP, PHASE_START,
     PHASE_SYNC, RELAY_BUCKETS, RELAY_CLAIM, RELAY_CLEANUP, RELAY_END, RELAY_KILL, RELAY_RELEASE, RELAY_START,
@@ -328,14 +328,8 @@ class Coordinator(object):
         return 0
 
 
-def cmd_coordinate(args):
-    """Detached, started by `submit`: the secrets arrive on stdin, then it runs the job."""
-    jobdir = job_dir(args.job)
-    with open(os.path.join(jobdir, "payload.json")) as fh:
-        payload = json.load(fh)
-    secrets = json.loads(sys.stdin.buffer.read().decode("utf-8") or '""')
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
+def run_coordinator(jobdir, payload, secrets):
+    """The head's coordinator of one job: runs it to its end (a fork of `submit`, fork_coordinator)."""
     coordinator = Coordinator(jobdir, payload, secrets)
 
     def on_term(signum, frame):
@@ -345,6 +339,59 @@ def cmd_coordinate(args):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, on_term)
     return coordinator.run()
+
+
+def fork_coordinator(jobdir, payload, secrets):
+    """Start the job's coordinator as a fork of this `submit`, in a session of its own and re-parented
+    to init (a double fork), so that it outlives the controller's SSH session: a job costs the head one
+    Python start and agent import fewer than running the agent again, and its secrets pass through no
+    pipe. Its output goes to coordinator.log. The coordinator's pid, or None if it did not start."""
+    log_path = os.path.join(jobdir, "coordinator.log")
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # intermediate: a new session, then fork the coordinator and leave
+        code = 1
+        try:
+            os.close(read_fd)
+            os.setsid()
+            coordinator = os.fork()
+            if coordinator == 0:
+                rc = 1
+                try:
+                    rc = _coordinate_detached(jobdir, payload, secrets, log_path)
+                finally:
+                    os._exit(rc if isinstance(rc, int) else 1)
+            os.write(write_fd, b"%d\n" % coordinator)
+            code = 0
+        except BaseException:  # noqa: BLE001 - never return into submit's code
+            code = 1
+        os._exit(code)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_fd, "rb") as pipe:
+        line = pipe.readline().strip()
+    return int(line) if line.isdigit() else None
+
+
+def _coordinate_detached(jobdir, payload, secrets, log_path):
+    """In the forked coordinator: hold none of the SSH session's pipes or submit's files, then run."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 65536))
+    os.chdir(os.path.expanduser("~"))
+    try:
+        return run_coordinator(jobdir, payload, secrets)
+    except BaseException:  # noqa: BLE001 - said in its log, as an uncaught error in its own process was
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def answer_without_job(out, hello, outcome):
@@ -388,13 +435,12 @@ def cmd_submit(args):
             "the cluster is going: autostop began to %s, so the job was not started; `gpuctl apply` "
             "brings the cluster back" % what)})
     ensure_watcher()  # an autostop watcher killed, or gone with a reboot, comes back with the next job
-    with open(os.path.join(jobdir, "coordinator.log"), "ab") as log:
-        proc = subprocess.Popen([sys.executable, agent_file(), CMD_COORDINATE, payload["job"]],
-                                stdin=subprocess.PIPE, stdout=log, stderr=log, close_fds=True,
-                                start_new_session=True, cwd=os.path.expanduser("~"))
-    write_atomic(os.path.join(jobdir, "events.supervisor"), str(proc.pid))
-    proc.stdin.write(json.dumps(secrets).encode())
-    proc.stdin.close()
+    pid = fork_coordinator(jobdir, payload, secrets)
+    if pid is None:  # fork failed (no memory, no pids left): nothing of the job started
+        shutil.rmtree(jobdir, ignore_errors=True)
+        return answer_without_job(out, b"", {"status": "FAILED", "ranks": [], "detail": (
+            "the head could not start the job's coordinator (fork failed: out of memory or processes?)")})
+    write_atomic(os.path.join(jobdir, "events.supervisor"), str(pid))
     return follow_stage(Stage(jobdir, STAGE_EVENTS), out, offset=0, print_offset=True)
 
 

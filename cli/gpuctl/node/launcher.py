@@ -21,5 +21,5 @@ except Exception as exc:  # noqa: BLE001 - ImportError, SyntaxError, AttributeEr
     sys.stderr.write("gpuctl-node: cannot load the agent (%s: %s); gpuctl prepares this node again at its next "
                      "job\n" % (type(exc).__name__, exc))
     sys.exit(127)
-gpuctl_node.LAUNCHER = os.path.abspath(__file__)  # what the agent runs again (coordinate, ...)
+gpuctl_node.LAUNCHER = os.path.abspath(__file__)  # what the agent runs again (relay, autostop-watch, ...)
 sys.exit(main())

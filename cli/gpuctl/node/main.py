@@ -6,7 +6,7 @@ import sys
 from gpuctl.node.autostop import cmd_autostop, cmd_autostop_watch
 from gpuctl.node.buckets import cmd_unmount_bucket
 from gpuctl.node.containers import cmd_container_stage
-from gpuctl.node.coordinator import cmd_attach, cmd_cancel, cmd_coordinate, cmd_events, cmd_job_status, cmd_submit
+from gpuctl.node.coordinator import cmd_attach, cmd_cancel, cmd_events, cmd_job_status, cmd_submit
 from gpuctl.node.destinations import cmd_check_dest, cmd_claim
 from gpuctl.node.epochs import FENCE_GRACE, cmd_fence
 from gpuctl.node.follow import cmd_follow
@@ -16,7 +16,7 @@ from gpuctl.node.relay import cmd_relay
 from gpuctl.node.stages import cmd_kill, cmd_launch, cmd_status
 from gpuctl.node.protocol import (
     AUTOSTOP_ACTIONS, CMD_ATTACH, CMD_AUTOSTOP, CMD_AUTOSTOP_WATCH, CMD_CANCEL, CMD_CHECK_DEST, CMD_CLAIM,
-    CMD_CONTAINER_STAGE, CMD_COORDINATE, CMD_EVENTS, CMD_FENCE, CMD_FOLLOW, CMD_INSTALL, CMD_INSTALL_PEERS,
+    CMD_CONTAINER_STAGE, CMD_EVENTS, CMD_FENCE, CMD_FOLLOW, CMD_INSTALL, CMD_INSTALL_PEERS,
     CMD_JOB_STATUS, CMD_KILL, CMD_LAUNCH, CMD_RELAY, CMD_STATUS, CMD_SUBMIT, CMD_UNMOUNT_BUCKET, OFFSET_HEADER,
 )
 
@@ -80,9 +80,6 @@ def main(argv=None):
     p.add_argument("jobdir")
     p.add_argument("stage")
     p.set_defaults(func=cmd_container_stage)
-    p = sub.add_parser(CMD_COORDINATE, help="the head's coordinator of a job (started by submit)")
-    p.add_argument("job")
-    p.set_defaults(func=cmd_coordinate)
     p = sub.add_parser(CMD_ATTACH, help="stream a job's events from a byte offset")
     p.add_argument("job")
     p.add_argument("--offset", type=int, default=0)

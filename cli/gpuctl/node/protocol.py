@@ -63,7 +63,6 @@ CMD_CANCEL = "cancel"
 CMD_JOB_STATUS = "job-status"
 CMD_EVENTS = "events"  # a job's events.log as it is now, in one read (`gpuctl logs` of a job that ended)
 CMD_RELAY = "relay"  # a worker's part of a job, started by its parent node
-CMD_COORDINATE = "coordinate"  # the head's coordinator, started by submit
 CMD_CONTAINER_STAGE = "container-stage"  # a stage in the node's container, started by its supervisor
 CMD_INSTALL = "install"  # prepare's one step on a node: the bundle on stdin (agent/install.py)
 CMD_INSTALL_PEERS = "install-peers"  # the head installs the workers it is given (agent/peerinstall.py)
@@ -75,7 +74,7 @@ CMD_AUTOSTOP_WATCH = "autostop-watch"  # the head's watcher, started by `autosto
 CMD_FENCE = "fence"
 # Every sub-command above: the controller's door (jobplane/agentcall.py) builds a line only from these.
 AGENT_COMMANDS = (CMD_LAUNCH, CMD_FOLLOW, CMD_KILL, CMD_STATUS, CMD_CLAIM, CMD_CHECK_DEST, CMD_UNMOUNT_BUCKET,
-                  CMD_SUBMIT, CMD_ATTACH, CMD_CANCEL, CMD_JOB_STATUS, CMD_EVENTS, CMD_RELAY, CMD_COORDINATE,
+                  CMD_SUBMIT, CMD_ATTACH, CMD_CANCEL, CMD_JOB_STATUS, CMD_EVENTS, CMD_RELAY,
                   CMD_CONTAINER_STAGE, CMD_INSTALL, CMD_INSTALL_PEERS, CMD_AUTOSTOP, CMD_AUTOSTOP_WATCH, CMD_FENCE)
 AUTOSTOP_ACTIONS = ("set", "cancel", "renew", "release", "show", "sessions")
 AUTOSTOP_WAIT_FOR = ("jobs_and_ssh", "jobs", "none")  # SkyPilot's autostop.wait_for
