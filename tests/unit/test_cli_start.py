@@ -87,7 +87,8 @@ NOT_FOR_HELP = ("pydantic", "yaml", "boto3", "botocore", "ansible", "ansible_run
 NOT_FOR_EXEC = ("pydantic", "boto3", "botocore", "ansible", "ansible_runner", "python_terraform", "jinja2", "rich",
                 "cloudpickle", "importlib.metadata", "gpuctl.spec.models", "gpuctl.spec.loader",
                 "gpuctl.provision.provisioner", "gpuctl.provision.lifecycle", "gpuctl.provision.terraform",
-                "gpuctl.provision.taskchecks", "gpuctl.managed.supervisor", "gpuctl.healthcheck", "gpuctl.api")
+                "gpuctl.provision.taskchecks", "gpuctl.managed.supervisor", "gpuctl.healthcheck", "gpuctl.api",
+                "gpuctl.configplane.playbooks", "concurrent.futures", "logging")
 
 
 def modules_at_exit(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess, set[str]]:

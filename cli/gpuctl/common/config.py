@@ -51,7 +51,6 @@ from typing import Any, Mapping, Sequence
 
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import state_root
-from gpuctl.common.yamlfile import load_yaml
 
 CONFIG_NAME = "config.yaml"
 ENDPOINT_ENV = "GPUCTL_AWS_ENDPOINT_URL"
@@ -101,6 +100,8 @@ def load_config(path: Path | None = None) -> dict[str, Any]:
     path = path or config_path()
     if not path.is_file():
         return {}
+    from gpuctl.common.yamlfile import load_yaml  # PyYAML only where a config file exists
+
     data = load_yaml(path, what="gpuctl config file") or {}
     if not isinstance(data, Mapping):
         raise UserError(f"{path}: the gpuctl config must be a mapping such as 'aws: {{profile: NAME}}'")
@@ -213,6 +214,8 @@ def sky_remote_identity(env: Mapping[str, str]) -> tuple[Path, Any]:
     path = Path(env.get(SKY_CONFIG_ENV) or Path.home() / ".sky" / "config.yaml").expanduser()
     if not path.is_file():
         return path, None
+    from gpuctl.common.yamlfile import load_yaml
+
     data = load_yaml(path, what="SkyPilot config file") or {}
     aws = data.get("aws") if isinstance(data, Mapping) else None
     return path, (aws.get("remote_identity") if isinstance(aws, Mapping) else None)

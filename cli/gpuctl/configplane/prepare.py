@@ -31,12 +31,15 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from gpuctl.common.errors import UserError
 from gpuctl.common.paths import ansible_dir
-from gpuctl.configplane import bundle, playbooks
+from gpuctl.configplane import bundle
 from gpuctl.provision.inventory import Inventory, Node
+
+if TYPE_CHECKING:
+    from gpuctl.configplane import playbooks
 
 # The parts of the Ansible tree that shape a prepared node.
 _PREPARE_TREE = ("playbooks/prepare.yml", "plugins/modules", "roles/gpuctl_node", "roles/gpuctl_sshd_limits",
@@ -256,6 +259,8 @@ def run_prepare(inventory_path: Path, *, private_data_dir: Path, control_dir: Pa
     accept SSH (False: a node that does not answer at once is unreachable); `manages_sshd`: raise the
     nodes' sshd limits (False on local nodes, whose sshd config is their own). `on_installed(host,
     result)` as each node's install step succeeds, with its probe's result and hostname."""
+    from gpuctl.configplane import playbooks  # PyYAML and the Ansible driver: only when a play runs
+
     extravars = {
         "gpuctl_node_wait": wait,
         "gpuctl_agent_files": agent_files(),

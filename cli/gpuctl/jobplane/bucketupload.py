@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import glob
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -141,6 +140,8 @@ def _fill(client: Any, mount: BucketMount, region: str | None) -> Filled:
         size, modified = have.get(key, (-1, 0.0))
         if size != st.st_size or int(st.st_mtime) > modified:  # S3 keeps whole seconds
             todo.append((key, path))
+    from concurrent.futures import ThreadPoolExecutor  # (and logging): only a job with bucket uploads
+
     with ThreadPoolExecutor(max_workers=PARALLEL_UPLOADS) as pool:
         list(pool.map(lambda item: client.upload_file(str(item[1]), mount.bucket, item[0]), todo))
     return Filled(mount, len(todo), len(files) - len(todo))

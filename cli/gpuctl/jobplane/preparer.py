@@ -12,18 +12,21 @@ the head's agent.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import PrepareFailed, UserError
 from gpuctl.common.paths import cluster_dir
-from gpuctl.configplane import clusterview, fabricrecord, playbooks, prepare
+from gpuctl.configplane import clusterview, fabricrecord, prepare
 from gpuctl.jobplane import headinstall
 from gpuctl.providers import get_provider
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.provision.sshkeys import ensure_internal_key
 from gpuctl.state.registry import Registry
+
+if TYPE_CHECKING:  # the playbooks' driver (PyYAML, ansible-runner's world) loads only when nodes are prepared
+    from gpuctl.configplane import playbooks
 
 
 class Preparer:
@@ -78,6 +81,8 @@ class Preparer:
         the prepare play, each node on its own pace; then the other workers through the head, in
         one call (headinstall.py). Record those that got there, also when others failed: they are
         not prepared again."""
+        from gpuctl.configplane import playbooks
+
         key, public = ensure_internal_key(self.cdir)
         total = len(self.inv.nodes)
         title = (f"Preparing {len(nodes)} node(s) ({why})" if len(nodes) == total else
@@ -150,6 +155,8 @@ class Preparer:
                         on_installed: Callable[[str, Mapping], None]) -> tuple[playbooks.PlaybookResult, list[str]]:
         """The head installs `workers` (headinstall.py): the outcome as a play's, and the workers it
         did not reach, for the prepare play."""
+        from gpuctl.configplane import playbooks
+
         def on_peer(node: Node, outcome: headinstall.PeerResult) -> None:
             if outcome.ok:
                 on_installed(node.name, {k: v for k, v in outcome.result.items() if k != "changed"})
