@@ -405,6 +405,14 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         return [o["Key"] for o in s3.list_objects_v2(Bucket=STATE_BUCKET, Prefix=f"{prefix}/{under}")
                 .get("Contents", [])]
 
+    def bucket_row(job: int) -> dict:
+        """The job's row as the state bucket has it (what another runner reads), {} while there is none."""
+        try:
+            body = s3.get_object(Bucket=STATE_BUCKET, Key=f"{prefix}/managed/jobs/{job}.json")["Body"].read()
+        except s3.exceptions.NoSuchKey:
+            return {}
+        return json.loads(body).get("job") or {}
+
     def holding(secret: bytes) -> list[str]:
         """The keys whose object holds `secret`; one gone since the listing (a Terraform lock) holds nothing."""
         found = []
@@ -461,7 +469,11 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         wait_for("every rank of attempt 2", lambda: len(mj.started(2)) == 3, 120)
         # runner B's supervisor dies too; a scheduled `jobs supervise` on runner C takes the job over once
         # the lease runs out, watches the attempt, and hands it back when its time is up
-        os.kill(wait_for("B's supervisor", lambda: (j := store_b.get(job_id)) and j.status == "RUNNING"
+        # killed once the bucket's row, which runner C reads, says attempt 2 runs (B's own store says so a
+        # moment before the row reaches the bucket: killed in between, the job is RECOVERING to C)
+        os.kill(wait_for("B's supervisor, RUNNING in the bucket", lambda: bucket_row(job_id)
+                         and bucket_row(job_id).get("status") == "RUNNING" and bucket_row(job_id).get("attempt") == 2
+                         and (j := store_b.get(job_id)) and j.supervisor_pid == bucket_row(job_id).get("supervisor_pid")
                          and j.supervisor_pid, 60), signal.SIGKILL)
         state_c = tmp_path / "runner-c"
         handed = run_gpuctl("jobs", "supervise", "--for", "20s", "--poll", "2s", state_dir=state_c,
