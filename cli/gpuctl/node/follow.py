@@ -187,8 +187,9 @@ class LocalStage(object):
     output costs one clock reading per chunk read, nothing per line.
     """
 
-    def __init__(self, st):
+    def __init__(self, st, exit_fd=None):
         self.st = st
+        self.exit_fd = exit_fd  # the supervisor's notice pipe (stages.start_stage_watched), or None: polled only
         self.fh = open(st.log, "rb")  # noqa: SIM115 - read for the reader's life, closed by close()
         self.buf = b""  # the start of a line whose newline has not come yet (< OUT_PIECE bytes)
         self.held_at = None  # when `buf` began to wait
@@ -227,7 +228,26 @@ class LocalStage(object):
             self.buf = b""
         self.fh.close()
         self.done = True
+        self._close_notice()
         emit(ev(EV_EXIT, rank, self.st.name, code))
+
+    def notice_ready(self):
+        """The notice pipe is readable: its exit line came (the next poll reads the exit), or its
+        supervisor is gone (EOF: polled from now on, as before)."""
+        try:
+            data = os.read(self.exit_fd, 4096)
+        except OSError:
+            data = b""
+        if not data:
+            self._close_notice()
+
+    def _close_notice(self):
+        if self.exit_fd is not None:
+            try:
+                os.close(self.exit_fd)
+            except OSError:
+                pass
+            self.exit_fd = None
 
     def _lines(self, data, emit, head):
         parts = (self.buf + data).split(b"\n")

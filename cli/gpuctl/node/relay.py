@@ -30,7 +30,7 @@ from gpuctl.node.jobdir import (
 )
 from gpuctl.node.peerssh import peer_ssh_argv
 from gpuctl.node.spotnotice import SpotWatch, spot_notice_config
-from gpuctl.node.stages import kill_stage, stage_env_text, start_stage
+from gpuctl.node.stages import kill_stage, stage_env_text, start_stage_watched
 from gpuctl.node.protocol import (
     AGENT, CLAIM_PREFIX, CMD_RELAY, EV_CLAIMS, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_STARTED, EV_SYNCED,
     HELLO_OK, HELLO_PROBLEM, HELLO_UNPREPARED, PROTOCOL, RELAY_BUCKETS, RELAY_CLAIM, RELAY_CLEANUP, RELAY_END,
@@ -325,13 +325,14 @@ class Relay(object):
             else:
                 if self.secrets:  # written for the stage; its supervisor removes it when the stage ends
                     write_private(st.secrets, self.secrets)
-                code, err = start_stage(st, self.payload.get("workdir") or "~/gpuctl_workdir",
-                                        lifeline=self.lifeline, grace=float(self.payload.get("grace") or 3.0))
+                code, err, exit_fd = start_stage_watched(st, self.payload.get("workdir") or "~/gpuctl_workdir",
+                                                         lifeline=self.lifeline,
+                                                         grace=float(self.payload.get("grace") or 3.0))
         if code != 0:
             self.emit(ev(EV_OUTPUT, self.rank, stage, "gpuctl-node: %s" % err))
             self.emit(ev(EV_EXIT, self.rank, stage, 127))
             return
-        self.stages[stage] = LocalStage(st)
+        self.stages[stage] = LocalStage(st, exit_fd)
         self.emit(ev(EV_STARTED, self.rank, stage))
         if stage == STAGE_RUN:
             self.watch_spot()
@@ -384,6 +385,9 @@ class Relay(object):
         for push in self.pushes:
             if not push[2].eof:
                 out.append((push[2].fd, ("push", push)))
+        for stage in self.stages.values():  # a local stage's exit wakes the loop at once, not at its next poll
+            if not stage.done and stage.exit_fd is not None:
+                out.append((stage.exit_fd, ("stage", stage)))
         return out
 
     def busy(self):
@@ -418,6 +422,8 @@ class Relay(object):
             elif kind == "push":
                 for line in obj[2].read_lines():
                     obj[3].append(line.decode("utf-8", "replace"))
+            elif kind == "stage":
+                obj.notice_ready()
         for push in list(self.pushes):
             proc, to_rank, reader, errs = push
             if reader.eof and proc.poll() is not None:

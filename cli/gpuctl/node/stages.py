@@ -197,10 +197,28 @@ def start_stage(st, workdir, wait=False, lifeline=None, grace=3.0):
     Without `wait` the status is 0 once the stage's process group exists;
     with it, the stage's exit code. `lifeline`: see _supervise.
     """
+    code, err, fd = start_stage_watched(st, workdir, lifeline, grace)
+    if fd is None:
+        return code, err
+    if not wait:
+        os.close(fd)
+        return 0, ""
+    with os.fdopen(fd, "rb") as pipe:
+        last = pipe.readline()  # "exit N", or EOF if the supervisor died
+    if last.startswith(b"exit "):
+        return int(last.split()[1]) & 0xFF, ""
+    code = st.exit_code()
+    return (255 if code is None else code & 0xFF), ""
+
+
+def start_stage_watched(st, workdir, lifeline=None, grace=3.0):
+    """start_stage without waiting: (0, "", fd) once the stage's process group exists, where `fd` is
+    the read end of the supervisor's notice pipe, which becomes readable the moment the stage's exit
+    is recorded (a reader can select on it instead of polling); (code, error, None) when it did not start."""
     if not os.path.isfile(st.script):
-        return 2, "%s does not exist" % st.script
+        return 2, "%s does not exist" % st.script, None
     if st.running():
-        return 3, "stage %s is already running (pgid %s)" % (st.name, st.pgid())
+        return 3, "stage %s is already running (pgid %s)" % (st.name, st.pgid()), None
     for path in (st.exit, st.killed, st.pid, st.supervisor):
         remove(path)
     os.close(os.open(st.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
@@ -226,17 +244,21 @@ def start_stage(st, workdir, wait=False, lifeline=None, grace=3.0):
         os._exit(code)
     os.close(write_fd)
     os.waitpid(pid, 0)
-    with os.fdopen(read_fd, "rb") as pipe:
-        first = pipe.readline()
-        if not first.startswith(b"started"):
-            return 1, "the supervisor of %s did not start" % st.name
-        if not wait:
-            return 0, ""
-        last = pipe.readline()  # "exit N", or EOF if the supervisor died
-    if last.startswith(b"exit "):
-        return int(last.split()[1]) & 0xFF, ""
-    code = st.exit_code()
-    return (255 if code is None else code & 0xFF), ""
+    first = _read_line(read_fd)  # byte by byte: the exit's line stays in the pipe for the caller's select
+    if not first.startswith(b"started"):
+        os.close(read_fd)
+        return 1, "the supervisor of %s did not start" % st.name, None
+    return 0, "", read_fd
+
+
+def _read_line(fd):
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    return line
 
 
 def cmd_launch(args):
