@@ -20,7 +20,7 @@ import traceback
 
 from gpuctl.node.autostop import ensure_watcher, going
 from gpuctl.node.buckets import check_bucket_sources, parse_secrets, rclone_env
-from gpuctl.node.follow import OUTPUT_HEADS, Out, ev, follow_stage
+from gpuctl.node.follow import OUTPUT_HEADS, Out, Wake, ev, follow_stage
 from gpuctl.node.jobdir import (
     Stage, cannot_write, job_dir, prepared_problem, read_int, read_text, take_job_dir, write_atomic,
     write_private,
@@ -39,8 +39,9 @@ from gpuctl.node.protocol import (
 class Coordinator(object):
     """The head's side of a job: drives the phases, decides fail-fast, writes events.log."""
 
-    def __init__(self, jobdir, payload, secrets):
+    def __init__(self, jobdir, payload, secrets, wake_fd=None):
         self.jobdir = jobdir
+        self.wake_fd = wake_fd  # a byte per event for `submit`, which follows events.log (follow.Wake)
         self.payload = payload
         self.n = len(payload["peers"])
         self.job_ranks = int(payload.get("job_ranks") or self.n)
@@ -64,6 +65,14 @@ class Coordinator(object):
         view = memoryview(data)
         while view:  # a short write would leave half an event for the next one to complete
             view = view[os.write(self.events, view):]
+        if self.wake_fd is not None:
+            try:
+                os.write(self.wake_fd, b".")
+            except BlockingIOError:
+                pass  # the pipe is full of wake-ups not read yet: one more changes nothing
+            except OSError:  # submit is gone (the controller's session ended): nobody to wake
+                os.close(self.wake_fd)
+                self.wake_fd = None
 
     def on_event(self, data):
         self.write(data)
@@ -328,9 +337,9 @@ class Coordinator(object):
         return 0
 
 
-def run_coordinator(jobdir, payload, secrets):
+def run_coordinator(jobdir, payload, secrets, wake_fd=None):
     """The head's coordinator of one job: runs it to its end (a fork of `submit`, fork_coordinator)."""
-    coordinator = Coordinator(jobdir, payload, secrets)
+    coordinator = Coordinator(jobdir, payload, secrets, wake_fd)
 
     def on_term(signum, frame):
         coordinator.cancelled = True
@@ -345,9 +354,13 @@ def fork_coordinator(jobdir, payload, secrets):
     """Start the job's coordinator as a fork of this `submit`, in a session of its own and re-parented
     to init (a double fork), so that it outlives the controller's SSH session: a job costs the head one
     Python start and agent import fewer than running the agent again, and its secrets pass through no
-    pipe. Its output goes to coordinator.log. The coordinator's pid, or None if it did not start."""
+    pipe. Its output goes to coordinator.log. (the coordinator's pid or None if it did not start,
+    a follow.Wake that has news as the coordinator writes events)."""
     log_path = os.path.join(jobdir, "coordinator.log")
     read_fd, write_fd = os.pipe()
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)  # the coordinator never waits on its follower
+    os.set_blocking(wake_read, False)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -355,12 +368,13 @@ def fork_coordinator(jobdir, payload, secrets):
         code = 1
         try:
             os.close(read_fd)
+            os.close(wake_read)
             os.setsid()
             coordinator = os.fork()
             if coordinator == 0:
                 rc = 1
                 try:
-                    rc = _coordinate_detached(jobdir, payload, secrets, log_path)
+                    rc = _coordinate_detached(jobdir, payload, secrets, log_path, wake_write)
                 finally:
                     os._exit(rc if isinstance(rc, int) else 1)
             os.write(write_fd, b"%d\n" % coordinator)
@@ -369,23 +383,29 @@ def fork_coordinator(jobdir, payload, secrets):
             code = 1
         os._exit(code)
     os.close(write_fd)
+    os.close(wake_write)
     os.waitpid(pid, 0)
     with os.fdopen(read_fd, "rb") as pipe:
         line = pipe.readline().strip()
-    return int(line) if line.isdigit() else None
+    if not line.isdigit():
+        os.close(wake_read)
+        return None, None
+    return int(line), Wake(wake_read)
 
 
-def _coordinate_detached(jobdir, payload, secrets, log_path):
-    """In the forked coordinator: hold none of the SSH session's pipes or submit's files, then run."""
+def _coordinate_detached(jobdir, payload, secrets, log_path, wake_fd):
+    """In the forked coordinator: hold none of the SSH session's pipes or submit's files (but the
+    pipe that wakes submit), then run."""
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 65536))
+    os.closerange(3, wake_fd)
+    os.closerange(wake_fd + 1, max(wake_fd + 1, min(os.sysconf("SC_OPEN_MAX"), 65536)))
     os.chdir(os.path.expanduser("~"))
     try:
-        return run_coordinator(jobdir, payload, secrets)
+        return run_coordinator(jobdir, payload, secrets, wake_fd)
     except BaseException:  # noqa: BLE001 - said in its log, as an uncaught error in its own process was
         traceback.print_exc()
         return 1
@@ -435,13 +455,13 @@ def cmd_submit(args):
             "the cluster is going: autostop began to %s, so the job was not started; `gpuctl apply` "
             "brings the cluster back" % what)})
     ensure_watcher()  # an autostop watcher killed, or gone with a reboot, comes back with the next job
-    pid = fork_coordinator(jobdir, payload, secrets)
+    pid, wake = fork_coordinator(jobdir, payload, secrets)
     if pid is None:  # fork failed (no memory, no pids left): nothing of the job started
         shutil.rmtree(jobdir, ignore_errors=True)
         return answer_without_job(out, b"", {"status": "FAILED", "ranks": [], "detail": (
             "the head could not start the job's coordinator (fork failed: out of memory or processes?)")})
     write_atomic(os.path.join(jobdir, "events.supervisor"), str(pid))
-    return follow_stage(Stage(jobdir, STAGE_EVENTS), out, offset=0, print_offset=True)
+    return follow_stage(Stage(jobdir, STAGE_EVENTS), out, offset=0, print_offset=True, wake=wake)
 
 
 def cmd_attach(args):

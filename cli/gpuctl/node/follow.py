@@ -44,12 +44,41 @@ class Out(object):
             n = os.write(self.fd, view)
             view = view[n:]
 
-    def idle(self, seconds):
-        """Sleep, returning False early if the reader closed the pipe."""
-        for _fd, ev in self.poller.poll(int(seconds * 1000)):
-            if ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
-                return False
+    def idle(self, seconds, wake=None):
+        """Sleep up to `seconds`, or until `wake` has news; False early if the reader closed the pipe."""
+        watched = wake.fd if wake is not None else None
+        if watched is not None:
+            self.poller.register(watched, select.POLLIN)
+        try:
+            for fd, ev in self.poller.poll(int(seconds * 1000)):
+                if fd == self.fd and ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                    return False
+                if fd == watched:
+                    wake.drain()
+        finally:
+            if watched is not None:
+                self.poller.unregister(watched)
         return True
+
+
+class Wake(object):
+    """The read end of a pipe whose writer (the job's forked coordinator) writes a byte with each
+    event it appends: the follower wakes at once instead of at its next poll. Once the writer is
+    gone (EOF), the follower polls as before."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def drain(self):
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _tail_offset(fh, size, lines):
@@ -85,8 +114,9 @@ def cmd_follow(args):
                         print_offset=args.print_offset)
 
 
-def follow_stage(st, out, offset=None, tail=None, print_offset=False):
-    """Print the stage's log from `offset` (or the last `tail` lines) until it ended, then the sentinel."""
+def follow_stage(st, out, offset=None, tail=None, print_offset=False, wake=None):
+    """Print the stage's log from `offset` (or the last `tail` lines) until it ended, then the sentinel.
+    `wake`: a Wake whose writer says when the log grew (else it is read every POLL_S)."""
     try:
         while not os.path.exists(st.log):
             if not out.idle(POLL_S):
@@ -128,7 +158,7 @@ def follow_stage(st, out, offset=None, tail=None, print_offset=False):
                         return 0
                 else:
                     lost_since = None
-                if not out.idle(POLL_S):
+                if not out.idle(POLL_S, wake):
                     return 0
     except (BrokenPipeError, ConnectionResetError):
         return 0
