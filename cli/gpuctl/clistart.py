@@ -104,16 +104,9 @@ def keep(entry: Path, text: str) -> None:
             except OSError:
                 return  # a module gone since it loaded: nothing to key the help by
             made_by[path] = [stat.st_mtime_ns, stat.st_size]
-    import tempfile
+    from gpuctl.common.paths import keep_in_cache
 
-    try:  # a cache only: where it cannot be written, the next help is rendered again
-        entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=".help-")  # 0600
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"made_by": made_by, "text": text}, fh)
-        os.replace(tmp, entry)
-    except OSError:
-        pass
+    keep_in_cache(entry, json.dumps({"made_by": made_by, "text": text}))
 
 
 class _Tee(io.TextIOBase):

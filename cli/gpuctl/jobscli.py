@@ -331,9 +331,9 @@ def _supervised_elsewhere(store: Any, job: Any) -> str | None:
     if store.bucket is None:
         return None
     from gpuctl.managed import shared
-    from gpuctl.managed.store import attempt_log, supervisor_log
+    from gpuctl.managed.store import kept_log
 
-    shared.pull_logs(store.bucket, job.id, lambda k: attempt_log(job.id, k) if k else supervisor_log(job.id))
+    shared.pull_logs(store.bucket, job.id, lambda k: kept_log(job.id, k))
     lease = shared.read_lease(store.bucket, job.id)
     if job.terminal or lease is None or lease.runner == shared.runner_identity()["id"]:
         return None

@@ -29,7 +29,7 @@ def test_a_stages_exit_makes_its_notice_pipe_readable(tmp_path: Path) -> None:
         local = agent.LocalStage(stage, fd)
         events: list[bytes] = []
         local.poll(events.append, 0)
-        assert local.done and local.exit_fd is None and events[-1] == b"X 0 run 3\n"
+        assert local.done and local.exit_notice.fd is None and events[-1] == b"X 0 run 3\n"
     finally:
         try:
             os.close(fd)

@@ -78,3 +78,24 @@ def cache_dir() -> Path:
         return Path(given)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "gpuctl"
+
+
+def keep_in_cache(path: Path, text: str) -> None:
+    """Write `path` (in cache_dir) whole or not at all, private (0600 in a 0700 folder). A cache
+    only: where it cannot be written, nothing is said, and the next process makes it again."""
+    import tempfile
+
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-")  # 0600
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

@@ -26,14 +26,13 @@ import ast
 import base64
 import builtins
 import hashlib
-import os
 import sys
 import tempfile
 import zlib
 from functools import lru_cache
 from pathlib import Path
 
-from gpuctl.common.paths import cache_dir
+from gpuctl.common.paths import cache_dir, keep_in_cache
 
 NODE = Path(__file__).resolve().parents[1] / "node"  # cli/gpuctl/node
 # Dependency order: each module imports only from those before it.
@@ -173,14 +172,7 @@ def _agent_for(key: str) -> str:
     except OSError:
         pass
     text = build_agent()
-    try:  # a cache only: where it cannot be written, the next process builds again
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".agent-")  # 0600
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    keep_in_cache(path, text)
     return text
 
 

@@ -138,6 +138,11 @@ def supervisor_log(job_id: int) -> Path:
     return job_dir(job_id) / "supervisor.log"
 
 
+def kept_log(job_id: int, number: int) -> Path:
+    """A log by its number in the state bucket (managed/shared.py): attempt N's output, 0 the supervisor's."""
+    return attempt_log(job_id, number) if number else supervisor_log(job_id)
+
+
 def write_secrets(job_id: int, secrets: dict[str, str]) -> None:
     """The ranks' secrets, for every attempt: private, and removed when the job ends."""
     path = job_dir(job_id) / "secrets.json"

@@ -40,7 +40,9 @@ from gpuctl.jobplane.runner import JobRunner, JobSpec
 from gpuctl.managed import fencing, freeze, owner, shared
 from gpuctl.managed.launch import HAND_BACK_ENV, supervisor_alive
 from gpuctl.managed.policy import AttemptEnd, Decision, decide
-from gpuctl.managed.store import Event, ManagedJob, Store, attempt_log, drop_secrets, read_secrets, supervisor_log
+from gpuctl.managed.store import (
+    Event, ManagedJob, Store, attempt_log, drop_secrets, kept_log, read_secrets, supervisor_log,
+)
 from gpuctl.providers import get_provider
 from gpuctl.provision import lifecycle, provisioner
 from gpuctl.provision.inventory import Inventory
@@ -199,8 +201,7 @@ class Supervisor:
         self.store.lease = lease
         self.store.push(self.job_id)  # the bucket's row now says which runner supervises the job
         try:  # the logs as the last holder kept them, so that this one's keeping extends, not undoes, them
-            shared.pull_logs(self.store.bucket, self.job_id, lambda k: attempt_log(self.job_id, k) if k
-                             else supervisor_log(self.job_id))
+            shared.pull_logs(self.store.bucket, self.job_id, lambda k: kept_log(self.job_id, k))
         except (ProvisionError, UserError) as exc:
             self.say(f"could not fetch the kept logs from the state bucket: {exc}")
         self.say(f"holding managed job {self.job_id}'s lease in the state bucket ({lease.me['who']}, "

@@ -62,14 +62,15 @@ class Out(object):
 
 
 class Wake(object):
-    """The read end of a pipe whose writer (the job's forked coordinator) writes a byte with each
-    event it appends: the follower wakes at once instead of at its next poll. Once the writer is
-    gone (EOF), the follower polls as before."""
+    """The read end of a pipe whose writer has news when it writes: the job's forked coordinator (a
+    byte per event it appends) or a stage's supervisor (the line of its exit). The reader wakes at
+    once instead of at its next poll; once the writer is gone (EOF), it polls as before."""
 
     def __init__(self, fd):
         self.fd = fd
 
     def drain(self):
+        """Read what is there; at EOF (or a read error) close the pipe."""
         try:
             data = os.read(self.fd, 65536)
         except BlockingIOError:
@@ -77,7 +78,14 @@ class Wake(object):
         except OSError:
             data = b""
         if not data:
-            os.close(self.fd)
+            self.close()
+
+    def close(self):
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
             self.fd = None
 
 
@@ -219,7 +227,7 @@ class LocalStage(object):
 
     def __init__(self, st, exit_fd=None):
         self.st = st
-        self.exit_fd = exit_fd  # the supervisor's notice pipe (stages.start_stage_watched), or None: polled only
+        self.exit_notice = Wake(exit_fd)  # the supervisor's pipe (stages.start_stage_watched); fd None: polled only
         self.fh = open(st.log, "rb")  # noqa: SIM115 - read for the reader's life, closed by close()
         self.buf = b""  # the start of a line whose newline has not come yet (< OUT_PIECE bytes)
         self.held_at = None  # when `buf` began to wait
@@ -258,26 +266,8 @@ class LocalStage(object):
             self.buf = b""
         self.fh.close()
         self.done = True
-        self._close_notice()
+        self.exit_notice.close()
         emit(ev(EV_EXIT, rank, self.st.name, code))
-
-    def notice_ready(self):
-        """The notice pipe is readable: its exit line came (the next poll reads the exit), or its
-        supervisor is gone (EOF: polled from now on, as before)."""
-        try:
-            data = os.read(self.exit_fd, 4096)
-        except OSError:
-            data = b""
-        if not data:
-            self._close_notice()
-
-    def _close_notice(self):
-        if self.exit_fd is not None:
-            try:
-                os.close(self.exit_fd)
-            except OSError:
-                pass
-            self.exit_fd = None
 
     def _lines(self, data, emit, head):
         parts = (self.buf + data).split(b"\n")

@@ -386,8 +386,8 @@ class Relay(object):
             if not push[2].eof:
                 out.append((push[2].fd, ("push", push)))
         for stage in self.stages.values():  # a local stage's exit wakes the loop at once, not at its next poll
-            if not stage.done and stage.exit_fd is not None:
-                out.append((stage.exit_fd, ("stage", stage)))
+            if not stage.done and stage.exit_notice.fd is not None:
+                out.append((stage.exit_notice.fd, ("stage", stage)))
         return out
 
     def busy(self):
@@ -423,7 +423,7 @@ class Relay(object):
                 for line in obj[2].read_lines():
                     obj[3].append(line.decode("utf-8", "replace"))
             elif kind == "stage":
-                obj.notice_ready()
+                obj.exit_notice.drain()  # its exit line came (read by the stages' poll below), or EOF
         for push in list(self.pushes):
             proc, to_rank, reader, errs = push
             if reader.eof and proc.poll() is not None:
