@@ -115,7 +115,6 @@ SLOW_FIRST = (  # by the length of their longest unit (a module-fixture module i
     "integration/test_remote_state.py",
     "integration/test_autostop_local.py",
     "integration/test_ci_example.py",
-    "unit/test_lint.py",
     "integration/test_health_local.py",
     "integration/test_check_local.py",
     "integration/test_managed_local.py",

@@ -23,14 +23,13 @@ from typing import Any, Iterator
 import pytest
 
 from e2e import wait_for
-from gpuctl.configplane import bundle
 from gpuctl.jobplane import client
 from gpuctl.node import protocol
 from gpuctl.jobplane.events import Event, Outcome, parse_event
 from gpuctl.jobplane.payload import build_payload
 from gpuctl.provision.inventory import Inventory, Node
+from nodeagent import AGENT_PATH, COMMAND as AGENT_COMMAND
 
-AGENT_PATH = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
 NOTICE = {"action": "terminate", "time": "2026-11-26T08:22:00Z"}
 NOTICE_LINE = ("gpuctl-node: spot interruption notice: terminate at 2026-11-26T08:22:00Z; "
                "ranks on this node got SIGTERM to checkpoint")
@@ -59,7 +58,7 @@ def agent(home: Path) -> ModuleType:
 
 
 def run_agent(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(AGENT_PATH), *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(AGENT_COMMAND), *args], capture_output=True, text=True, timeout=timeout)
 
 
 def fence(task: str, epoch: int, grace: float = 1) -> dict:
@@ -161,7 +160,7 @@ def test_a_fence_waits_for_a_start_under_admission(agent: ModuleType):
     for epoch 2 that comes meanwhile waits for it, and afterwards epoch 1 is refused."""
     with agent.admission("race", 1) as problem:
         assert problem is None
-        proc = subprocess.Popen([sys.executable, str(AGENT_PATH), "fence", "race", "2"], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, str(AGENT_COMMAND), "fence", "race", "2"], stdout=subprocess.PIPE,
                                 text=True)
         time.sleep(1.0)
         assert proc.poll() is None, "fence did not wait for the admitted start"
@@ -196,7 +195,7 @@ def test_fence_command_is_what_the_agent_parses(home: Path):
     from gpuctl.managed.fencing import fence_command
 
     assert fence_command("my task", 3, 1.5).line == "~/.gpuctl/bin/gpuctl-node fence --grace=1.5 -- 'my task' 3"
-    command = fence_command("-x", 2).line.replace(protocol.AGENT, f"{sys.executable} {AGENT_PATH}")
+    command = fence_command("-x", 2).line.replace(protocol.AGENT, f"{sys.executable} {AGENT_COMMAND}")
     out = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=30)
     assert json.loads(out.stdout)["epoch"] == 2, out.stderr
     for bad in (-1, True, "3"):
@@ -236,7 +235,7 @@ def events_of(stdout: bytes) -> tuple[list[Event], Outcome | None]:
 
 def submit(body: dict) -> tuple[list[Event], Outcome | None]:
     data = json.dumps(body) + "\n" + json.dumps("") + "\n"
-    proc = subprocess.run([sys.executable, str(AGENT_PATH), "submit"], input=data.encode(), capture_output=True,
+    proc = subprocess.run([sys.executable, str(AGENT_COMMAND), "submit"], input=data.encode(), capture_output=True,
                           timeout=60)
     return events_of(proc.stdout)
 
@@ -244,7 +243,7 @@ def submit(body: dict) -> tuple[list[Event], Outcome | None]:
 def start_job(body: dict) -> tuple[subprocess.Popen, bytes]:
     """`submit` in the background, returned once the run stage printed `started`."""
     data = json.dumps(body) + "\n" + json.dumps("") + "\n"
-    proc = subprocess.Popen([sys.executable, str(AGENT_PATH), "submit"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(AGENT_COMMAND), "submit"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(data.encode())

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.configplane import bundle
 from gpuctl.jobplane import agentcall, autostop, client, joblogs
 from gpuctl.managed import fencing
 from gpuctl.node import protocol
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory, Node
+from nodeagent import COMMAND as AGENT_COMMAND
 
-AGENT_PATH = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
 HOSTILE = ["plain", "a b", "it's", "$(id)", "`id`", "; rm -rf ~ #", "x\ny", "--help", "-h", "~/d", "*", ""]
 
 
@@ -53,7 +52,7 @@ def faked(monkeypatch: pytest.MonkeyPatch, code: int, out: str = "", err: str = 
 def local_agent(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     """ssh to any node runs the door's line in a local shell, the agent built here standing in for
     ~/.gpuctl/bin/gpuctl-node and `home` for the node's HOME."""
-    local = f"HOME={shlex.quote(str(home))} {shlex.quote(sys.executable)} {shlex.quote(str(AGENT_PATH))}"
+    local = f"HOME={shlex.quote(str(home))} {shlex.quote(sys.executable)} {shlex.quote(str(AGENT_COMMAND))}"
 
     def argv(n: Node, command: str, *, control_dir: Path | None = None, **kw: object) -> list[str]:
         return ["bash", "-c", command.replace(protocol.AGENT, local)]
@@ -113,7 +112,7 @@ def test_the_guard_runs_where_the_agent_is_and_passes_where_it_is_not(tmp_path: 
 
 
 def test_every_word_of_the_protocol_is_a_command_of_the_agent() -> None:
-    usage = subprocess.run([sys.executable, str(AGENT_PATH), "--help"], capture_output=True, text=True,
+    usage = subprocess.run([sys.executable, str(AGENT_COMMAND), "--help"], capture_output=True, text=True,
                            timeout=30).stdout
     choices = set(usage[usage.index("{") + 1:usage.index("}")].split(","))
     assert choices == set(protocol.AGENT_COMMANDS)

@@ -16,7 +16,6 @@ from pathlib import Path
 import cloudpickle
 import numpy as np
 import pytest
-import torch
 
 import gpuctl
 from gpuctl.api import plugins, runtime, wire
@@ -77,6 +76,8 @@ def test_shard_drop_last_evens_out():
 
 
 def test_shard_keeps_types_and_alignment():
+    import torch  # here, not at the top: at collection it would cost every test worker 3 s
+
     xs, ys = list(range(10)), tuple(range(100, 110))
     a, b = gpuctl.shard(xs, ys, node=1, total_nodes=3)
     assert a == [1, 4, 7] and b == (101, 104, 107)

@@ -12,15 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.configplane import bundle
 from gpuctl.common.errors import UserError
 from gpuctl.node import autostop as agent
 from gpuctl.providers import get_provider
 from gpuctl.providers.aws.provider import module_inputs
 from gpuctl.provision import lifecycle, ssh
 from gpuctl.spec.autostop import Autostop, AutostopError, parse_autostop, with_flags
-
-AGENT = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
+from nodeagent import COMMAND as AGENT_COMMAND
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -127,7 +125,7 @@ def test_active_jobs_and_terminal_sessions(tmp_path: Path) -> None:
 
 
 def _agent(home: Path, *args: str, stdin: str = "") -> dict:
-    proc = subprocess.run([sys.executable, str(AGENT), "autostop", *args], input=stdin, capture_output=True,
+    proc = subprocess.run([sys.executable, str(AGENT_COMMAND), "autostop", *args], input=stdin, capture_output=True,
                           text=True, env={**os.environ, "HOME": str(home)}, timeout=30)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -247,7 +245,7 @@ def test_the_controller_turns_a_late_cancel_into_one_line_and_keeps_the_setting(
 
 
 def test_set_refuses_a_bad_setting(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(AGENT), "autostop", "set"], input='{"idle_minutes": -1}',
+    proc = subprocess.run([sys.executable, str(AGENT_COMMAND), "autostop", "set"], input='{"idle_minutes": -1}',
                           capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=30)
     assert proc.returncode == 2 and "idle_minutes must be a whole number" in proc.stderr
     assert not (tmp_path / ".gpuctl" / "autostop.json").exists()

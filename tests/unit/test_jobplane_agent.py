@@ -30,8 +30,8 @@ from gpuctl.jobplane.stream import LineSplitter
 from gpuctl.node import protocol
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Inventory, Node
+from nodeagent import AGENT_PATH, COMMAND as AGENT_COMMAND
 
-AGENT_PATH = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
 # ~/.gpuctl/bin/gpuctl-node on a node: imports the agent from ~/.gpuctl/lib/gpuctl_node.py
 LAUNCHER_PATH = bundle.NODE / "launcher.py"
 
@@ -39,7 +39,7 @@ LAUNCHER_PATH = bundle.NODE / "launcher.py"
 def local_head(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     """Every agent call the controller makes (agentcall, over provision/ssh.py) is answered by the
     agent built here, with `home` as the node's HOME: the door's lines, run by a shell, unchanged."""
-    local = f"HOME={shlex.quote(str(home))} {shlex.quote(sys.executable)} {shlex.quote(str(AGENT_PATH))}"
+    local = f"HOME={shlex.quote(str(home))} {shlex.quote(sys.executable)} {shlex.quote(str(AGENT_COMMAND))}"
 
     def argv(node: Node, command: str, *, control_dir: Path | None = None, **kw: object) -> list[str]:
         assert command.startswith(protocol.AGENT + " ")
@@ -166,7 +166,7 @@ def payload(job: str, run: str | None, setup: str | None = None, **extra) -> dic
 
 
 def submit(home: Path, body: dict, secrets_text: str = "", timeout: float = 60,
-           command: Path = AGENT_PATH) -> tuple[list, Outcome | None, str]:
+           command: Path = AGENT_COMMAND) -> tuple[list, Outcome | None, str]:
     data = json.dumps(body) + "\n" + json.dumps(secrets_text) + "\n"
     proc = subprocess.run([sys.executable, str(command), "submit"], input=data.encode(), capture_output=True,
                           timeout=timeout, env={**os.environ, "HOME": str(home)})
@@ -262,7 +262,7 @@ def test_cancel_ends_a_running_job(node_home: Path):
     body = payload("12", "echo started; sleep 60; echo survived")
     data = json.dumps(body) + "\n" + json.dumps("") + "\n"
     env = {**os.environ, "HOME": str(node_home)}
-    proc = subprocess.Popen([sys.executable, str(AGENT_PATH), "submit"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(AGENT_COMMAND), "submit"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(data.encode())
@@ -270,7 +270,7 @@ def test_cancel_ends_a_running_job(node_home: Path):
     seen = b""
     while b"started" not in seen:
         seen += proc.stdout.readline()
-    answer = subprocess.run([sys.executable, str(AGENT_PATH), "cancel", "12", "--wait", "20"], env=env,
+    answer = subprocess.run([sys.executable, str(AGENT_COMMAND), "cancel", "12", "--wait", "20"], env=env,
                             capture_output=True, text=True, timeout=60)
     proc.stdin = None  # closed above
     out, _ = proc.communicate(timeout=30)
@@ -345,11 +345,11 @@ def test_events_prints_the_log_as_it_is_now_and_names_a_missing_job(node_home: P
     with open(log, "ab") as fh:
         fh.write(b"O 0 run being writ")
     env = {**os.environ, "HOME": str(node_home)}
-    read = subprocess.run([sys.executable, str(AGENT_PATH), "events", "--", "23"], capture_output=True, env=env,
+    read = subprocess.run([sys.executable, str(AGENT_COMMAND), "events", "--", "23"], capture_output=True, env=env,
                           timeout=30)
     assert read.returncode == 0 and read.stdout == log.read_bytes() and b"a\xffb" in read.stdout, read.stderr
     for job, says in (("24", b"gpuctl-node: job 24 has no events.log here"), ("-h", b"invalid job id '-h'")):
-        missing = subprocess.run([sys.executable, str(AGENT_PATH), "events", "--", job], capture_output=True,
+        missing = subprocess.run([sys.executable, str(AGENT_COMMAND), "events", "--", job], capture_output=True,
                                  env=env, timeout=30)
         assert missing.returncode == 1 and says in missing.stderr and not missing.stdout
 
@@ -411,7 +411,7 @@ def test_a_resumed_stream_loses_and_repeats_no_byte(node_home: Path, monkeypatch
 
     def start(self: client.Session, command: agentcall.Command, stdin_data: bytes | None) -> None:
         # `gpuctl-node attach --offset=N -- 22`: the local agent plays the head
-        line = shlex.join([sys.executable, str(AGENT_PATH), *command.args])
+        line = shlex.join([sys.executable, str(AGENT_COMMAND), *command.args])
         cut = next(cuts, None)
         self.proc = subprocess.Popen(["bash", "-c", line + (f" | head -c {cut}" if cut else "")],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -485,7 +485,7 @@ def test_submit_to_a_full_head_fails_the_job_in_one_line(node_home: Path):
 def start_job(home: Path, body: dict, secrets_text: str) -> subprocess.Popen:
     """`submit` in the background, returned once the run stage printed its first line."""
     data = json.dumps(body) + "\n" + json.dumps(secrets_text) + "\n"
-    proc = subprocess.Popen([sys.executable, str(AGENT_PATH), "submit"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(AGENT_COMMAND), "submit"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env={**os.environ, "HOME": str(home)})
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(data.encode())
@@ -551,7 +551,7 @@ def test_kill_finds_what_escaped_both_the_group_and_a_dead_supervisor(node_home:
         proc.kill()
         proc.communicate()
         assert pids_matching(marker)  # nothing of the job's is left to stop it
-        killed = subprocess.run([sys.executable, str(AGENT_PATH), "kill", str(job), "setup", "--grace", "1"],
+        killed = subprocess.run([sys.executable, str(AGENT_COMMAND), "kill", str(job), "setup", "--grace", "1"],
                                 env={**os.environ, "HOME": str(node_home)}, capture_output=True, text=True,
                                 timeout=30)
         assert killed.returncode == 0 and json.loads(killed.stdout)["stopped"] is True, killed.stderr
@@ -600,7 +600,7 @@ def test_a_retry_of_the_same_submission_takes_its_dir_back_once_it_ended(node_ho
         _, third, _ = submit(node_home, body)  # the same submission while its coordinator runs
         assert third is not None and third.status == "FAILED" and "already running" in third.detail
     finally:
-        subprocess.run([sys.executable, str(AGENT_PATH), "cancel", "2-bbbb", "--wait", "20"],
+        subprocess.run([sys.executable, str(AGENT_COMMAND), "cancel", "2-bbbb", "--wait", "20"],
                        env={**os.environ, "HOME": str(node_home)}, capture_output=True, timeout=60)
         proc.communicate(timeout=30)
 
@@ -611,7 +611,7 @@ def test_a_worker_refuses_a_job_dir_another_submission_made(node_home: Path):
                 peers=[{"rank": 0, "name": "head", "host": "127.0.0.1", "ssh": []},
                        {"rank": 1, "name": "worker1", "host": "127.0.0.1", "ssh": []}])
     data = json.dumps(body) + "\n" + json.dumps("export T='x'\n") + "\nstart run\nend\n"
-    proc = subprocess.run([sys.executable, str(AGENT_PATH), "relay"], input=data.encode(), capture_output=True,
+    proc = subprocess.run([sys.executable, str(AGENT_COMMAND), "relay"], input=data.encode(), capture_output=True,
                           timeout=60, env={**os.environ, "HOME": str(node_home)})
     events = [e for e in map(parse_event, LineSplitter().feed(proc.stdout)) if e is not None]
     hello = [e for e in events if e.kind == "H"]

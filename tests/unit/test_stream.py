@@ -14,15 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.configplane import bundle
 
 from gpuctl.common.console import Reporter
 from gpuctl.jobplane import client, stream
 from gpuctl.jobplane.events import MAX_EVENT, Event, LineJoiner, decode, encode, parse_event
 from gpuctl.provision import ssh
 from gpuctl.provision.inventory import Node
-
-AGENT = bundle.agent_file()  # the agent as prepare builds it from cli/gpuctl/node/
+from nodeagent import COMMAND as AGENT_COMMAND
 
 
 def node(rank: int, **kw: object) -> Node:
@@ -151,7 +149,7 @@ def test_control_dir_is_short_enough(tmp_path: Path) -> None:
 
 
 def agent(*args: str, timeout: float = 30, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(AGENT), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(AGENT_COMMAND), *args], capture_output=True, text=True,
                           timeout=timeout, **kw)  # type: ignore[call-overload]
 
 
@@ -203,7 +201,7 @@ def test_agent_wait_returns_exit_code_and_missing_workdir_runs_in_home(jobdir: P
 
 
 def test_agent_follow_is_live_and_waits_for_the_log(jobdir: Path) -> None:
-    follower = subprocess.Popen([sys.executable, str(AGENT), "follow", str(jobdir), "run"],
+    follower = subprocess.Popen([sys.executable, str(AGENT_COMMAND), "follow", str(jobdir), "run"],
                                 stdout=subprocess.PIPE, text=True)
     try:
         time.sleep(0.5)  # the log does not exist yet: follow waits for it
