@@ -99,7 +99,7 @@ bytecode:
 # which it keeps beside them only where bytecode may be written; otherwise every test worker
 # rewrites every module again (6 CPU-s each). Collected in two halves side by side.
 test-bytecode: bytecode
-	@$(BIN)/python -m compileall -q -j 0 tests
+	@$(BIN)/python -m compileall -q -l -j 0 tests  # the helpers beside the test folders
 	@for half in tests/unit tests/integration; do \
 	  env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q --collect-only -p no:cacheprovider $$half >/dev/null & \
 	done; wait

@@ -471,9 +471,9 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         # the lease runs out, watches the attempt, and hands it back when its time is up
         # killed once the bucket's row, which runner C reads, says attempt 2 runs (B's own store says so a
         # moment before the row reaches the bucket: killed in between, the job is RECOVERING to C)
-        os.kill(wait_for("B's supervisor, RUNNING in the bucket", lambda: bucket_row(job_id)
-                         and bucket_row(job_id).get("status") == "RUNNING" and bucket_row(job_id).get("attempt") == 2
-                         and (j := store_b.get(job_id)) and j.supervisor_pid == bucket_row(job_id).get("supervisor_pid")
+        os.kill(wait_for("B's supervisor, RUNNING in the bucket", lambda: (row := bucket_row(job_id))
+                         and row.get("status") == "RUNNING" and row.get("attempt") == 2
+                         and (j := store_b.get(job_id)) and j.supervisor_pid == row.get("supervisor_pid")
                          and j.supervisor_pid, 60), signal.SIGKILL)
         state_c = tmp_path / "runner-c"
         handed = run_gpuctl("jobs", "supervise", "--for", "20s", "--poll", "2s", state_dir=state_c,
