@@ -63,7 +63,9 @@ def test_the_lease_goes_to_one_runner_and_a_run_out_one_is_taken_over(remote: Re
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     as_runner(monkeypatch, tmp_path / "a")
     a = shared.Lease(remote.store, 7, pid=os.getpid(), start="a")
-    a.term = 1.0  # a short term, as GPUCTL_MANAGED_LEASE_S would give a runner
+    # a short term, as GPUCTL_MANAGED_LEASE_S would give a runner; the store's clock counts whole
+    # seconds, so a term under 3 s could run out between two lines on a loaded machine
+    a.term = 3.0
     assert a.acquire(lambda view: view.expired) is None and a.held() is False  # its margin exceeds the term
     a._stop.set()  # A's supervisor dies: nothing renews its lease any more
     a._thread.join()
@@ -71,7 +73,9 @@ def test_the_lease_goes_to_one_runner_and_a_run_out_one_is_taken_over(remote: Re
     b = shared.Lease(remote.store, 7, pid=os.getpid(), start="b")
     held = b.acquire(lambda view: view.expired)
     assert held is not None and held.runner == a.me["id"] and "supervisor pid" in held.text()
-    time.sleep(2.1)
+    deadline = time.monotonic() + 30
+    while not shared.read_lease(remote.store, 7).expired and time.monotonic() < deadline:
+        time.sleep(0.25)
     assert b.acquire(lambda view: view.expired) is None  # run out: taken with If-Match on what A wrote
     assert a.renew() is False and a.lost_to is not None and b.me["who"] in a.lost_to
     with pytest.raises(shared.LeaseLost, match="taken over by"):
