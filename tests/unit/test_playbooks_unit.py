@@ -83,7 +83,7 @@ def test_env_sh_without_hostfile(tmp_path: Path) -> None:
 
 def test_extravars_keep_their_types_and_are_not_templates() -> None:
     ev = {"s": "plain", "e": "", "y": "yes", "n": None, "i": 3, "l": ["{{ x }}", "b"], "d": {"K": "{% raw %}"},
-          "p": Path("/x")}
+          "p": Path("/x"), "u": "ünï ✓ 'q' \"dq\"", "z": "eJzT0yMAAGTvBe8=" * 4000, "k": "a: b # c"}
     text = playbooks.dump_extravars(ev)
     assert '!unsafe "{{ x }}"' in text and '!unsafe "{% raw %}"' in text
     from ansible.parsing.yaml.loader import AnsibleLoader
