@@ -59,7 +59,7 @@ import jobplane as jp  # noqa: E402
 GOAL_START_S = 0.15  # s wall: `gpuctl --version`, `gpuctl --help`
 GOAL_VS_PDSH = 2.0  # warm exec / pdsh on the same nodes
 # What a warm exec must not import: the spec's models, provisioning, Ansible, the clouds' SDKs, rich.
-NOT_FOR_EXEC = ("pydantic", "ansible", "ansible_runner", "python_terraform", "boto3", "botocore", "rich",
+NOT_FOR_EXEC = ("pydantic", "ansible", "ansible_runner", "boto3", "botocore", "rich",
                 "gpuctl.spec.models", "gpuctl.provision.provisioner", "gpuctl.provision.terraform")
 
 

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 
-# Go's garbage collector for terraform and the provider in tests: at the default (100) a third of the
-# provider's CPU went to collecting, as it keeps ~40 MB live but allocates ~2 GB each time it validates
-# a provider block with `endpoints` (303 attributes, each path spelled out with the whole block), and
-# terraform decodes the provider's 13 MB schema in every command. 400 costs each ~200 MB more.
+# Go's garbage collector for terraform and the provider in tests: terraform decodes the provider's
+# 13 MB schema in every command, and the provider builds it, keeping little of what it allocates; at
+# the default (100) a plan against moto costs a quarter more CPU than at 400, which costs each
+# process ~200 MB more.
 GOGC = "400"
 
 

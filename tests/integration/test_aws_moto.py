@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -85,16 +86,26 @@ def aws_env(moto: MotoServer, tf_cli_config: Path, plugin_cache: Path, _isolated
     return env
 
 
+@contextmanager
+def shared_provider(aws_env: dict[str, str], binary: Path, endpoint: str | None = None) -> Iterator[dict[str, str]]:
+    """aws_env, where the terraform commands share one AWS provider process (tests/tfprovider.py)
+    instead of starting four per command, with `endpoint` (default aws_env's) for the AWS API. It is
+    started with what terraform would pass it: aws_env, with the endpoints gpuctl gives terraform
+    (AwsProvider.terraform_env), less AWS_CA_BUNDLE: a provider configured a second time in one
+    process fails on a CA bundle ("unable to add custom RootCAs"), and moto is plain HTTP. The
+    commands run one after another, as its one configuration at a time requires."""
+    endpoint = endpoint or aws_env["GPUCTL_AWS_ENDPOINT_URL"]
+    env = {k: v for k, v in aws_env.items() if k != "AWS_CA_BUNDLE"}
+    env.update(aws_provider.endpoint_env(endpoint))
+    with tfprovider.serving(binary, env) as reattach:
+        yield {**aws_env, "GPUCTL_AWS_ENDPOINT_URL": endpoint, "TF_REATTACH_PROVIDERS": reattach}
+
+
 @pytest.fixture()
 def tf_aws_env(aws_env: dict[str, str], aws_provider_binary: Path) -> Iterator[dict[str, str]]:
-    """aws_env, where this test's terraform commands share one AWS provider process (tests/tfprovider.py)
-    instead of starting four per command. It is started with aws_env, which is what terraform would
-    pass it, less AWS_CA_BUNDLE: a provider configured a second time in one process fails on a CA
-    bundle ("unable to add custom RootCAs"), and moto is plain HTTP. The test's commands run one
-    after another, as its one configuration at a time requires."""
-    env = {k: v for k, v in aws_env.items() if k != "AWS_CA_BUNDLE"}
-    with tfprovider.serving(aws_provider_binary, env) as reattach:
-        yield {**aws_env, "TF_REATTACH_PROVIDERS": reattach}
+    """aws_env with one shared provider process for the test's terraform commands (shared_provider)."""
+    with shared_provider(aws_env, aws_provider_binary) as env:
+        yield env
 
 
 def ec2(moto: MotoServer) -> object:
@@ -142,8 +153,8 @@ def task_file(tmp_path: Path, body: str) -> Path:
     return path
 
 
-def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: MotoServer,
-                                                         tf_aws_env: dict[str, str], _isolated_state: Path) -> None:
+def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: MotoServer, aws_env: dict[str, str],
+                                                         aws_provider_binary: Path, _isolated_state: Path) -> None:
     """One provisioning run (terraform apply is the slow part) covering the whole path:
     us-east-1a has no capacity, so gpuctl destroys that attempt and provisions in
     us-east-1b; then inventory, SSH ingress, a replace and `down` are checked."""
@@ -163,9 +174,10 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
     boto3.client("iam", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing",
                  aws_secret_access_key="testing").create_instance_profile(InstanceProfileName="moto-data-reader")
     s3 = shared_state_bucket(moto)
-    with CapacityShortage(moto.url, zones=["us-east-1a"]) as proxy:
+    with CapacityShortage(moto.url, zones=["us-east-1a"]) as proxy, \
+            shared_provider(aws_env, aws_provider_binary, proxy.url) as tf_aws_env:
         # one provider retry, so the capacity error surfaces at once (gpuctl.common.config)
-        env = {**tf_aws_env, **shared_state(moto), "GPUCTL_AWS_ENDPOINT_URL": proxy.url, "GPUCTL_AWS_MAX_RETRIES": "1",
+        env = {**tf_aws_env, **shared_state(moto), "GPUCTL_AWS_MAX_RETRIES": "1",
                "GPUCTL_SSH_INGRESS_CIDRS": "198.51.100.7/32"}
         up = gpuctl("apply", str(task), "--provision-only", env=env, cwd=tmp_path)
         assert up.returncode == 0, up.stdout + up.stderr
@@ -173,7 +185,7 @@ def test_provision_with_zone_failover_inventory_and_down(tmp_path: Path, moto: M
         check_module_inventory(_isolated_state / "clusters" / name, env, tmp_path)
         check_replace(moto, name, env, _isolated_state / "clusters" / name)
         # a CI runner that never saw the cluster takes it down: the Terraform state and the
-        # rendered root (with the endpoint it was made with) come from the state bucket
+        # rendered root come from the state bucket
         down = gpuctl("down", name, env={**env, "GPUCTL_STATE_DIR": str(tmp_path / "fresh-runner")}, cwd=tmp_path)
     assert down.returncode == 0, down.stdout + down.stderr
     assert [o["Key"] for o in s3.list_objects_v2(Bucket=STATE_BUCKET).get("Contents", [])] == []

@@ -88,19 +88,22 @@ def test_standard_tier_has_no_efa_and_no_placement_group() -> None:
     assert mod["bastion"] == {"enabled": False}  # one interface: public IP
 
 
-def test_endpoint_override_adds_endpoints_and_skips_only() -> None:
+def test_endpoint_override_adds_skips_and_gives_terraform_the_endpoints() -> None:
     s = AwsSettings(endpoint_url="http://127.0.0.1:5000")
     root = render_root(p5_request(), s, ssh_public_key=KEY)
+    # no `endpoints` block: the provider validates all ~300 of its attributes on every configure
     assert root["provider"]["aws"] == {
         "region": "us-east-1",
         "max_retries": 8,
-        "endpoints": [{"ec2": "http://127.0.0.1:5000", "sts": "http://127.0.0.1:5000",
-                       "iam": "http://127.0.0.1:5000", "ssm": "http://127.0.0.1:5000"}],
         "skip_credentials_validation": True,
         "skip_requesting_account_id": True,
         "skip_metadata_api_check": True,
         "skip_region_validation": True,
     }
+    assert AwsProvider(s).terraform_env() == {
+        "AWS_ENDPOINT_URL_EC2": "http://127.0.0.1:5000", "AWS_ENDPOINT_URL_STS": "http://127.0.0.1:5000",
+        "AWS_ENDPOINT_URL_IAM": "http://127.0.0.1:5000", "AWS_ENDPOINT_URL_SSM": "http://127.0.0.1:5000"}
+    assert AwsProvider(AwsSettings()).terraform_env() == {}  # real AWS: the user's own environment only
     # the override alone changes nothing about the cluster itself
     assert root["module"] == render_root(p5_request(), AwsSettings(), ssh_public_key=KEY)["module"]
 

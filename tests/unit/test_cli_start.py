@@ -77,14 +77,14 @@ gpuctl.cli.main()
 
 # Heavy or beside the point for a command that only reads its arguments: the libraries
 # (pydantic 60 ms, yaml, boto3, ansible, Terraform's wrapper, rich) and every layer below the CLI.
-NOT_FOR_HELP = ("pydantic", "yaml", "boto3", "botocore", "ansible", "ansible_runner", "python_terraform", "jinja2",
+NOT_FOR_HELP = ("pydantic", "yaml", "boto3", "botocore", "ansible", "ansible_runner", "jinja2",
                 "rich", "cloudpickle", "importlib.metadata", "gpuctl.state", "gpuctl.providers", "gpuctl.provision",
                 "gpuctl.configplane", "gpuctl.jobplane", "gpuctl.healthcheck", "gpuctl.managed", "gpuctl.api",
                 "gpuctl.spec.models", "gpuctl.spec.loader", "gpuctl.spec.request", "gpuctl.common.config",
                 "gpuctl.common.console")
 # A job on a running cluster: the job plane, and none of the spec's models, Terraform, Ansible (a
 # warm cluster is prepared already), the clouds' SDKs or rich (its output here is plain).
-NOT_FOR_EXEC = ("pydantic", "boto3", "botocore", "ansible", "ansible_runner", "python_terraform", "jinja2", "rich",
+NOT_FOR_EXEC = ("pydantic", "boto3", "botocore", "ansible", "ansible_runner", "jinja2", "rich",
                 "cloudpickle", "importlib.metadata", "gpuctl.spec.models", "gpuctl.spec.loader",
                 "gpuctl.provision.provisioner", "gpuctl.provision.lifecycle", "gpuctl.provision.terraform",
                 "gpuctl.provision.taskchecks", "gpuctl.managed.supervisor", "gpuctl.healthcheck", "gpuctl.api",

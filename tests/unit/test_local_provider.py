@@ -367,6 +367,7 @@ def test_cluster_key_is_made_once_and_private(tmp_path: Path) -> None:
 FAKE_TF = """#!/bin/sh
 # Fake terraform: records its argv, prints canned output, exits with a canned code.
 printf '%s\\n' "$@" > "$FAKE_TF_DIR/argv"
+printf '%s' "${AWS_ENDPOINT_URL_EC2-unset}" > "$FAKE_TF_DIR/endpoint"
 [ -f "$FAKE_TF_DIR/stdout" ] && cat "$FAKE_TF_DIR/stdout"
 [ -f "$FAKE_TF_DIR/stderr" ] && cat "$FAKE_TF_DIR/stderr" >&2
 exit "$(cat "$FAKE_TF_DIR/rc" 2>/dev/null || echo 0)"
@@ -410,6 +411,11 @@ class FakeTerraform:
     @property
     def argv(self) -> list[str]:
         return (self.dir / "argv").read_text().splitlines()
+
+    @property
+    def endpoint(self) -> str:
+        """AWS_ENDPOINT_URL_EC2 as the last command had it ("unset": it had none)."""
+        return (self.dir / "endpoint").read_text()
 
 
 @pytest.fixture
@@ -466,7 +472,7 @@ def test_json_diagnostics_become_the_message(fake_tf: FakeTerraform, tmp_path: P
     assert "Deprecated" not in info.value.message
 
 
-def test_commands_avoid_python_terraform_quirks(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+def test_commands_pass_only_flags_current_terraform_takes(fake_tf: FakeTerraform, tmp_path: Path) -> None:
     root = TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin), lock_timeout="7s")
     fake_tf.will(rc=0, stdout='{"type":"change_summary","changes":{"add":0,"change":0,"remove":2,"operation":"destroy"}}\n')
     root.destroy()
@@ -485,6 +491,31 @@ def test_commands_avoid_python_terraform_quirks(fake_tf: FakeTerraform, tmp_path
     fake_tf.will(rc=0, stdout="Terraform has been successfully initialized!\n")
     root.init()
     assert fake_tf.argv == ["init", "-input=false", "-no-color"]
+    fake_tf.will(rc=2, stdout='{"type":"change_summary","changes":{"add":0,"change":1,"remove":1,"operation":"plan"}}\n')
+    summary = root.plan(replace=["module.cluster.aws_instance.node[1]", "module.cluster.aws_instance.node[3]"])
+    assert (summary.change, summary.destroy) == (1, 1)
+    assert fake_tf.argv[0] == "plan" and {"-detailed-exitcode", "-lock-timeout=7s"} <= set(fake_tf.argv)
+    assert [a for a in fake_tf.argv if a.startswith("-replace")] == [
+        "-replace=module.cluster.aws_instance.node[1]", "-replace=module.cluster.aws_instance.node[3]"]
+
+
+def test_a_roots_environment_reaches_every_command_and_nothing_else(fake_tf: FakeTerraform, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The provider's additions (an emulator's endpoints) go to each terraform command of that root,
+    streamed or not, over this process's environment, which they never change."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL_EC2", raising=False)
+    url = "http://127.0.0.1:5999"
+    root = TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin), env={"AWS_ENDPOINT_URL_EC2": url})
+    fake_tf.will(rc=0, stdout='{"type":"change_summary","changes":{"add":1,"change":0,"remove":0,"operation":"apply"}}\n')
+    root.apply()
+    assert fake_tf.endpoint == url
+    root.apply(on_count=lambda done, total: None)
+    assert fake_tf.endpoint == url
+    fake_tf.will(rc=0, stdout="{}")
+    root.outputs()
+    assert fake_tf.endpoint == url and "AWS_ENDPOINT_URL_EC2" not in os.environ
+    TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin)).outputs()
+    assert fake_tf.endpoint == "unset"
 
 
 def test_init_counts_as_done_until_the_root_changes(fake_tf: FakeTerraform, tmp_path: Path) -> None:

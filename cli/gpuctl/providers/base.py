@@ -136,6 +136,11 @@ class Provider(Protocol):
         where `authorizes_internal_key_at_boot`."""
         ...
 
+    def terraform_env(self) -> dict[str, str]:
+        """What every terraform command on this provider's roots gets in its environment over
+        gpuctl's own (an emulator's endpoints); {} for none."""
+        ...
+
     def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:
         """Lines shown before apply and with the plan (fabric, placement, reach)."""
         ...
@@ -300,6 +305,9 @@ class BaseProvider:
     def root_config(self, req: ClusterRequest, *, cluster_dir: Path, ssh_public_key: str,
                     internal_public_key: str = "") -> dict[str, Any]:
         raise NotImplementedError(f"provider '{self.name}' renders no Terraform root")
+
+    def terraform_env(self) -> dict[str, str]:
+        return {}
 
     def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:
         return []

@@ -229,7 +229,7 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
         return _adopt_existing_hosts(req, cdir, on_progress, on_start)
 
     remote = remotestate.current()
-    root = TerraformRoot(cdir / "terraform")
+    root = _root(cdir / "terraform", provider)
     if remote is not None and root.root_file.is_file():
         root.init()  # the providers' prepare reads the state (AWS: the zone nodes are in)
         root.snapshot_state()
@@ -299,6 +299,11 @@ def provision(req: ClusterRequest, *, on_progress: Progress = _quiet,
     return inv
 
 
+def _root(workdir: Path, provider: Provider | None) -> TerraformRoot:
+    """A root whose terraform commands get the provider's environment (an emulator's endpoints)."""
+    return TerraformRoot(workdir, env=provider.terraform_env() if provider is not None else None)
+
+
 def _init(root: TerraformRoot, on_progress: Progress) -> None:
     """`terraform init`, unless it already ran on the root as it is (shared state inits it first to read it)."""
     if not root.initialised:
@@ -348,7 +353,7 @@ def set_power(name: str, *, running: bool, on_progress: Progress = _quiet,
     problem = None if running else provider.stop_problem(request)
     if problem:
         raise UserError(f"cluster '{name}': {problem}")
-    root = TerraformRoot(cdir / "terraform")
+    root = _root(cdir / "terraform", provider)
     if not root.root_file.is_file():
         raise ClusterNotFound(name, why=" (it has no Terraform root: it never came up)")
     _refresh_module_source(root, provider, request, cdir)
@@ -371,7 +376,7 @@ def refresh_inventory(name: str, *, on_progress: Progress = _quiet) -> Inventory
     request = _read_request(cdir)
     if request is None:
         raise ClusterNotFound(name, why=" (or never came up)")
-    root = TerraformRoot(cdir / "terraform")
+    root = _root(cdir / "terraform", get_provider(str(request.get("cloud"))))
     on_progress("terraform apply -refresh-only: the nodes' addresses as they are now")
     root.refresh()
     req = request_from_dict(request)
@@ -526,7 +531,7 @@ def plan(req: ClusterRequest) -> PlanSummary:
     existing = _read_request(cdir) is not None
     with tempfile.TemporaryDirectory(prefix=f"gpuctl-plan-{req.name}-") as tmp:
         scratch = Path(tmp)
-        root = TerraformRoot(scratch / "terraform")
+        root = _root(scratch / "terraform", provider)
         pub_file = cdir / "ssh" / f"{KEY_NAME}.pub"
         if existing and pub_file.is_file():
             public_key = pub_file.read_text().strip()
@@ -555,9 +560,10 @@ def state_drift(name: str) -> str:
     cdir = cluster_dir(name)
     request = _read_request(cdir) or {}
     cloud = request.get("cloud")
-    if cloud and not get_provider(cloud).provisions:
+    provider = get_provider(cloud) if cloud else None
+    if provider is not None and not provider.provisions:
         return f"hand-written inventory (infra {cloud}): no Terraform state"
-    root = TerraformRoot(cdir / "terraform")
+    root = _root(cdir / "terraform", provider)
     if not root.root_file.is_file():
         return "no Terraform root: the cluster never came up; `gpuctl down` removes what is left"
     try:
@@ -586,7 +592,7 @@ def destroy(name: str, *, on_progress: Progress = _quiet) -> None:
     request = _read_request(cdir) or {}
     cloud = request.get("cloud") or ("local" if (cdir / "local.json").exists() else None)
     provider = get_provider(cloud) if cloud else None
-    root = TerraformRoot(cdir / "terraform")
+    root = _root(cdir / "terraform", provider)
     if root.root_file.is_file():
         if provider is not None and provider.provisions and request:
             _refresh_module_source(root, provider, request, cdir)

@@ -1,10 +1,10 @@
-"""Drive the `terraform` CLI for one rendered root module (via python-terraform).
+"""Drive the `terraform` CLI for one rendered root module.
 
-python-terraform's convenience methods add flags current Terraform rejects
-(`destroy -force`), leak `synchronous` into argv and add state/var defaults we
-do not want, so every call goes through `Terraform.cmd` with explicit options.
-The process environment passes through unchanged: TF_CLI_CONFIG_FILE (provider
-mirrors), TF_PLUGIN_CACHE_DIR and friends work as for the user's own runs.
+Every command is spelled out here (`_argv`: options as keyword arguments, FLAG for a bare
+`-flag`), so nothing adds flags current Terraform rejects or defaults gpuctl does not want.
+The process environment passes through, with the provider's additions on top (`env`, e.g.
+an emulator's endpoints): TF_CLI_CONFIG_FILE (provider mirrors), TF_PLUGIN_CACHE_DIR and
+friends work as for the user's own runs.
 
 plan/apply/destroy run with `-json`, so change counts come from Terraform's
 `change_summary` message and errors from its diagnostics rather than from
@@ -18,13 +18,11 @@ import json
 import re
 import shutil
 import subprocess
+import os
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
-
-from python_terraform import IsFlagged, Terraform
 
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import STATE_SNAPSHOT_FILE, readable_state_file
@@ -35,7 +33,7 @@ ROOT_FILE = "main.tf.json"
 LOCK_TIMEOUT = "120s"
 CAPACITY_MARKERS = ("InsufficientInstanceCapacity",)
 MAX_ERROR_LINES = 15
-UNREAD_STATE = ".gpuctl-python-terraform-reads-no-state"  # see Root._run
+FLAG = object()  # an option given as a bare `-flag` (see _argv)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _BOX = re.compile(r"^\s*[│╷╵]\s?")
@@ -92,8 +90,10 @@ def planned_changes(stdout: str) -> list[PlannedChange]:
 class TerraformRoot:
     """One root module directory (`clusters/<name>/terraform/`) and its local state."""
 
-    def __init__(self, workdir: Path, *, terraform_bin: str | None = None, lock_timeout: str = LOCK_TIMEOUT) -> None:
+    def __init__(self, workdir: Path, *, terraform_bin: str | None = None, lock_timeout: str = LOCK_TIMEOUT,
+                 env: Mapping[str, str] | None = None) -> None:
         self.workdir = Path(workdir)
+        self.env = dict(env or {})  # over this process's environment, for every command
         self.terraform_bin = terraform_bin
         self.lock_timeout = lock_timeout
         self._initialised: str | None = None  # the root file's text when init last ran here
@@ -154,7 +154,7 @@ class TerraformRoot:
     def init(self) -> None:
         """`terraform init` (modules and providers; honours the CLI config's mirrors)."""
         text, self._initialised = self._root_text(), None
-        self._run("init", input=False, no_color=IsFlagged)
+        self._run("init", input=False, no_color=FLAG)
         self._initialised = text
 
     @property
@@ -166,8 +166,8 @@ class TerraformRoot:
     def plan(self, replace: Sequence[str] = ()) -> PlanSummary:
         """`terraform plan`: what apply would change (with `replace`, as apply(replace=) would). Creates nothing."""
         rc, out, _ = self._run(
-            "plan", ok=(0, 2), input=False, no_color=IsFlagged, json=IsFlagged,
-            detailed_exitcode=IsFlagged, lock_timeout=self.lock_timeout, replace=list(replace),
+            "plan", ok=(0, 2), input=False, no_color=FLAG, json=FLAG,
+            detailed_exitcode=FLAG, lock_timeout=self.lock_timeout, replace=list(replace),
         )
         summary = parse_plan_json(out)
         if summary is None:
@@ -179,7 +179,7 @@ class TerraformRoot:
         else, so a caller may refuse some before any is made; [] (and no file) when there are none."""
         plan_file.unlink(missing_ok=True)
         rc, out, _ = self._run(
-            "plan", ok=(0, 2), input=False, no_color=IsFlagged, json=IsFlagged, detailed_exitcode=IsFlagged,
+            "plan", ok=(0, 2), input=False, no_color=FLAG, json=FLAG, detailed_exitcode=FLAG,
             lock_timeout=self.lock_timeout, out=str(plan_file),
         )
         if rc == 0:
@@ -199,9 +199,9 @@ class TerraformRoot:
             if on_count is None:
                 options: dict[str, Any] = {"replace": list(replace)} if plan_file is None else {}
                 if plan_file is None:
-                    options["auto_approve"] = IsFlagged
+                    options["auto_approve"] = FLAG
                 _, out, _ = self._run("apply", *([str(plan_file)] if plan_file else []), input=False,
-                                      no_color=IsFlagged, json=IsFlagged, lock_timeout=self.lock_timeout, **options)
+                                      no_color=FLAG, json=FLAG, lock_timeout=self.lock_timeout, **options)
             else:
                 out = self._stream_apply(on_count, replace, plan_file)
         finally:
@@ -213,8 +213,8 @@ class TerraformRoot:
     def refresh(self) -> None:
         """`terraform apply -refresh-only`: the state, and so the outputs, as the cloud has it now,
         nothing changed; for nodes that just started, whose public addresses are new."""
-        self._run("apply", input=False, no_color=IsFlagged, json=IsFlagged, auto_approve=IsFlagged,
-                  refresh_only=IsFlagged, lock_timeout=self.lock_timeout, log_as="refresh")
+        self._run("apply", input=False, no_color=FLAG, json=FLAG, auto_approve=FLAG,
+                  refresh_only=FLAG, lock_timeout=self.lock_timeout, log_as="refresh")
 
     def outputs(self) -> dict[str, Any]:
         """`terraform output -json`, as output name -> value.
@@ -222,7 +222,7 @@ class TerraformRoot:
         Terraform leaves outputs whose value is null out of the state, so a
         null output (the local module's `bastion`) is absent here, not None.
         """
-        _, out, _ = self._run("output", no_color=IsFlagged, json=IsFlagged)
+        _, out, _ = self._run("output", no_color=FLAG, json=FLAG)
         try:
             raw = json.loads(out or "{}")
         except ValueError:
@@ -233,8 +233,8 @@ class TerraformRoot:
         """`terraform destroy` of everything in this root's state. `refresh=False` (`-refresh=false`):
         nothing is read back from the cloud first, for a state that an apply read or made moments ago."""
         self._run(
-            "destroy", input=False, no_color=IsFlagged, json=IsFlagged,
-            auto_approve=IsFlagged, lock_timeout=self.lock_timeout, **({} if refresh else {"refresh": False}),
+            "destroy", input=False, no_color=FLAG, json=FLAG,
+            auto_approve=FLAG, lock_timeout=self.lock_timeout, **({} if refresh else {"refresh": False}),
         )
 
     # -- plumbing ----------------------------------------------------------
@@ -250,21 +250,36 @@ class TerraformRoot:
         """Run one terraform command in the workdir; raise ProvisionError on failure. Its log is
         logs/COMMAND.log, or logs/LOG_AS.log."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # python-terraform parses the state before and after every command; gpuctl reads none of it, and
-        # a state file an interrupted apply left empty would end in its traceback: it is given a name
-        # that never exists (terraform itself still uses terraform.tfstate: no -state is passed)
-        tf = Terraform(working_dir=str(self.workdir), terraform_bin_path=self._binary(), state=UNREAD_STATE)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)  # python-terraform's log.warn
-                rc, out, err = tf.cmd(command, *args, **options)
+            done = subprocess.run(self._argv(command, *args, **options), cwd=self.workdir, env=self._environ(),
+                                  stdin=subprocess.DEVNULL, capture_output=True, encoding="utf-8",
+                                  errors="replace")
         except OSError as exc:
             raise UserError(f"could not run terraform ({exc.strerror or exc}); check that it is installed") from None
-        out, err = out or "", err or ""
+        rc, out, err = done.returncode, done.stdout or "", done.stderr or ""
         self._log(log_as or command, rc, out, err)
         if rc not in tuple(ok):
             raise self._failure(log_as or command, rc, out, err)
         return rc, out, err
+
+    def _argv(self, command: str, *args: str, **options: Any) -> list[str]:
+        """`terraform COMMAND -option=value... ARGS`: an option's underscores become dashes; FLAG is a
+        bare `-option`, a bool `=true`/`=false`, a list one `-option=item` per item, None nothing."""
+        argv = [self._binary(), *command.split()]
+        for name, value in options.items():
+            flag = "-" + name.replace("_", "-")
+            if value is FLAG:
+                argv.append(flag)
+            elif isinstance(value, list):
+                argv += [f"{flag}={item}" for item in value]
+            elif isinstance(value, bool):
+                argv.append(f"{flag}={'true' if value else 'false'}")
+            elif value is not None:
+                argv.append(f"{flag}={value}")
+        return [*argv, *args]
+
+    def _environ(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
 
     def _failure(self, command: str, rc: int, out: str, err: str) -> ProvisionError:
         """What a failed command says: its error lines, and whether capacity ran out."""
@@ -282,10 +297,11 @@ class TerraformRoot:
         argv += [str(plan_file)] if plan_file is not None else ["-auto-approve", *(f"-replace={a}" for a in replace)]
         lines: list[str] = []
         planned = done = 0
-        with tempfile.TemporaryFile(mode="w+") as err_file:
+        with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err_file:
             try:
-                proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=err_file, text=True)
+                proc = subprocess.Popen(argv, cwd=self.workdir, env=self._environ(), stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=err_file, encoding="utf-8",
+                                        errors="replace")
             except OSError as exc:
                 raise UserError(f"could not run terraform ({exc.strerror or exc}); check that it is installed") \
                     from None

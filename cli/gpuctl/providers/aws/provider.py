@@ -14,8 +14,11 @@ function of the request and the user's AWS settings:
   several (EFA types) cannot, so they are reached through a bastion (ProxyJump).
   SSH is open only to `aws.ssh_ingress_cidrs` / `GPUCTL_SSH_INGRESS_CIDRS`;
   with none, gpuctl opens nothing and says so.
-- The endpoint override (`GPUCTL_AWS_ENDPOINT_URL`) adds `endpoints` and the
-  `skip_*` flags to the provider block, and nothing else.
+- The endpoint override (`GPUCTL_AWS_ENDPOINT_URL`) adds the `skip_*` flags to
+  the provider block and gives terraform AWS_ENDPOINT_URL_<SERVICE> for the
+  services the module calls (`terraform_env`), and nothing else. Not an
+  `endpoints` block: the provider validates every one of its ~300 service
+  attributes on each configure, which made each plan and apply 2.5x the CPU.
 - Identity: SkyPilot's `remote_identity` (the task's `config.aws.remote_identity`,
   else `aws.remote_identity` of gpuctl's config or ~/.sky/config.yaml) names the
   nodes' IAM instance profile (module input `iam_instance_profile`), which is
@@ -124,8 +127,7 @@ def provider_block(region: str, settings: AwsSettings) -> dict[str, Any]:
     block: dict[str, Any] = {"region": region, "max_retries": settings.max_retries}
     if settings.profile:
         block["profile"] = settings.profile
-    if settings.endpoint_url:
-        block["endpoints"] = [{svc: settings.endpoint_url for svc in ENDPOINT_SERVICES}]
+    if settings.endpoint_url:  # the endpoints themselves: endpoint_env
         block.update(
             skip_credentials_validation=True,
             skip_requesting_account_id=True,
@@ -133,6 +135,11 @@ def provider_block(region: str, settings: AwsSettings) -> dict[str, Any]:
             skip_region_validation=True,
         )
     return block
+
+
+def endpoint_env(url: str) -> dict[str, str]:
+    """The provider's environment that sends the module's AWS calls to `url` (an emulator)."""
+    return {f"AWS_ENDPOINT_URL_{svc.upper()}": url for svc in ENDPOINT_SERVICES}
 
 
 def node_identity(req: ClusterRequest, settings: AwsSettings) -> tuple[str | None, str]:
@@ -386,6 +393,10 @@ class AwsProvider(BaseProvider):
         # Not authorized at boot: a worker's host key is known only at first contact (its console
         # prints fingerprints minutes later), so each node is prepared from the controller.
         return render_root(req, self.settings, ssh_public_key=ssh_public_key)
+
+    def terraform_env(self) -> dict[str, str]:
+        url = self.settings.endpoint_url
+        return endpoint_env(url) if url else {}
 
     def describe(self, req: ClusterRequest, outputs: Mapping[str, Any] | None = None) -> list[str]:
         return describe(req, self.settings, outputs)
