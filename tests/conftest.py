@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Terraform asks checkpoint-api.hashicorp.com for news at every command unless told not to; the
+# tests' commands (and the gpuctl commands they run, which pass it on) reach only loopback.
+os.environ["CHECKPOINT_DISABLE"] = "1"
 
 
 def find_provider_mirror() -> Path | None:
