@@ -499,6 +499,56 @@ def test_commands_pass_only_flags_current_terraform_takes(fake_tf: FakeTerraform
         "-replace=module.cluster.aws_instance.node[1]", "-replace=module.cluster.aws_instance.node[3]"]
 
 
+PLANNED_OUTPUTS = '{"type":"outputs","outputs":{"nodes":{"sensitive":false,"action":"create"}}}\n'
+APPLIED = '{"type":"change_summary","changes":{"add":1,"change":0,"remove":0,"operation":"apply"}}\n'
+
+
+def applied_outputs_line(**outputs: object) -> str:
+    return json.dumps({"type": "outputs", "outputs": {
+        name: {"sensitive": name.startswith("secret"), "type": "string", "value": value}
+        for name, value in outputs.items()}}) + "\n"
+
+
+def test_outputs_right_after_an_apply_are_the_ones_it_printed(fake_tf: FakeTerraform, tmp_path: Path) -> None:
+    """No `terraform output` run after an apply or refresh: its JSON stream ends with the values.
+    Any other command, or a sensitive output (the stream leaves its value out), means asking again."""
+    root = TerraformRoot(tmp_path / "root", terraform_bin=str(fake_tf.bin))
+    fake_tf.will(rc=0, stdout=PLANNED_OUTPUTS + APPLIED + applied_outputs_line(ssh_user="u", nodes=["a"]))
+    for apply in (root.apply, lambda: root.apply(on_count=lambda done, total: None), root.refresh):
+        apply()
+        fake_tf.will(rc=0, stdout='{"ssh_user": {"value": "from-output"}}')
+        assert root.outputs() == {"ssh_user": "u", "nodes": ["a"]}
+        assert fake_tf.argv[0] == "apply"  # nothing ran since
+        fake_tf.will(rc=0, stdout=PLANNED_OUTPUTS + APPLIED + applied_outputs_line(ssh_user="u", nodes=["a"]))
+    root.init()
+    fake_tf.will(rc=0, stdout='{"ssh_user": {"value": "from-output"}}')
+    assert root.outputs() == {"ssh_user": "from-output"} and fake_tf.argv[0] == "output"
+    fake_tf.will(rc=0, stdout=APPLIED + applied_outputs_line(ssh_user="u", secret_token="t"))
+    root.apply()
+    fake_tf.will(rc=0, stdout='{"ssh_user": {"value": "u"}, "secret_token": {"value": "t", "sensitive": true}}')
+    assert root.outputs() == {"ssh_user": "u", "secret_token": "t"} and fake_tf.argv[0] == "output"
+    fake_tf.will(rc=1, stdout=PLANNED_OUTPUTS, stderr="Error: it broke\n")
+    with pytest.raises(ProvisionError):
+        root.apply()
+    fake_tf.will(rc=0, stdout='{"ssh_user": {"value": "after-a-failure"}}')
+    assert root.outputs() == {"ssh_user": "after-a-failure"}
+
+
+@needs_terraform
+def test_an_applys_outputs_are_what_terraform_output_says(tmp_path: Path) -> None:
+    root = TerraformRoot(tmp_path / "root")
+    root.write({"resource": {"terraform_data": {"node": {"count": 2, "input": {"ip": "10.0.0.${count.index}"}}}},
+                "output": {"nodes": {"value": "${[for n in terraform_data.node : {ip = n.output.ip, port = 22}]}"},
+                           "user": {"value": "gpuctl"}, "bastion": {"value": None}}})
+    root.init()
+    root.apply()
+    expected = {"nodes": [{"ip": "10.0.0.0", "port": 22}, {"ip": "10.0.0.1", "port": 22}], "user": "gpuctl"}
+    assert root.outputs() == expected and not (root.workdir / "logs" / "output.log").exists()
+    assert TerraformRoot(root.workdir).outputs() == expected  # `terraform output -json`
+    root.refresh()
+    assert root.outputs() == expected
+
+
 def test_a_roots_environment_reaches_every_command_and_nothing_else(fake_tf: FakeTerraform, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The provider's additions (an emulator's endpoints) go to each terraform command of that root,

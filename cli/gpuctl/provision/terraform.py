@@ -94,6 +94,7 @@ class TerraformRoot:
                  env: Mapping[str, str] | None = None) -> None:
         self.workdir = Path(workdir)
         self.env = dict(env or {})  # over this process's environment, for every command
+        self._outputs: dict[str, Any] | None = None  # as the last command (an apply) printed them
         self.terraform_bin = terraform_bin
         self.lock_timeout = lock_timeout
         self._initialised: str | None = None  # the root file's text when init last ran here
@@ -207,21 +208,26 @@ class TerraformRoot:
         finally:
             if plan_file is not None:
                 plan_file.unlink(missing_ok=True)
+        self._outputs = applied_outputs(out)
         counts = _change_summary(out, operation="apply")
         return bool(counts and any(counts.get(k) for k in ("add", "change", "remove")))
 
     def refresh(self) -> None:
         """`terraform apply -refresh-only`: the state, and so the outputs, as the cloud has it now,
         nothing changed; for nodes that just started, whose public addresses are new."""
-        self._run("apply", input=False, no_color=FLAG, json=FLAG, auto_approve=FLAG,
-                  refresh_only=FLAG, lock_timeout=self.lock_timeout, log_as="refresh")
+        _, out, _ = self._run("apply", input=False, no_color=FLAG, json=FLAG, auto_approve=FLAG,
+                              refresh_only=FLAG, lock_timeout=self.lock_timeout, log_as="refresh")
+        self._outputs = applied_outputs(out)
 
     def outputs(self) -> dict[str, Any]:
-        """`terraform output -json`, as output name -> value.
+        """`terraform output -json`, as output name -> value; right after an apply (or refresh) of this
+        object, the values that apply printed, which are the same and cost no terraform run.
 
         Terraform leaves outputs whose value is null out of the state, so a
         null output (the local module's `bastion`) is absent here, not None.
         """
+        if self._outputs is not None:
+            return dict(self._outputs)
         _, out, _ = self._run("output", no_color=FLAG, json=FLAG)
         try:
             raw = json.loads(out or "{}")
@@ -250,6 +256,7 @@ class TerraformRoot:
         """Run one terraform command in the workdir; raise ProvisionError on failure. Its log is
         logs/COMMAND.log, or logs/LOG_AS.log."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._outputs = None  # whatever this command does to the state, they may no longer be the state's
         try:
             done = subprocess.run(self._argv(command, *args, **options), cwd=self.workdir, env=self._environ(),
                                   stdin=subprocess.DEVNULL, capture_output=True, encoding="utf-8",
@@ -293,6 +300,7 @@ class TerraformRoot:
                       plan_file: Path | None = None) -> str:
         """`terraform apply -json`, read as it runs; its stdout. Failures as _run reports them."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._outputs = None
         argv = [self._binary(), "apply", "-input=false", "-no-color", "-json", f"-lock-timeout={self.lock_timeout}"]
         argv += [str(plan_file)] if plan_file is not None else ["-auto-approve", *(f"-replace={a}" for a in replace)]
         lines: list[str] = []
@@ -361,6 +369,20 @@ def _change_summary(stdout: str, *, operation: str | None = None) -> dict[str, i
             if operation is None or changes.get("operation") == operation:
                 found = changes
     return found
+
+
+def applied_outputs(stdout: str) -> dict[str, Any] | None:
+    """name -> value from the `outputs` message an apply's JSON stream ends with (null outputs are
+    absent there, as in `terraform output -json`); None where it has none, or where one is sensitive
+    (the stream leaves its value out, `terraform output` does not)."""
+    found = None
+    for msg in _json_messages(stdout):
+        if msg.get("type") == "outputs" and isinstance(msg.get("outputs"), dict):
+            found = msg["outputs"]  # a plan's come first, without values; the applied ones last
+    if found is None or not all(isinstance(o, dict) and "value" in o and not o.get("sensitive")
+                                for o in found.values()):
+        return None
+    return {name: o["value"] for name, o in found.items()}
 
 
 def parse_plan_json(stdout: str) -> PlanSummary | None:
