@@ -223,15 +223,19 @@ class NodeInfo:
 
 
 def wait_for(what: str, predicate: Callable[[], object], timeout: float, interval: float = 0.25):
-    """Poll until `predicate()` is truthy; its value, or a failure naming `what`."""
+    """Poll until `predicate()` is truthy; its value, or a failure naming `what`. The pause between
+    looks grows from `interval` to 0.75 s (or `interval`, if longer): most predicates run a gpuctl
+    command or scan /proc, and the suite is CPU-bound, so a long wait looks less often."""
     deadline = time.monotonic() + timeout
+    pause, longest = interval, max(interval, 0.75)
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"{what}: not within {timeout:.0f}s (last: {value!r})")
-        time.sleep(interval)
+        time.sleep(pause)
+        pause = min(pause * 1.5, longest)
 
 
 def queue_rows(text: str) -> list[list[str]]:

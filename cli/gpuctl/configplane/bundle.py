@@ -207,7 +207,7 @@ def packed_files() -> dict[str, dict[str, str]]:
 
 @lru_cache(maxsize=None)
 def _packed_for(key: str) -> dict[str, dict[str, str]]:
-    return {rel: {"mode": mode, "zdata": base64.b64encode(zlib.compress(data, 9)).decode()}
+    return {rel: {"mode": mode, "zdata": base64.b64encode(zlib.compress(data, 6)).decode()}
             for rel, (data, mode) in files().items()}
 
 
