@@ -175,6 +175,19 @@ def test_a_mount_with_writes_not_uploaded_is_dirty(tmp_path: Path):
     assert agent.mount_dirty(str(cache))
 
 
+@pytest.mark.parametrize("text", ["", '{\n\t"Size": 1000000,\n\t"Fing', "[]"])
+def test_metadata_caught_mid_rewrite_counts_as_not_uploaded(tmp_path: Path, text: str):
+    """rclone rewrites an item's metadata in place (truncate, then write) as its upload starts: a look
+    that finds it empty or cut short must keep waiting, not unmount the mount under the upload."""
+    meta = tmp_path / "k.cache" / "vfsMeta" / "gpuctls3" / "b" / "ckpt"
+    meta.mkdir(parents=True)
+    (meta / "done.pt").write_text('{"Size": 3, "Dirty": false}')
+    (meta / "final.bin").write_text(text)
+    assert agent.mount_dirty(str(tmp_path / "k.cache"))
+    (meta / "final.bin").write_text('{"Size": 3000000, "Fingerprint": "3000000,x", "Dirty": false}')
+    assert not agent.mount_dirty(str(tmp_path / "k.cache"))
+
+
 def test_a_mount_another_job_holds_stays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The job that ends last unmounts: while another job holds the mount, its end leaves it."""
     monkeypatch.setattr(agent, "MOUNTS_DIR", str(tmp_path))

@@ -321,10 +321,20 @@ def unmount(path, lazy=False):
 
 
 def mount_dirty(cache_dir):
-    """Whether rclone's VFS cache still holds a write not uploaded (a vfsMeta item "Dirty": true)."""
+    """Whether rclone's VFS cache may still hold a write not uploaded: a vfsMeta item that says
+    "Dirty": true, or one that is not whole JSON. rclone rewrites an item's metadata in place (as an
+    upload starts, for one), so a look can find it empty or cut short; taking that for clean ended
+    the wait and unmounted the mount under the upload. An item gone meanwhile was cleaned away."""
     for root, _, files in os.walk(os.path.join(cache_dir, "vfsMeta")):
         for name in files:
-            if re.search(r'"Dirty"\s*:\s*true', read_text(os.path.join(root, name)) or ""):
+            text = read_text(os.path.join(root, name))
+            if text is None:
+                continue
+            try:
+                info = json.loads(text)
+            except ValueError:
+                return True
+            if not isinstance(info, dict) or info.get("Dirty") is True:
                 return True
     return False
 
