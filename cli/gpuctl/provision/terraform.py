@@ -15,10 +15,10 @@ Each command's full output is kept in `<workdir>/logs/<command>.log`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,15 +196,14 @@ class TerraformRoot:
         (`module.cluster.aws_instance.node[1]`) rebuilt even though nothing about them changed
         (`-replace=ADDR` each): a lost node made again, what depends on it with it. `plan_file`:
         apply exactly that saved plan (plan_to), which is then removed."""
+        args = [str(plan_file)] if plan_file is not None else []
+        options: dict[str, Any] = {"auto_approve": FLAG, "replace": list(replace)} if plan_file is None else {}
+        options.update(input=False, no_color=FLAG, json=FLAG, lock_timeout=self.lock_timeout)
         try:
             if on_count is None:
-                options: dict[str, Any] = {"replace": list(replace)} if plan_file is None else {}
-                if plan_file is None:
-                    options["auto_approve"] = FLAG
-                _, out, _ = self._run("apply", *([str(plan_file)] if plan_file else []), input=False,
-                                      no_color=FLAG, json=FLAG, lock_timeout=self.lock_timeout, **options)
+                _, out, _ = self._run("apply", *args, **options)
             else:
-                out = self._stream_apply(on_count, replace, plan_file)
+                out = self._stream_apply(self._argv("apply", *args, **options), on_count)
         finally:
             if plan_file is not None:
                 plan_file.unlink(missing_ok=True)
@@ -296,13 +295,10 @@ class TerraformRoot:
         return ProvisionError(f"terraform {command} failed in {self.workdir}:\n  {detail}",
                               insufficient_capacity=capacity)
 
-    def _stream_apply(self, on_count: Callable[[int, int], None], replace: Sequence[str] = (),
-                      plan_file: Path | None = None) -> str:
-        """`terraform apply -json`, read as it runs; its stdout. Failures as _run reports them."""
+    def _stream_apply(self, argv: list[str], on_count: Callable[[int, int], None]) -> str:
+        """`argv`, a `terraform apply -json`, read as it runs; its stdout. Failures as _run reports them."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._outputs = None
-        argv = [self._binary(), "apply", "-input=false", "-no-color", "-json", f"-lock-timeout={self.lock_timeout}"]
-        argv += [str(plan_file)] if plan_file is not None else ["-auto-approve", *(f"-replace={a}" for a in replace)]
         lines: list[str] = []
         planned = done = 0
         with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err_file:
