@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+import gpuctlfork
 import pytest
 import yaml
 
@@ -87,12 +88,10 @@ def gpuctl_env(state_dir: Path) -> dict[str, str]:
 
 
 def run_gpuctl(*args: str, state_dir: Path, cwd: Path | None = None, timeout: float = 300) -> Result:
-    """`python -m gpuctl ARGS` with stdout and stderr read line by line as they come."""
+    """`python -m gpuctl ARGS` (forked: tests/gpuctlfork.py) with stdout and stderr read line by line as they come."""
     argv = [sys.executable, "-m", "gpuctl", *args]
     started = time.time()
-    proc = subprocess.Popen(argv, cwd=cwd or REPO, env=gpuctl_env(state_dir), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            errors="replace")
+    proc, stdout, stderr = gpuctlfork.popen_text(args, env=gpuctl_env(state_dir), cwd=cwd or REPO)
     out: list[tuple[float, str]] = []
     err: list[tuple[float, str]] = []
 
@@ -101,8 +100,8 @@ def run_gpuctl(*args: str, state_dir: Path, cwd: Path | None = None, timeout: fl
             sink.append((time.time(), line.rstrip("\n")))
         stream.close()
 
-    readers = [threading.Thread(target=pump, args=(proc.stdout, out), daemon=True),
-               threading.Thread(target=pump, args=(proc.stderr, err), daemon=True)]
+    readers = [threading.Thread(target=pump, args=(stdout, out), daemon=True),
+               threading.Thread(target=pump, args=(stderr, err), daemon=True)]
     for t in readers:
         t.start()
     try:

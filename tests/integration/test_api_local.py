@@ -31,6 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 
 import gpuctl
@@ -91,8 +92,8 @@ def test_results_in_rank_order_head_only_and_in_the_queue(kept: Local):
                for r in results), results
     assert [r["head"] for r in results] == [True, False, False]
     assert head == {**results[0], "total": 1, "sum": 6, "peers": addrs[:1]}
-    queue = subprocess.run([sys.executable, "-m", "gpuctl", "queue", NAME], env=gpuctl_env(kept.state_dir),
-                           capture_output=True, text=True, timeout=60)
+    queue = gpuctlfork.run(["queue", NAME], env=gpuctl_env(kept.state_dir),
+                           timeout=60)
     rows = [line.split() for line in queue.stdout.splitlines() if " where " in line]
     assert [(r[1], r[2]) for r in rows[-2:]] == [("where", "SUCCEEDED")] * 2, queue.stdout
     assert rows[-1][-1] == "0" and rows[-2][-1] == "0,0,0", queue.stdout

@@ -7,11 +7,10 @@ The nodes here are moto instances made by boto3 with the cluster's files written
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import boto3
+import gpuctlfork
 import pytest
 
 from mototest import MotoServer, fake_aws_env
@@ -38,8 +37,8 @@ def make_cluster(state: Path, name: str, ids: list[str], *, autostop: bool) -> N
 
 
 def status(state: Path, env: dict[str, str], name: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "gpuctl", "status", name, "-o", "json"], capture_output=True,
-                          text=True, env={**env, "GPUCTL_STATE_DIR": str(state)}, timeout=120)
+    proc = gpuctlfork.run(["status", name, "-o", "json"],
+                          env={**env, "GPUCTL_STATE_DIR": str(state)}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["clusters"][0]
 
@@ -69,15 +68,15 @@ def test_status_sees_an_aws_cluster_that_stopped_or_terminated_itself(tmp_path: 
         doc = status(state, env, "goes")
         assert doc["status"] == "AUTODOWNED" and doc["autodowned_at"] > 0, doc
         assert status(state, env, "plain")["status"] == "UP"
-        text = subprocess.run([sys.executable, "-m", "gpuctl", "status"], capture_output=True, text=True,
+        text = gpuctlfork.run(["status"],
                               env={**env, "GPUCTL_STATE_DIR": str(state)}, timeout=120).stdout
         assert "stops: STOPPED" in text and "its disks still bill" in text and "goes: AUTODOWNED" in text
         # the history stopped counting at that time (test_aws_moto.py: apply starts a stopped cluster again)
         lives = {s.cluster: s for s in Registry(path=state / "state.db", remote=None).history()}
         assert (lives["stops"].ended_how, lives["goes"].ended_how, lives["plain"].ended_how) == \
             ("stopped", "autodown", None)
-        report = json.loads(subprocess.run([sys.executable, "-m", "gpuctl", "cost-report", "-o", "json"],
-                                           capture_output=True, text=True, env={**env, "GPUCTL_STATE_DIR": str(state)},
+        report = json.loads(gpuctlfork.run(["cost-report", "-o", "json"],
+                                           env={**env, "GPUCTL_STATE_DIR": str(state)},
                                            timeout=120).stdout)
         assert {r["name"]: r["status"] for r in report["clusters"]} == {"stops": "STOPPED", "goes": "AUTODOWNED",
                                                                          "plain": "UP"}

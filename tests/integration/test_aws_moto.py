@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import textwrap
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 import boto3
+import gpuctlfork
 import pytest
 import tfprovider
 import yaml
@@ -45,7 +45,6 @@ from gpuctl.state.registry import Registry
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-GPUCTL = [sys.executable, "-m", "gpuctl"]
 REGION = "us-east-1"
 MOTO_UBUNTU_AMI = "ami-1e749f67"  # in moto's bundled image list
 
@@ -131,20 +130,11 @@ def assert_nothing_created(moto: MotoServer) -> None:
 
 
 def gpuctl(*args: str, env: dict[str, str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    """Run the CLI in its own process group, so a timeout also ends its terraform."""
-    proc = subprocess.Popen([*GPUCTL, *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    """The CLI (forked: tests/gpuctlfork.py) in its own process group, so a timeout also ends its terraform."""
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        pytest.fail(f"gpuctl {' '.join(args)} ran over {timeout}s:\n{out}\n{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        return gpuctlfork.run(args, env=env, cwd=cwd, timeout=timeout, new_session=True)
+    except subprocess.TimeoutExpired as late:
+        pytest.fail(f"gpuctl {' '.join(args)} ran over {timeout}s:\n{late.stdout}\n{late.stderr}")
 
 
 def task_file(tmp_path: Path, body: str) -> Path:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 
 GOOD_RUN = "run: echo hi\n"
@@ -16,7 +16,7 @@ GOOD_RUN = "run: echo hi\n"
 
 def gpuctl(*args: str, cwd: Path, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "gpuctl", *args], cwd=cwd, capture_output=True, text=True,
+    return gpuctlfork.run([*args], cwd=cwd,
                           env=env, timeout=120)
 
 
@@ -129,8 +129,8 @@ def test_valid_file_validates(tmp_path: Path):
 def test_aws_job_with_ssh_closed_is_refused_before_provisioning(tmp_path: Path, _isolated_state: Path):
     (tmp_path / "cluster.yaml").write_text("resources:\n  infra: aws/us-east-1\n  instance_type: g5.xlarge\n" + GOOD_RUN)
     env = {k: v for k, v in os.environ.items() if k != "GPUCTL_SSH_INGRESS_CIDRS"}
-    proc = subprocess.run([sys.executable, "-m", "gpuctl", "apply", "cluster.yaml"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = gpuctlfork.run(["apply", "cluster.yaml"], cwd=tmp_path, env=env,
+                          timeout=120)
     assert_user_error(proc, "ssh_ingress_cidrs", "--provision-only")
     assert_nothing_provisioned(_isolated_state)
 

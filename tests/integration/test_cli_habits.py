@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 
 from gpuctl.jobplane import joblogs
@@ -29,9 +30,8 @@ GPUCTL = Path(sys.executable).parent / "gpuctl"
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    assert GPUCTL.exists(), f"the console script is not installed next to {sys.executable}"
-    return subprocess.run([str(GPUCTL), *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env=os.environ.copy(), stdin=subprocess.DEVNULL)
+    """The console script's program, forked (tests/gpuctlfork.py; test_cli_usage runs the script itself)."""
+    return gpuctlfork.run(args, cwd=cwd, timeout=120, env=os.environ.copy())
 
 
 def refused(proc: subprocess.CompletedProcess, *fragments: str) -> str:

@@ -11,15 +11,25 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 
 GPUCTL = Path(sys.executable).parent / "gpuctl"
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """What the console script runs (gpuctl.clistart.main), forked (tests/gpuctlfork.py);
+    test_the_console_script_runs_the_same_program checks the script itself."""
+    return gpuctlfork.run(args, cwd=cwd, timeout=60, env=os.environ.copy())
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["apply"], ["--version"]])
+def test_the_console_script_runs_the_same_program(argv: list[str], tmp_path: Path) -> None:
     assert GPUCTL.exists(), f"the console script is not installed next to {sys.executable}"
-    return subprocess.run([str(GPUCTL), *args], cwd=cwd, capture_output=True, text=True, timeout=60,
-                          env=os.environ.copy(), stdin=subprocess.DEVNULL)
+    script = subprocess.run([str(GPUCTL), *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env=os.environ.copy(), stdin=subprocess.DEVNULL)
+    forked = run(*argv, cwd=tmp_path)
+    assert (script.returncode, script.stdout, script.stderr) == (forked.returncode, forked.stdout, forked.stderr)
 
 
 # argv -> fragments the error line must contain

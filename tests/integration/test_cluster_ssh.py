@@ -18,12 +18,12 @@ import shlex
 import shutil
 import stat
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import gpuctlfork
 import pytest
 import testhosts
 
@@ -205,8 +205,8 @@ def test_a_new_key_replaces_the_old_one(cluster: Cluster) -> None:
 
 
 def gpuctl(*args: str, timeout: int = 300, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuctl", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, env=dict(os.environ))
+    return gpuctlfork.run([*args], cwd=cwd,
+                          timeout=timeout, env=dict(os.environ))
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("terraform"),

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import boto3
+import gpuctlfork
 import pytest
 from e2e import cluster_netns
 from mototest import MotoServer, fake_aws_env
@@ -62,15 +63,10 @@ def runner_env(moto: MotoServer, state_dir: Path, tf_cli_config: Path, **extra: 
 
 
 def gpuctl(*args: str, env: dict[str, str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-        pytest.fail(f"gpuctl {' '.join(args)} ran over {timeout}s:\n{out}\n{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        return gpuctlfork.run(args, env=env, cwd=cwd, timeout=timeout, new_session=True)
+    except subprocess.TimeoutExpired as late:
+        pytest.fail(f"gpuctl {' '.join(args)} ran over {timeout}s:\n{late.stdout}\n{late.stderr}")
 
 
 def ok(res: subprocess.CompletedProcess[str]) -> str:

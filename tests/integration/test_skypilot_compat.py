@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 
 
@@ -19,8 +19,8 @@ def validate(yaml_text: str, tmp: Path, *args: str, cwd: Path | None = None, nam
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml_text)
     env = {**os.environ, "GPUCTL_STATE_DIR": str(tmp / "state"), **({"HOME": str(home)} if home else {})}
-    return subprocess.run([sys.executable, "-m", "gpuctl", "validate", *args, str(path)], cwd=cwd or tmp,
-                          capture_output=True, text=True, env=env, timeout=60)
+    return gpuctlfork.run(["validate", *args, str(path)], cwd=cwd or tmp,
+                          env=env, timeout=60)
 
 
 def ok(proc: subprocess.CompletedProcess) -> str:

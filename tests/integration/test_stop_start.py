@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 
 from gpuctl.state.registry import Registry
 
 pytestmark = pytest.mark.integration
 
-GPUCTL = [sys.executable, "-m", "gpuctl"]
 REGION = "us-east-1"
 MOTO_UBUNTU_AMI = "ami-1e749f67"  # in moto's bundled image list
 STOP_KEYS = {"schema", "command", "ok", "cluster", "status", "stopped_at", "cancelled"}
@@ -27,16 +25,11 @@ START_KEYS = {"schema", "command", "ok", "cluster", "status", "started", "nodes"
 
 
 def gpuctl(*args: str, env: dict[str, str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    """The CLI in its own process group (a timeout also ends its terraform), stdin closed: no terminal."""
-    proc = subprocess.Popen([*GPUCTL, *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    """The CLI (forked: tests/gpuctlfork.py) in its own process group (a timeout also ends its terraform), stdin closed: no terminal."""
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"gpuctl {' '.join(args)} ran over {timeout}s:\n{out}\n{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        return gpuctlfork.run(args, env=env, cwd=cwd, timeout=timeout, new_session=True)
+    except subprocess.TimeoutExpired as late:
+        pytest.fail(f"gpuctl {' '.join(args)} ran over {timeout}s:\n{late.stdout}\n{late.stderr}")
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 
 from gpuctl.common.errors import UserError
@@ -322,7 +323,7 @@ def test_a_setting_the_cluster_cannot_act_on_is_refused_before_anything_is_made(
     task = tmp_path / "spot.yaml"
     task.write_text("resources:\n  infra: aws\n  accelerators: H100:8\n  use_spot: true\n  autostop: 10\nrun: x\n")
     for command in (["validate", str(task)], ["apply", str(task), "-y"]):
-        proc = subprocess.run([sys.executable, "-m", "gpuctl", *command], capture_output=True, text=True,
+        proc = gpuctlfork.run([*command],
                               env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")}, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip().splitlines()[-1] == (
@@ -331,7 +332,7 @@ def test_a_setting_the_cluster_cannot_act_on_is_refused_before_anything_is_made(
         assert "Traceback" not in proc.stderr and not (tmp_path / "state" / "clusters").exists()
     down = tmp_path / "spot-down.yaml"
     down.write_text(task.read_text().replace("autostop: 10", "autostop: {idle_minutes: 10, down: true}"))
-    ok = subprocess.run([sys.executable, "-m", "gpuctl", "validate", str(down)], capture_output=True, text=True,
+    ok = gpuctlfork.run(["validate", str(down)],
                         env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")}, timeout=60)
     assert ok.returncode == 0 and "autodown after 10 idle minute(s)" in ok.stdout
     assert get_provider("ssh").autostop_problem({}, down=True) is not None
@@ -446,8 +447,6 @@ def test_jobs_of_a_cluster_that_removed_itself_unwatched_end_lost_and_a_poll_of_
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No gpuctl watched the job when the cluster took itself down, and its head left no outcome:
     the record says LOST and why (not RUNNING for ever), and `logs --status` answers at once."""
-    import subprocess
-    import sys
 
     from gpuctl.jobplane import autostop as controller
     from gpuctl.state.registry import Registry
@@ -463,7 +462,7 @@ def test_jobs_of_a_cluster_that_removed_itself_unwatched_end_lost_and_a_poll_of_
     assert controller.reconcile("c1", "UP", registry) == ("AUTODOWNED", 160.0)
     ended = registry.job("c1", job.job_id)
     assert ended.status == "LOST" and "took itself down (autodown)" in ended.detail and "unknown" in ended.detail
-    polled = subprocess.run([sys.executable, "-m", "gpuctl", "logs", "c1", str(job.job_id), "--status"],
-                            capture_output=True, text=True, timeout=60,
+    polled = gpuctlfork.run(["logs", "c1", str(job.job_id), "--status"],
+                            timeout=60,
                             env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path)})
     assert polled.returncode == 100, polled.stderr

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 
 from gpuctl import costcli
@@ -79,7 +78,7 @@ def test_cost_report_lists_clusters_that_are_gone(tmp_path: Path, monkeypatch: p
     registry.open_segment("home", num_nodes=2, node_price=0.0, **{**base, "cloud": "local", "instance_type": None})
     registry.upsert_cluster("home", cloud="local", region=None, zone=None, num_nodes=2, status="UP", request={})
     env = {**os.environ, "GPUCTL_STATE_DIR": str(tmp_path)}
-    text = subprocess.run([sys.executable, "-m", "gpuctl", "cost-report"], capture_output=True, text=True, env=env,
+    text = gpuctlfork.run(["cost-report"], env=env,
                           timeout=60)
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
@@ -90,8 +89,8 @@ def test_cost_report_lists_clusters_that_are_gone(tmp_path: Path, monkeypatch: p
     assert "UP" in by_name["odd"] and "unknown" in by_name["odd"]
     assert "no cloud bill" in by_name["home"] and "$0" not in by_name["home"]
     assert lines[-1].startswith("Total (estimated, where the price is known): $") and "1 without a known price" in lines[-1]
-    doc = json.loads(subprocess.run([sys.executable, "-m", "gpuctl", "cost-report", "-o", "json"], capture_output=True,
-                                    text=True, env=env, timeout=60).stdout)
+    doc = json.loads(gpuctlfork.run(["cost-report", "-o", "json"],
+                                    env=env, timeout=60).stdout)
     rows = {r["name"]: r for r in doc["clusters"]}
     assert (doc["ok"], doc["command"], doc["unknown"]) == (True, "cost-report", 1)
     assert rows["gone"]["status"] == "DOWN" and rows["gone"]["per_hour"] == 110.08 and rows["gone"]["cost"] >= 0
@@ -102,12 +101,12 @@ def test_validate_prints_the_price(tmp_path: Path) -> None:
     task = tmp_path / "p5.yaml"
     task.write_text("num_nodes: 2\nresources:\n  infra: aws\n  accelerators: H100:8\nrun: x\n")
     env = {**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")}
-    text = subprocess.run([sys.executable, "-m", "gpuctl", "validate", str(task)], capture_output=True, text=True,
+    text = gpuctlfork.run(["validate", str(task)],
                           env=env, timeout=60)
     assert text.returncode == 0, text.stderr
     assert "price: p5.48xlarge $55.04/h on demand, spot $17.63/h; 2 node(s): $110.08/h" in text.stdout
-    doc = json.loads(subprocess.run([sys.executable, "-m", "gpuctl", "validate", str(task), "-o", "json"],
-                                    capture_output=True, text=True, env=env, timeout=60).stdout)
+    doc = json.loads(gpuctlfork.run(["validate", str(task), "-o", "json"],
+                                    env=env, timeout=60).stdout)
     assert doc["price"]["cluster_per_hour"] == 110.08 and doc["price"]["source"].endswith("2026-11-26")
 
 

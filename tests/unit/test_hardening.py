@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 import yaml
 
@@ -134,7 +134,7 @@ def test_other_user_files_with_control_bytes_are_one_line(tmp_path: Path, kind: 
 def test_control_bytes_through_the_cli_exit_2_without_traceback(tmp_path: Path):
     path = tmp_path / "cluster.yaml"
     path.write_bytes(b"run: echo\x00\n")
-    proc = subprocess.run([sys.executable, "-m", "gpuctl", "validate", str(path)], capture_output=True, text=True,
+    proc = gpuctlfork.run(["validate", str(path)],
                           env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "U+0000" in proc.stderr
@@ -194,7 +194,7 @@ def test_state_dir_and_files_are_private(tmp_path: Path):
     state = tmp_path / "state"
     path = tmp_path / "cluster.yaml"
     path.write_text("run: echo hi\n")
-    proc = subprocess.run([sys.executable, "-m", "gpuctl", "status"], capture_output=True, text=True,
+    proc = gpuctlfork.run(["status"],
                           env={**os.environ, "GPUCTL_STATE_DIR": str(state)})
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE(state.stat().st_mode) == 0o700

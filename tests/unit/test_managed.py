@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 
 from gpuctl.managed import launch
@@ -60,7 +60,7 @@ def test_the_task_reads_job_recovery_and_its_alias(tmp_path: Path) -> None:
 def test_a_bad_job_recovery_names_the_field_and_exits_2(tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
     path.write_text("resources:\n  infra: local\n  job_recovery: {max_restarts_on_errors: lots}\nrun: 'true'\n")
-    proc = subprocess.run([sys.executable, "-m", "gpuctl", "validate", str(path)], capture_output=True, text=True,
+    proc = gpuctlfork.run(["validate", str(path)],
                           cwd=REPO, env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "job_recovery.max_restarts_on_errors" in proc.stderr and str(path) in proc.stderr
@@ -141,7 +141,7 @@ def test_cluster_names_fit_the_rules() -> None:
 
 
 def _gpuctl(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuctl", *args], capture_output=True, text=True, cwd=REPO,
+    return gpuctlfork.run([*args], cwd=REPO,
                           env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")}, timeout=60)
 
 

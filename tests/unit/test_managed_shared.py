@@ -8,10 +8,10 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import gpuctlfork
 import pytest
 
 from gpuctl.managed import freeze, launch, shared
@@ -170,7 +170,7 @@ def test_a_tree_damaged_or_missing_in_the_bucket_is_named(remote: Remote, tmp_pa
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuctl", *args], capture_output=True, text=True, env=env,
+    return gpuctlfork.run([*args], env=env,
                           cwd=REPO, timeout=120)
 
 
