@@ -369,7 +369,7 @@ class LocalCluster:
 
     def __init__(self, name: str, num_nodes: int, workdir: Path, env: dict[str, str],
                  run: str = "true", *, setup: str | None = None, provision_only: bool = True,
-                 timeout: float = 900) -> None:
+                 timeout: float = 900, accelerators: str | None = None) -> None:
         self.name = name
         self.num_nodes = num_nodes
         self.state_dir = Path(env["GPUCTL_STATE_DIR"])
@@ -378,6 +378,7 @@ class LocalCluster:
         self.timeout = timeout
         self.yaml = workdir / f"{name}.yaml"
         self.yaml.write_text(f"name: {name}\nnum_nodes: {num_nodes}\nresources:\n  infra: local\n"
+                             + (f"  accelerators: {accelerators}\n" if accelerators else "")
                              + (f"setup: {json.dumps(setup)}\n" if setup is not None else "")
                              + f"run: {json.dumps(run)}\n")
         self.provision_run: Gpuctl | None = None

@@ -290,10 +290,10 @@ def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts:
         outcome = runner.run(spec, run_setup=run_setup, sync_file_mounts=sync_file_mounts, detach=detach)
     except KeyboardInterrupt:  # before the job existed (runner.run acts on one that does)
         raise JobCancelled("interrupted (Ctrl-C) before the job started; nothing of it runs") from None
-    if outcome.status == "RUNNING":
+    if outcome.status in ("RUNNING", "PENDING"):
         name, job_id = runner.inv.cluster, outcome.job_id
-        runner.reporter.info(f"Job {job_id} detached. Follow it: gpuctl logs {name} {job_id}; "
-                             f"cancel it: gpuctl cancel {name} {job_id}")
+        runner.reporter.info(f"Job {job_id} {'detached' if outcome.status == 'RUNNING' else 'waits in the queue'}. "
+                             f"Follow it: gpuctl logs {name} {job_id}; cancel it: gpuctl cancel {name} {job_id}")
     return outcome.job_id
 
 
@@ -392,11 +392,13 @@ def exec_(
     env: Optional[List[str]] = EnvOption,
     secret: Optional[List[str]] = SecretOption,
     workdir: Optional[Path] = typer.Option(None, "--workdir", metavar="DIR", help="With -- COMMAND: the directory to sync (default: the workdir of the last apply)."),
-    detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", metavar="[TYPE:]N", help="GPUs the job needs on each of its nodes (as `sky exec --gpus H100:4`; default: the task file's resources.accelerators, else none). It waits in the cluster's queue until they are free, and sees only its own (CUDA_VISIBLE_DEVICES)."),
+    detach: bool = typer.Option(False, "-d", "--detach", help="Return once every rank has started (or the job waits in the cluster's queue)."),
     cancel_on_interrupt: bool = cliargs.CancelOnInterruptOption,
     output_format: str = OutputOption,
 ) -> None:
-    """Sync the workdir and run on a running cluster: no provisioning, no setup, no file_mounts."""
+    """Sync the workdir and run on a running cluster: no provisioning, no setup, no file_mounts. A job
+    that asks for GPUs queues for them (first come, first served)."""
     from gpuctl.common.console import Reporter
     from gpuctl.jobplane.runner import JobRunner, JobSpec
     from gpuctl.state.registry import Registry
@@ -416,11 +418,13 @@ def exec_(
         raise UserError("the command string is empty: give a command, such as `gpuctl exec NAME 'hostname'`")
     file = Path(entrypoint) if entrypoint is not None and cliargs.names_task_file(entrypoint) else None
     envs = parse_env_assignments(env or [])
+    task_accelerator = None
     if file is not None:
         task = _load(file, env, secret)
         if not task.run:
             raise UserError(f"{file}: run: the task has no run command to execute")
         spec_workdir, run, envs, secrets, job_name = task.workdir, task.run, dict(task.envs), dict(task.secrets), task.name
+        task_accelerator = task.resources.accelerator_pair()
     else:
         last_workdir = last_apply.get("workdir")
         spec_workdir = workdir.resolve() if workdir else (Path(last_workdir) if last_workdir else None)
@@ -441,8 +445,11 @@ def exec_(
     if not 1 <= k <= len(inv.nodes):
         where = "--num-nodes" if num_nodes is not None else f"{file}: num_nodes"
         raise UserError(f"{where} {k}: cluster '{name}' has {len(inv.nodes)} node(s); use 1..{len(inv.nodes)}")
+    per_node = cliargs.gpus_asked(gpus, task_accelerator, cluster=name, cluster_accelerator=last_apply.get("accelerator"),
+                                  capacity=min(n.gpus for n in inv.first(k)),
+                                  flag="--gpus" if gpus is not None else f"{file}: resources.accelerators")
     spec = JobSpec(name=job_name, run=run, workdir=spec_workdir, envs=envs, secrets=secrets, num_nodes=k,
-                   gpus_per_node=inv.head.gpus, container_image=last_apply.get("container_image"),
+                   gpus_per_node=per_node, container_image=last_apply.get("container_image"),
                    workdir_implied=file is None and workdir is None)
     try:
         job_id = _run(JobRunner(inv, reporter=reporter, registry=registry), spec, run_setup=False,
@@ -457,7 +464,7 @@ def exec_(
 
 def _emit_job(command: str, registry: Registry, name: str, job: Any) -> None:
     """exec's JSON document: the job it ran (null if it never got an id)."""
-    output.emit(command, {"ok": job is not None and job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
+    output.emit(command, {"ok": job is not None and job.status in ("SUCCEEDED", "RUNNING", "PENDING"), "cluster": name,
                           "job": output.job_doc(job) if job is not None else None})
 
 

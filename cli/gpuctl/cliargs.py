@@ -4,6 +4,7 @@ defines the commands): `exec`'s argument, job names and failures as lines, the s
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shlex
 import sys
@@ -331,3 +332,37 @@ def node_of(inv: Inventory, cluster: str, node: str) -> Node:
         raise UserError(f"node {node!r}: cluster '{cluster}' has {', '.join(names[:6])}"
                         f"{', ...' if len(names) > 6 else ''} (a name or a rank 0..{len(names) - 1})")
     return found
+
+
+def gpus_asked(asked: str | None, task_accelerator: tuple[str | None, float] | None, *, cluster: str,
+               cluster_accelerator: str | None, capacity: int, flag: str = "--gpus") -> int:
+    """The GPUs a job asks of each of its nodes: `--gpus N` or SkyPilot's `--gpus TYPE:N`, else the
+    task file's resources.accelerators, else none (a CPU job, which the head's queue never holds
+    back). Refused when the cluster's nodes could never give them (the job would wait for ever)."""
+    where = flag
+    if asked is not None:
+        kind, colon, count_text = asked.strip().rpartition(":")
+        try:
+            count = float(count_text)
+        except ValueError:
+            count = -1.0
+        if not 0 <= count < float("inf") or (colon and not kind.strip()):
+            raise UserError(f"{flag} {asked}: give a GPU count per node (as --gpus 4) or TYPE:COUNT "
+                            f"(as --gpus H100:4)")
+        where = f"{flag} {asked}"
+    elif task_accelerator is not None and task_accelerator[0]:
+        kind, count = task_accelerator
+        where = f"{flag} {kind}:{count:g}"
+    else:
+        return 0
+    per_node = math.ceil(count)
+    if per_node == 0:
+        return 0
+    if kind and cluster_accelerator and kind.lower() != cluster_accelerator.lower():
+        raise UserError(f"{where}: cluster '{cluster}' has {cluster_accelerator} GPUs, not {kind}; ask for "
+                        f"{cluster_accelerator}:N or a count alone")
+    if per_node > capacity:
+        has = f"{capacity} GPU(s) per node" if capacity else "no GPUs"
+        raise UserError(f"{where}: cluster '{cluster}' has {has}; a job there asks for at most {capacity} "
+                        f"(it would wait in the cluster's queue for ever)")
+    return per_node

@@ -90,6 +90,8 @@ def _table(rows: list[JobRecord]) -> None:
                f"{'NODES':>5}  RETURN CODES")
     for job in rows:
         codes = ",".join("?" if c is None else str(c) for _, c in sorted(job.returncodes.items())) or "-"
+        if job.status == "PENDING" and job.detail:  # in the cluster's queue: what it waits for
+            codes = job.detail
         typer.echo(f"{job.job_id:>4}  {cliargs.shortened(job.name or '-', 24):<24} {job.status:<13} "
                    f"{_fmt_time(job.submitted_at):<19}  {_fmt_time(job.started_at):<19}  "
                    f"{_fmt_time(job.ended_at):<19}  {job.num_nodes:>5}  {codes}")

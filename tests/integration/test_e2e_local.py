@@ -259,6 +259,8 @@ def check_environment(job: EnvJob) -> None:
             assert env["GPUCTL_NODE_IPS"] == "\n".join(ips), where
             assert env["GPUCTL_NUM_NODES"] == str(n), where
             assert env["GPUCTL_NUM_GPUS_PER_NODE"] == str(job.gpus), where
+            # the cluster's queue gave the job its GPUs (all of them: nothing else runs); none asked, none set
+            assert env.get("CUDA_VISIBLE_DEVICES") == (",".join(map(str, range(job.gpus))) if job.gpus else None), where
             assert env["GPUCTL_TASK_ID"] == task_id, where
             info = json.loads(env["GPUCTL_CLUSTER_INFO"])
             assert info["cluster_name"] == job.cluster.name and info["cloud"] == "local", (where, info)

@@ -190,3 +190,35 @@ def test_a_cluster_that_removed_itself_or_is_removing_itself_is_said_at_once(tmp
                                         r"`gpuctl apply` brings it up again, `gpuctl down lc` forgets it$"):
         cliargs.refuse_gone("lc", registry)
     assert registry.cluster("lc").status == "AUTODOWNED"  # recorded, as status records it
+
+
+@pytest.mark.parametrize("asked, task, want", [
+    (None, None, 0),  # a CPU job, as `sky exec CLUSTER CMD`
+    ("4", None, 4),
+    ("H100:8", None, 8),
+    ("h100:2", ("A100", 8.0), 2),  # the flag wins over the task file; the type's case is not the user's problem
+    ("0.5", None, 1),  # a fraction of a GPU: a whole one (as SKYPILOT_NUM_GPUS_PER_NODE rounds it up)
+    ("0", None, 0),
+    (None, ("H100", 4.0), 4),
+    (None, (None, 0.0), 0),
+])
+def test_what_a_job_asks_of_each_node(asked: str | None, task: tuple | None, want: int) -> None:
+    assert cliargs.gpus_asked(asked, task, cluster="c", cluster_accelerator="H100", capacity=8) == want
+
+
+@pytest.mark.parametrize("asked, task, capacity, says", [
+    ("9", None, 8, "--gpus 9: cluster 'c' has 8 GPU(s) per node; a job there asks for at most 8"),
+    ("1", None, 0, "--gpus 1: cluster 'c' has no GPUs; a job there asks for at most 0"),
+    ("A100:1", None, 8, "--gpus A100:1: cluster 'c' has H100 GPUs, not A100; ask for H100:N or a count alone"),
+    ("many", None, 8, "--gpus many: give a GPU count per node (as --gpus 4) or TYPE:COUNT (as --gpus H100:4)"),
+    ("H100:-1", None, 8, "--gpus H100:-1: give a GPU count per node"),
+    (":2", None, 8, "--gpus :2: give a GPU count per node"),
+    ("nan", None, 8, "--gpus nan: give a GPU count per node"),
+    (None, ("H100", 16.0), 8, "t.yaml: resources.accelerators H100:16: cluster 'c' has 8 GPU(s) per node"),
+])
+def test_a_job_that_could_never_get_its_gpus_is_refused(asked: str | None, task: tuple | None, capacity: int,
+                                                        says: str) -> None:
+    flag = "--gpus" if asked is not None else "t.yaml: resources.accelerators"
+    with pytest.raises(cliargs.UserError) as err:
+        cliargs.gpus_asked(asked, task, cluster="c", cluster_accelerator="H100", capacity=capacity, flag=flag)
+    assert str(err.value).startswith(says), str(err.value)

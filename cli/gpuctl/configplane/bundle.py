@@ -49,6 +49,7 @@ AGENT_MODULES = (
     "stages.py",
     "spotnotice.py",
     "epochs.py",
+    "gpuqueue.py",
     "follow.py",
     "destinations.py",
     "buckets.py",

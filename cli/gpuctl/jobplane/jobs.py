@@ -86,6 +86,11 @@ def refresh(runner: JobRunner, job: JobRecord) -> JobRecord:
     status = answer.get("status")
     if status == "RUNNING":
         return job
+    if status == "PENDING":  # in the head's GPU queue: what it waits for now
+        why = f"waits for {answer.get('waiting') or 'its GPUs'}"
+        if job.status == "PENDING" and job.detail != why:
+            runner.registry.update_job(job.cluster, job.job_id, detail=why)
+        return runner.registry.job(job.cluster, job.job_id) or job
     if status in ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "UNPREPARED"):
         outcome = Outcome.from_data(status, answer)
         joblogs.fetch(runner.inv, job.job_id, job.node_job, control_dir=runner.control_dir)

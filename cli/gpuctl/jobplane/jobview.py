@@ -51,6 +51,7 @@ class JobView:
         self.ranks = set(ranks) if ranks is not None else None
         self.quiet = quiet  # attaching later: no phase messages, no registry writes
         self.running = False
+        self.pending: str | None = None  # what the job waits for in the head's GPU queue, while it waits
         self.unprepared: dict[int, str] = {}  # rank -> why its node is not as prepared (its own words)
         self.failed_seen = False
         self.save = save  # False: a follower from an offset, whose saved logs already hold the start
@@ -75,9 +76,17 @@ class JobView:
             return
         if job.status == "RUNNING" and phase != protocol.PHASE_RUNNING:
             return
+        self.pending = None
         runner.registry.update_job(cluster, self.job_id,
                                    status="SETTING_UP" if phase == protocol.PHASE_SETUP else "RUNNING",
-                                   started_at=job.started_at or time.time())
+                                   started_at=job.started_at or time.time(), detail=None)
+
+    def _record_pending(self, why: str) -> None:
+        """PENDING in the head's queue, with what it waits for (`queue` shows it): not over a later state."""
+        runner, cluster = self.runner, self.runner.inv.cluster
+        job = runner.registry.job(cluster, self.job_id)
+        if job is not None and job.status == "PENDING":
+            runner.registry.update_job(cluster, self.job_id, detail=f"waits for {why}")
 
     def on_event(self, event: Event) -> None:
         runner, by_rank = self.runner, self.runner.by_rank
@@ -100,6 +109,15 @@ class JobView:
                     rest = text[event.shown:] if runner.live_partials and event.stage != protocol.STAGE_AGENT else text
                     runner.print_line(by_rank[event.rank], rest, stage=event.stage or protocol.STAGE_RUN,
                                       eol=event.eol)
+        elif event.kind == protocol.EV_PHASE and event.text.startswith(protocol.PHASE_PENDING + " "):
+            why = event.text[len(protocol.PHASE_PENDING) + 1:]
+            first = self.pending is None
+            self.pending = why
+            if not self.quiet or self.record:
+                self._record_pending(why)
+            if self.echo:  # also `logs -f` of a waiting job: it says what the job waits for, then follows it
+                runner.reporter.info(f"Job {self.job_id} is pending: it waits for {why}" if first else
+                                     f"Job {self.job_id} still waits for {why}")
         elif event.kind == protocol.EV_PHASE and (not self.quiet or self.record):
             n = len(runner.inv.nodes)
             if self.quiet:  # a watcher that took the job over: its states, not its messages

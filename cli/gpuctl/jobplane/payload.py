@@ -85,7 +85,7 @@ def peer_entry(node: Node) -> dict[str, Any]:
                 "-o", "ControlMaster=auto", "-o", f"ControlPath={NODE_CONTROL_DIR}/%C",
                 "-o", "ControlPersist=60s"]
         host = node.address
-    return {"rank": node.rank, "name": node.name, "host": host, "ssh": opts}
+    return {"rank": node.rank, "name": node.name, "host": host, "ssh": opts, "gpus": node.gpus}
 
 
 def stage_plan(script: str | None, env: jobenv.StageEnv, hostfile: Sequence[str] | None) -> dict[str, Any] | None:
@@ -112,11 +112,14 @@ def build_payload(
     view: Mapping[str, Any] | None = None,
     epoch: Mapping[str, Any] | None = None,
     spot_notice: Mapping[str, Any] | None = None,
+    gpus_per_node: int = 0,
 ) -> dict[str, Any]:
     """The job for the head's `submit`. A managed job's attempt adds `epoch` ({"task": id,
     "value": attempt}: a node refuses an older attempt's stages, agent/epochs.py) and, on spot
     nodes, `spot_notice` ({"url": IMDS base, "interval_s": s}: agent/spotnotice.py); both are
-    in the payload only when given, so a plain job's is as before."""
+    in the payload only when given, so a plain job's is as before. `gpus_per_node`: what the job
+    asks of each of its nodes; above 0 it waits in the head's queue for them (node/gpuqueue.py),
+    whose capacity is each peer's `gpus`."""
     payload: dict[str, Any] = {
         "v": PROTOCOL,
         "job": str(job_id),
@@ -137,6 +140,7 @@ def build_payload(
         # cloud-bucket file_mounts (buckets.payload_entries) and how nodes reach the store (no credentials)
         "buckets": [dict(b) for b in buckets],
         "storage": dict(storage) if buckets and storage else None,
+        "gpus_per_node": int(gpus_per_node),
     }
     if epoch is not None:
         payload["epoch"] = {"task": str(epoch["task"]), "value": int(epoch["value"])}

@@ -218,7 +218,8 @@ class JobRunner:
                 session = client.Session(inv.head, job.node_job, self.control_dir, view.on_event,
                                          on_idle=self.output.tick)
                 try:
-                    outcome = session.submit(body, secrets_text, stop=(lambda: view.running) if detach else
+                    outcome = session.submit(body, secrets_text,
+                                             stop=(lambda: view.running or view.pending is not None) if detach else
                                              (stop or (lambda: False)))
                 except (client.AgentMissing, client.HeadUnreachable) as exc:
                     if ssh.host_key_changed(str(exc)):
@@ -239,10 +240,12 @@ class JobRunner:
                     view.reset()
                     continue
                 break
-            if outcome is None:  # detached once every rank started
+            if outcome is None:  # detached once every rank started, or once it waits in the head's queue
                 joblogs.unmark_watching(inv.cluster, job.job_id)
                 self.spawn_watcher(job.job_id)
-                return JobOutcome(job.job_id, "RUNNING", {})
+                if not view.running:
+                    self.reporter.info(f"Job {job.job_id} is pending: it waits for {view.pending}")
+                return JobOutcome(job.job_id, "RUNNING" if view.running else "PENDING", {})
             return self.conclude(job.job_id, job_nodes, outcome)
         except JobFailed as exc:
             if exc.job_id is None:  # a failure of no job's own (preparing the nodes for it): this job's now
@@ -333,7 +336,7 @@ class JobRunner:
             storage=buckets.storage_settings(spec.envs,
                                             default_region=get_provider(inv.cloud).bucket_region(inv.region)),
             epoch={"task": task, "value": spec.epoch} if spec.epoch is not None else None,
-            spot_notice=dict(spec.spot_notice) if spec.spot_notice else None)
+            spot_notice=dict(spec.spot_notice) if spec.spot_notice else None, gpus_per_node=spec.gpus_per_node)
 
     # -- what the workdir copy leaves alone ------------------------------------
     def placed(self) -> list[str]:

@@ -18,6 +18,7 @@ the order the bundle joins them (each uses only the ones before it):
   stages.py          a stage's supervisor: start, wait, stop (launch, kill, status)
   spotnotice.py      AWS spot interruption notices: the run stage's IMDS watcher, ~/.gpuctl/doomed
   epochs.py          a managed job's attempts: epoch admission before a stage starts (fence)
+  gpuqueue.py        the head's job queue: a job waits for its GPUs, then sees only its own
   follow.py          a stage's log as a byte stream (follow, attach) or as O/o events
   destinations.py    claims of shared destinations; where no copy or mount may land (check-dest)
   buckets.py         cloud-bucket file_mounts with rclone: check, copy, mount, unmount
@@ -60,7 +61,8 @@ the controller's `<id>-<token>`; JOBDIR/submission names the submission that mad
   container.json   image_id docker:IMAGE: the node's container (see containers.py)
   epoch.json       a managed job's epoch {"task", "value"}, once a stage of it was admitted
 The node's own: ~/.gpuctl/epochs/<task> (the newest epoch of each task seen here,
-under ~/.gpuctl/epochs.lock) and ~/.gpuctl/doomed (a spot notice came: the node goes).
+under ~/.gpuctl/epochs.lock), ~/.gpuctl/doomed (a spot notice came: the node goes) and, on
+the head, ~/.gpuctl/queue/ (the GPU queue's state.json and lock, a waiting job's JOB.wake FIFO).
 The coordinator's own files on the head: payload.json (the job, no secrets),
 events.log / events.supervisor / events.exit (followed like a stage),
 job.json (the outcome), coordinator.log (its own errors).

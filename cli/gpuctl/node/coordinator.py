@@ -21,6 +21,7 @@ import traceback
 from gpuctl.node.autostop import ensure_watcher, going
 from gpuctl.node.buckets import check_bucket_sources, parse_secrets, rclone_env
 from gpuctl.node.follow import OUTPUT_HEADS, Out, Wake, ev, follow_stage
+from gpuctl.node.gpuqueue import GPU_QUEUE_LOOK_S, GpuWaker, gpu_enqueue, gpu_release, gpu_try_admit, gpu_waiting_reason
 from gpuctl.node.jobdir import (
     Stage, cannot_write, job_dir, prepared_problem, read_int, read_text, take_job_dir, write_atomic,
     write_private,
@@ -30,7 +31,7 @@ from gpuctl.node.relay import Relay, describe_by_node, read_payload
 from gpuctl.node.protocol import (
     EV_BUCKETS, EV_CLAIMS, EV_DONE, EV_EXIT, EV_HELLO, EV_LOST, EV_OUTPUT, EV_PHASE, EV_STARTED,
     EV_SYNCED, EXIT_UNKNOWN, HELLO_OK, HELLO_PROBLEM, HELLO_UNPREPARED, MESSAGE_PREFIX, OFFSET_HEADER,
-    PHASE_BUCKETS, PHASE_CANCELLING, PHASE_MOUNTS, PHASE_PLAN, PHASE_RUN, PHASE_RUNNING, PHASE_SETUP, PHASE_START,
+    PHASE_BUCKETS, PHASE_CANCELLING, PHASE_MOUNTS, PHASE_PENDING, PHASE_PLAN, PHASE_RUN, PHASE_RUNNING, PHASE_SETUP, PHASE_START,
     PHASE_SYNC, RELAY_BUCKETS, RELAY_CLAIM, RELAY_CLEANUP, RELAY_END, RELAY_KILL, RELAY_RELEASE, RELAY_START,
     RELAY_SYNC, SENTINEL, STAGE_AGENT, STAGE_EVENTS, STAGE_RUN, STAGE_SETUP,
 )
@@ -58,6 +59,7 @@ class Coordinator(object):
         self.lost = {}
         self.first_failed = None
         self.run_started = False
+        self.queued = False  # in the head's GPU queue (gpuqueue.py): released at the end, whatever the end
         payload["subtree"] = list(range(self.n))  # the head's subtree is the whole cluster
         self.relay = Relay(payload, secrets, 0, self.on_event)
 
@@ -134,9 +136,61 @@ class Coordinator(object):
         except Exception as exc:  # noqa: BLE001 - always leave an outcome behind
             self.write(ev(EV_OUTPUT, 0, STAGE_AGENT, "gpuctl-node: coordinator failed: %s" % exc))
             return self.finish("FAILED", "coordinator failed: %s" % exc)
+        finally:
+            self.release_gpus()
+
+    def wait_for_gpus(self):
+        """A job that asks for GPUs waits in the head's queue until they are free on each of its
+        nodes (gpuqueue.py), saying what it waits for (P pending WHY); then every node's stages see
+        only the job's own (payload["gpu_devices"], stages.stage_env_text). None when it may start,
+        else the outcome's (status, detail)."""
+        per_node = int(self.payload.get("gpus_per_node") or 0)
+        if per_node <= 0:
+            return None
+        ranks = list(range(self.job_ranks))
+        peers = self.payload["peers"]
+        capacity = dict((r, int(peers[r].get("gpus") or 0)) for r in ranks)
+        short = [r for r in ranks if capacity[r] < per_node]
+        if short:  # it would wait for ever: the controller refuses this before it gets here
+            return "FAILED", "the job asks for %d GPU(s) per node; %s" % (per_node, "; ".join(
+                "%s has %d" % (peers[r]["name"], capacity[r]) for r in short))
+        job = self.payload["job"]
+        gpu_enqueue(job, "job %s" % job.split("-")[0], per_node, ranks, capacity,
+                         dict((r, peers[r]["name"]) for r in ranks))
+        self.queued = True
+        waker = GpuWaker(job)
+        try:
+            said = None
+            while True:
+                devices, why = gpu_try_admit(job)
+                if devices is not None:
+                    break
+                if why is None:  # not in the queue any more: its entry was lost (the state file removed)
+                    return "FAILED", "the job's place in the head's queue was lost"
+                if why != said:
+                    self.write(ev(EV_PHASE, PHASE_PENDING, why))
+                    said = why
+                looked = time.time()
+                while time.time() - looked < GPU_QUEUE_LOOK_S:
+                    if self.check_cancel():
+                        return "CANCELLED", "cancelled while it waited for GPUs"
+                    if waker.wait(0.2):
+                        break
+        finally:
+            waker.close()
+        self.payload["gpu_devices"] = dict((str(r), d) for r, d in devices.items())
+        return None
+
+    def release_gpus(self):
+        if self.queued:
+            self.queued = False
+            gpu_release(self.payload["job"])
 
     def _run(self):
         all_ranks = list(range(self.n))
+        waited = self.wait_for_gpus()
+        if waited is not None:
+            return self.finish(*waited)
         self.phase(PHASE_START)
         self.relay.prepare_local()
         self.relay.spawn_children()
@@ -331,6 +385,7 @@ class Coordinator(object):
         deadline = time.time() + 10
         while any(not c.out.eof for c in self.relay.children) and time.time() < deadline:
             self.relay.step(timeout=0.1)
+        self.release_gpus()  # every rank stopped: the next job in the queue may have them
         write_atomic(os.path.join(self.jobdir, "job.json"), json.dumps(outcome))
         self.write(ev(EV_DONE, status, json.dumps(outcome, separators=(",", ":"))))
         write_atomic(os.path.join(self.jobdir, "events.exit"), "0")
@@ -520,5 +575,9 @@ def cmd_job_status(args):
         return 0
     events = Stage(jobdir, STAGE_EVENTS)
     alive = pid_alive(read_int(events.supervisor))
+    waiting = gpu_waiting_reason(args.job) if alive else None
+    if waiting is not None:
+        print(json.dumps({"status": "PENDING", "waiting": waiting}))
+        return 0
     print(json.dumps({"status": "RUNNING" if alive else ("UNKNOWN" if not os.path.isdir(jobdir) else "LOST")}))
     return 0

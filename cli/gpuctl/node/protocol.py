@@ -122,7 +122,8 @@ STAGES = (STAGE_SETUP, STAGE_RUN)
 STAGE_EVENTS = "events"  # the coordinator's event log, followed like a stage (events.log, events.exit)
 STAGE_AGENT = "gpuctl"  # an O event of the agent's own (a command that failed on a node)
 
-# The coordinator's phases (P PHASE), in the order they come:
+# The coordinator's phases (P PHASE), in the order they come (pending: again each time what it waits for changes):
+PHASE_PENDING = "pending"  # P pending WHY: the job waits for its GPUs in the head's queue (gpuqueue.py)
 PHASE_START = "start"
 PHASE_BUCKETS = "buckets"  # the head checks the job's buckets
 PHASE_SYNC = "sync"  # the copies from the head, then `P plan JSON`

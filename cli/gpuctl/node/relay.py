@@ -169,7 +169,8 @@ class Relay(object):
                 continue
             write_private(os.path.join(self.jobdir, stage + ".sh"), spec["script"], 0o700)
             write_private(os.path.join(self.jobdir, stage + ".env.sh"),
-                          stage_env_text(stage, spec, self.rank, self.jobdir), 0o600)
+                          stage_env_text(stage, spec, self.rank, self.jobdir,
+                                         (self.payload.get("gpu_devices") or {}).get(str(self.rank))), 0o600)
         first = stages.get(STAGE_SETUP) or stages.get(STAGE_RUN)
         if first and first.get("hostfile") is not None:
             self.write_hostfile(first)

@@ -32,8 +32,9 @@ from gpuctl.node.protocol import CMD_CONTAINER_STAGE
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def stage_env_text(stage, spec, rank, jobdir):
-    """The exported variables of one stage on one node (values single-quoted)."""
+def stage_env_text(stage, spec, rank, jobdir, gpu_devices=None):
+    """The exported variables of one stage on one node (values single-quoted). `gpu_devices`: the
+    GPUs the head's queue gave the job on this node (gpuqueue.py), the only ones its stage sees."""
     lines = ["# Written by gpuctl-node: the %s environment of this job. Values are single-quoted." % stage]
     for name in sorted(spec.get("env") or {}):
         if NAME_RE.fullmatch(name):
@@ -43,6 +44,8 @@ def stage_env_text(stage, spec, rank, jobdir):
             lines.append("export %s=%s" % (name, rank))
     if spec.get("hostfile") is not None:
         lines.append("export GPUCTL_HOSTFILE=%s" % shell_quote(os.path.join(jobdir, "hostfile")))
+    if gpu_devices is not None:
+        lines.append("export CUDA_VISIBLE_DEVICES=%s" % shell_quote(",".join(str(int(i)) for i in gpu_devices)))
     return "\n".join(lines) + "\n"
 
 

@@ -314,9 +314,11 @@ class Registry:
         their outcome is unknown), here only (its rows stay, with their logs, for `queue` and `logs`;
         the bucket's go with the cluster)."""
         with self._connect() as db:
-            db.execute(f"UPDATE jobs SET status=?, ended_at=?, detail=COALESCE(detail, ?) WHERE cluster=? "
+            # a job that waited in the queue: what it waited for is no reason for its end
+            db.execute(f"UPDATE jobs SET status=?, ended_at=?, detail=CASE WHEN status='PENDING' THEN ? "
+                       f"ELSE COALESCE(detail, ?) END WHERE cluster=? "
                        f"AND status NOT IN ({','.join('?' * len(TERMINAL_JOB_STATES))})",
-                       (status, time.time(), why, cluster, *TERMINAL_JOB_STATES))
+                       (status, time.time(), why, why, cluster, *TERMINAL_JOB_STATES))
 
     # history: what each cluster cost while it lived (cost-report), this state dir's own
     def open_segment(self, name: str, *, cloud: str, region: str | None, instance_type: str | None,
