@@ -168,6 +168,7 @@ EXAMPLES = {
         'gpuctl exec demo -d python train.py --lr 1e-3   (as sky exec: gpuctl\'s options first)',
         'gpuctl exec demo train.yaml',
         'gpuctl exec demo --num-nodes 1 -- nvidia-smi',
+        'gpuctl exec demo -d --gpus H100:4 -- python eval.py   (waits in the queue for 4 free GPUs per node)',
     ),
     'queue': (
         'gpuctl queue   (every cluster\'s jobs)',
