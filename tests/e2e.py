@@ -271,6 +271,16 @@ def running(pid: int, start: str | None = None) -> bool:
     return fields[0] != "Z" and (start is None or fields[19] == start)
 
 
+def kill_dead(pid: int, timeout: float = 10) -> None:
+    """SIGKILL `pid` and return once it has ended (gone, or a zombie): a command run right after it,
+    which starts in milliseconds (tests/gpuctlfork.py), must find it dead, as a user's would."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    wait_for(f"process {pid} to end after SIGKILL", lambda: not running(pid), timeout, interval=0.01)
+
+
 def pids_with_env(entry: str) -> list[int]:
     """Live processes whose environment holds exactly `entry` (NAME=VALUE)."""
     needle = entry.encode()

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from e2e import Cluster, needs_local_nodes, queue_rows, run_gpuctl, wait_for
+from e2e import Cluster, kill_dead, needs_local_nodes, queue_rows, run_gpuctl, wait_for
 
 from gpuctl.managed.store import Store
 
@@ -140,7 +140,7 @@ def test_a_lost_worker_is_replaced_alone_and_the_job_resumes_even_after_its_supe
     job = mj.wait_status(job_id, ("RUNNING",), 120)
     wait_for("every rank of attempt 1", lambda: len(mj.started(1)) == 3, 30)
     # the supervisor dies (SIGKILL); the next gpuctl command starts another that watches the attempt again
-    os.kill(job.supervisor_pid, signal.SIGKILL)
+    kill_dead(job.supervisor_pid)
     mj.gpuctl("jobs", "queue").check()
     wait_for("a new supervisor", lambda: mj.job(job_id).supervisor_pid not in (None, job.supervisor_pid), 30)
     wait_for("a checkpoint", lambda: mj.step() >= 12, 60)
@@ -180,7 +180,7 @@ def test_a_lost_head_is_replaced_even_when_the_supervisor_dies_while_recovering(
     before = cluster.footprint()
     killed = kill_node(before.netns[0])
     recovering = mj.wait_status(job_id, ("RECOVERING",), 15 + 5)
-    os.kill(recovering.supervisor_pid, signal.SIGKILL)  # mid-recovery: what it was doing is unknown
+    kill_dead(recovering.supervisor_pid)  # mid-recovery: what it was doing is unknown
     mj.gpuctl("status").check()  # any gpuctl command starts another
     final = mj.wait_status(job_id, ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED", "FAILED_SUPERVISOR"), 180)
     assert final.status == "SUCCEEDED", mj.supervisor_log(job_id)
@@ -337,7 +337,7 @@ def test_the_task_as_launched_runs_whatever_happens_to_its_files_and_down_refuse
         assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
             f"error: cluster '{cluster}' is managed job {job_id}'s (mjt, RUNNING): `gpuctl jobs cancel {job_id}` "
             "ends it and removes its cluster; nothing was torn down"), refused.describe()
-    os.kill(running.supervisor_pid, signal.SIGKILL)
+    kill_dead(running.supervisor_pid)
     mj.gpuctl("jobs", "queue").check()  # revives one, which reads the task as launched
     final = mj.wait_status(job_id, TERMINAL, 180)
     assert final.status == "SUCCEEDED" and final.supervisor_pid != running.supervisor_pid, mj.supervisor_log(job_id)
@@ -360,7 +360,7 @@ def test_a_job_that_ends_while_no_supervisor_lives_keeps_its_outcome(mj: Managed
     job_id = mj.launch(mj.task(1, steps=16))
     running = wait_for("every rank", lambda: (j := mj.job(job_id)).status == "RUNNING" and mj.started(1) and j,
                        120, interval=0.1)
-    os.kill(running.supervisor_pid, signal.SIGKILL)
+    kill_dead(running.supervisor_pid)
     cluster = mj.cluster(job_id)
     wait_for("the cluster removed itself", lambda: get_provider("local").removed_itself(cluster.cdir), 120)
     asked = time.monotonic()
@@ -444,7 +444,7 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         before = cluster.footprint()
 
         # runner A is gone: its supervisor killed, its state dir removed (the nodes' homes stay)
-        os.kill(running.supervisor_pid, signal.SIGKILL)
+        kill_dead(running.supervisor_pid)
         for path in state_a.iterdir():
             if path.name != "clusters":
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -471,10 +471,10 @@ def test_any_runner_of_the_shared_state_takes_over_a_job_its_launcher_left(
         # the lease runs out, watches the attempt, and hands it back when its time is up
         # killed once the bucket's row, which runner C reads, says attempt 2 runs (B's own store says so a
         # moment before the row reaches the bucket: killed in between, the job is RECOVERING to C)
-        os.kill(wait_for("B's supervisor, RUNNING in the bucket", lambda: (row := bucket_row(job_id))
-                         and row.get("status") == "RUNNING" and row.get("attempt") == 2
-                         and (j := store_b.get(job_id)) and j.supervisor_pid == row.get("supervisor_pid")
-                         and j.supervisor_pid, 60), signal.SIGKILL)
+        kill_dead(wait_for("B's supervisor, RUNNING in the bucket", lambda: (row := bucket_row(job_id))
+                           and row.get("status") == "RUNNING" and row.get("attempt") == 2
+                           and (j := store_b.get(job_id)) and j.supervisor_pid == row.get("supervisor_pid")
+                           and j.supervisor_pid, 60))
         state_c = tmp_path / "runner-c"
         handed = run_gpuctl("jobs", "supervise", "--for", "20s", "--poll", "2s", state_dir=state_c,
                             timeout=120).check()
