@@ -85,6 +85,10 @@ def refresh(runner: JobRunner, job: JobRecord) -> JobRecord:
         return job
     status = answer.get("status")
     if status == "RUNNING":
+        if job.status == "PENDING":  # started (left the head's queue) while nobody watched it
+            runner.registry.update_job(job.cluster, job.job_id, status="RUNNING", detail=None,
+                                       started_at=job.started_at or time.time())
+            return runner.registry.job(job.cluster, job.job_id) or job
         return job
     if status == "PENDING":  # in the head's GPU queue: what it waits for now
         why = f"waits for {answer.get('waiting') or 'its GPUs'}"
