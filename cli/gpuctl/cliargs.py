@@ -236,7 +236,7 @@ def apply_document(registry: Registry, name: str, inv: Inventory, *, job_id: int
     job = registry.job(name, job_id) if job_id is not None else None
     doc = output.cluster_doc(record, inv, None) if record is not None else {"name": name}
     doc.pop("last_job", None)
-    return {"ok": job is None or job.status in ("SUCCEEDED", "RUNNING"), "cluster": name,
+    return {"ok": job is None or job.status in ("SUCCEEDED", "RUNNING", "PENDING"), "cluster": name,
             **{k: v for k, v in doc.items() if k != "name"},
             "inventory": str(cluster_dir(name) / "inventory.yml"),
             "job": output.job_doc(job) if job is not None else None, "phases": phases or [],

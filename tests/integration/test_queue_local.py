@@ -13,6 +13,7 @@ jobs when they want and time the queue from the nodes' side.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -171,11 +172,13 @@ def test_cancel_and_the_controller_gone_while_jobs_wait(gq: Cluster, tmp_path: P
     # apply of the cluster's task while it is busy: queued the same way, its setup waiting too
     task = tmp_path / "busy.yaml"
     task.write_text(TASK.replace("run: echo up\n", "setup: mkdir -p ~/gq && touch ~/gq/h.setup\nrun: echo h\n"))
-    applied = gq.gpuctl("apply", str(task), "-d").check()
-    said = re.search(rf"^Job (\d+) is pending: it waits for its turn: job {f} came first", applied.stdout, re.M)
+    applied = gq.gpuctl("apply", str(task), "-d", "-o", "json").check()
+    said = re.search(rf"^Job (\d+) is pending: it waits for its turn: job {f} came first", applied.stderr, re.M)
     assert said, applied.describe()
     h = int(said.group(1))
-    assert "Running setup" not in applied.stdout, applied.describe()
+    doc = json.loads(applied.stdout)
+    assert doc["ok"] is True and (doc["job"]["id"], doc["job"]["status"]) == (h, "PENDING"), doc
+    assert "Running setup" not in applied.stderr, applied.describe()
 
     cancelled = gq.gpuctl("cancel", NAME, str(h)).check()
     assert status(gq, h) == "CANCELLED", cancelled.describe()
@@ -209,7 +212,8 @@ def test_a_job_whose_coordinator_was_killed_holds_nothing(gq: Cluster) -> None:
     assert status(gq, m) == "PENDING"
     coordinator = int(gq.ssh(head, f"cat ~/.gpuctl/jobs/{gq.node_job(k)}/events.supervisor").stdout)
     os.kill(coordinator, signal.SIGKILL)  # the head's agent for job k dies: its ranks go with it
-    wait_for("m started", lambda: read(gq, head, "m", "start"), 30)
+    wait_for("m started", lambda: read(gq, head, "m", "start"), 60)
+    assert not pids_matching(f"{MOD}-k")  # k's GPUs were handed on only once its ranks were stopped
     assert read(gq, head, "k", "end") is None
     wait_for(f"job {k} no longer RUNNING", lambda: status(gq, k) not in ("RUNNING", "PENDING"), 60)
     assert status(gq, m) == "RUNNING"

@@ -72,7 +72,8 @@ def test_first_come_first_served_with_disjoint_gpus(tmp_path: Path, coordinators
     assert admit(q, "gone") == (None, None)
 
 
-def test_a_dead_coordinator_holds_nothing_and_waits_for_nothing(tmp_path: Path, coordinators) -> None:
+def test_a_dead_coordinator_holds_nothing_and_waits_for_nothing(tmp_path: Path, coordinators,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     q = tmp_path / "queue"
     holder = enqueue(q, coordinators, "1", 8)
     enqueue(q, coordinators, "2", 8)
@@ -83,9 +84,55 @@ def test_a_dead_coordinator_holds_nothing_and_waits_for_nothing(tmp_path: Path, 
         os.kill(pid, 9)
     for p in coordinators[:2]:
         p.wait()
+    # the dead waiter is gone at once; the dead holder's ranks are still being stopped: its GPUs
+    # stay held a while, said so
+    assert admit(q, "3") == (None, "8 GPU(s) on head held by job 1 (ended; its ranks are being stopped)")
+    assert [e["job"] for e in gpuqueue.read_gpu_queue(str(q))["entries"]] == ["1", "3"]
+    monkeypatch.setattr(gpuqueue, "GPU_QUEUE_DEAD_HOLD_S", 0.0)
     assert admit(q, "3")[0] == {0: list(range(8)), 1: list(range(8))}
     assert [e["job"] for e in gpuqueue.read_gpu_queue(str(q))["entries"]] == ["3"]
     assert waiter in {e["pid"] for e in gpuqueue.read_gpu_queue(str(q))["entries"]}
+
+
+def test_an_entry_of_another_boot_or_an_earlier_try_is_no_coordinator(tmp_path: Path, coordinators,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    q = tmp_path / "queue"
+    enqueue(q, coordinators, "1", 8)
+    assert admit(q, "1")[0] is not None
+    boot = tmp_path / "boot_id"
+    boot.write_text("another-boot\n")
+    monkeypatch.setattr(gpuqueue, "BOOT_ID_FILE", str(boot))  # the head rebooted: no entry runs
+    enqueue(q, coordinators, "2", 8)
+    assert admit(q, "2")[0] is not None
+    assert [e["job"] for e in gpuqueue.read_gpu_queue(str(q))["entries"]] == ["2"]
+    # the same job submitted again after its coordinator died: it queues anew, not "place lost"
+    coordinators[-1].kill()
+    coordinators[-1].wait()
+    monkeypatch.setattr(gpuqueue, "GPU_QUEUE_DEAD_HOLD_S", 0.0)
+    enqueue(q, coordinators, "2", 8)
+    assert admit(q, "2")[0] is not None
+
+
+def test_the_first_jobs_of_a_fresh_head_queue_at_once(tmp_path: Path, coordinators) -> None:
+    q = tmp_path / "queue"
+    pids = [coordinator(coordinators) for _ in range(8)]
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            gpuqueue.gpu_enqueue(str(i), f"job {i}", 1, [0], CAPACITY, NAMES, pid=pids[i], queue_dir=str(q))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(e["job"] for e in gpuqueue.read_gpu_queue(str(q))["entries"]) == [str(i) for i in range(8)]
+    in_order = [e["job"] for e in sorted(gpuqueue.read_gpu_queue(str(q))["entries"], key=lambda e: e["seq"])]
+    assert [admit(q, job)[0] for job in in_order] == [{0: [i]} for i in range(8)]  # one GPU each, in turn
 
 
 def test_a_pid_given_to_another_process_is_not_its_coordinator(tmp_path: Path, coordinators) -> None:

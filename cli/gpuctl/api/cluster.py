@@ -305,6 +305,7 @@ class Cluster(CallTarget):
             spec = JobSpec(name=name, run=run_script(sys.executable if local else None, dest),
                            workdir=self.task.workdir if self.task else None, file_mounts={dest: path},
                            envs=envs, secrets=secrets, num_nodes=len(job_nodes), gpus_per_node=self.gpus_per_node,
+                           queue_gpus=min([self.gpus_per_node, *(n.gpus for n in job_nodes)]),
                            internal_mounts=frozenset({dest}), workdir_implied=True)
             try:
                 self._run_job(runner, spec, run_setup=False, sync_file_mounts=True, collector=collector,

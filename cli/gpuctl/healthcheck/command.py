@@ -311,7 +311,7 @@ def run_check(inv: Inventory, *, registry: Registry, reporter: Reporter, options
     local = get_provider(inv.cloud).local
     spec = JobSpec(name=JOB_NAME, run=run_script(options, python=sys.executable if local else None),
                    envs={**NCCL_ENV, **options.envs}, num_nodes=len(inv.nodes),
-                   gpus_per_node=inv.head.gpus)
+                   gpus_per_node=inv.head.gpus, queue_gpus=0)
     runner = _CheckRunner(inv, reporter=reporter, registry=registry)
     job_id, failure = collect.run_probe_job(runner, spec, registry)
     return analyze(inv, runner.lines, expected, options, job_id=job_id, failure=failure)

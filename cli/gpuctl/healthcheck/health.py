@@ -260,7 +260,7 @@ def run_health(inv: Inventory, *, registry: Registry, reporter: Reporter, level:
     expect = expect or expectations(inv, recorded_request(registry, inv.cluster))
     local = get_provider(inv.cloud).local
     spec = JobSpec(name=JOB_NAME, run=run_script(expect, level, python=sys.executable if local else None),
-                   num_nodes=len(inv.nodes), gpus_per_node=inv.head.gpus)
+                   num_nodes=len(inv.nodes), gpus_per_node=inv.head.gpus, queue_gpus=0)
     runner = collect.CollectingRunner(inv, reporter=reporter, registry=registry, hide=MARK)  # the document unshown
     job_id, failure = collect.run_probe_job(runner, spec, registry)
     report = analyze(inv, runner.lines, job_id=job_id, failure=failure)

@@ -119,6 +119,11 @@ class JobView:
                 runner.reporter.info(f"Job {self.job_id} is pending: it waits for {why}" if first else
                                      f"Job {self.job_id} still waits for {why}")
         elif event.kind == protocol.EV_PHASE and (not self.quiet or self.record):
+            if self.pending is not None:  # out of the head's queue: what it waited for is said no more
+                self.pending = None
+                job = runner.registry.job(runner.inv.cluster, self.job_id)
+                if job is not None and job.status == "PENDING" and job.detail:
+                    runner.registry.update_job(runner.inv.cluster, self.job_id, detail=None)
             n = len(runner.inv.nodes)
             if self.quiet:  # a watcher that took the job over: its states, not its messages
                 if event.text in (protocol.PHASE_SETUP, protocol.PHASE_RUNNING):

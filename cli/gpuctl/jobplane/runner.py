@@ -66,6 +66,9 @@ class JobSpec:
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     num_nodes: int | None = None  # None: every node of the cluster
     gpus_per_node: int = 0
+    # What the job asks the head's queue for on each node (node/gpuqueue.py); None: gpus_per_node.
+    # A probe of the nodes (health, fabric check) asks 0: it runs at once, beside a training.
+    queue_gpus: int | None = None
     bucket_mounts: Sequence[BucketMount] = ()  # cloud buckets fetched (COPY) or mounted before setup
     container_image: str | None = None  # `image_id: docker:IMAGE`: setup and run inside this image
     internal_mounts: frozenset[str] = frozenset()  # file_mounts gpuctl placed itself (a call's file): not shown
@@ -336,7 +339,7 @@ class JobRunner:
             storage=buckets.storage_settings(spec.envs,
                                             default_region=get_provider(inv.cloud).bucket_region(inv.region)),
             epoch={"task": task, "value": spec.epoch} if spec.epoch is not None else None,
-            spot_notice=dict(spec.spot_notice) if spec.spot_notice else None, gpus_per_node=spec.gpus_per_node)
+            spot_notice=dict(spec.spot_notice) if spec.spot_notice else None, gpus_per_node=spec.gpus_per_node if spec.queue_gpus is None else spec.queue_gpus)
 
     # -- what the workdir copy leaves alone ------------------------------------
     def placed(self) -> list[str]:
@@ -390,7 +393,7 @@ class JobRunner:
 
     def _interrupted(self, job_id: int, job_nodes: Sequence[Node], session: client.Session | None) -> None:
         """Ctrl-C (or SIGTERM) at any moment: end whatever of the job started, on every node."""
-        self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED", ended_at=time.time())
+        self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED", ended_at=time.time(), detail=None)
         if session is None:
             return  # nothing reached the nodes yet (prepare and copies are no job)
         session.wait_until_started()
@@ -465,7 +468,7 @@ class JobRunner:
                session: client.Session | None = None) -> LeftoverReport:
         """End the job on every node (through the head's coordinator, then each node's agent) and
         record it CANCELLED; what the nodes' agents still found running and stopped."""
-        self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED", ended_at=time.time())
+        self.registry.update_job(self.inv.cluster, job_id, status="CANCELLED", ended_at=time.time(), detail=None)
         node_job = self.node_job(job_id)
         answer = client.cancel_on_head(self.inv.head, node_job, self.control_dir, wait=KILL_GRACE_S + 20)
         # Whatever the coordinator answered (it may be dead, or may not reach a node whose relay

@@ -10,8 +10,12 @@ again) frees its GPUs at the next look: nothing stays held by a job that no long
 First come, first served: a waiting job starts only when no job that came before it still waits,
 and when every node it runs on has `per_node` GPUs that no running job holds. A job that asks for
 none never enters the queue. A job's end (its coordinator's `gpu_release`) wakes the waiting ones at
-once through their gpu_wake FIFOs (~/.gpuctl/queue/JOB.wake); a waiting coordinator also looks again
-every GPU_QUEUE_LOOK_S, which is how a dead holder is noticed.
+once through their wake FIFOs (~/.gpuctl/queue/JOB.wake); a waiting coordinator also looks again
+every GPU_QUEUE_LOOK_S, which is how a dead holder is noticed. A holder whose coordinator died keeps
+its GPUs GPU_QUEUE_DEAD_HOLD_S more: its ranks are being stopped (each stage's supervisor ends its
+stage when its owner's lifeline closes, after a grace; a worker's relay when its ssh ends), and the
+next job must not start beside them. Entries carry the boot they were made in (boot_id): after a
+reboot none of them runs.
 """
 
 import errno
@@ -26,6 +30,8 @@ from gpuctl.node.procs import stat_fields
 
 GPU_QUEUE_DIR = os.path.join(GPUCTL_DIR, "queue")
 GPU_QUEUE_LOOK_S = 1.0  # a waiting job looks again this often without being woken (dead holders)
+GPU_QUEUE_DEAD_HOLD_S = 15.0  # a dead holder's GPUs stay held this long: the grace, and the workers' relays
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
 
 def _queue_paths(queue_dir):
@@ -42,8 +48,17 @@ def process_start_time(pid):
     return fields[19]
 
 
+def boot_id():
+    try:
+        with open(BOOT_ID_FILE) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
 def _coordinator_alive(entry):
-    return process_start_time(entry.get("pid")) == entry.get("pid_start") is not None
+    return (entry.get("boot") == boot_id()
+            and process_start_time(entry.get("pid")) == entry.get("pid_start") is not None)
 
 
 class LockedQueue(object):
@@ -53,8 +68,7 @@ class LockedQueue(object):
         self.dir, self.state_path, self.lock_path = _queue_paths(queue_dir)
 
     def __enter__(self):
-        if not os.path.isdir(self.dir):
-            os.makedirs(self.dir, 0o700)
+        os.makedirs(self.dir, 0o700, exist_ok=True)  # coordinators of a fresh head make it at once
         self.lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         self.state = read_gpu_queue(self.dir)
@@ -83,9 +97,19 @@ def read_gpu_queue(queue_dir=None):
     return state
 
 
-def _drop_dead_entries(state):
-    """Drop the entries whose coordinator is gone; their names."""
-    gone = [e["job"] for e in state["entries"] if not _coordinator_alive(e)]
+def _drop_dead_entries(state, now=None):
+    """Drop the entries whose coordinator is gone: a waiting one at once, a holding one once its
+    ranks had GPU_QUEUE_DEAD_HOLD_S to stop (marked dying until then); their names."""
+    now = time.time() if now is None else now
+    gone = []
+    for e in state["entries"]:
+        if _coordinator_alive(e):
+            continue
+        if e.get("devices") and e.get("boot") == boot_id():
+            e.setdefault("dead_since", now)
+            if now - e["dead_since"] < GPU_QUEUE_DEAD_HOLD_S:
+                continue
+        gone.append(e["job"])
     state["entries"] = [e for e in state["entries"] if e["job"] not in gone]
     return gone
 
@@ -94,11 +118,13 @@ def gpu_enqueue(job, label, per_node, ranks, capacity, names, pid=None, queue_di
     """Put the job at the end of the queue (once); its coordinator is `pid` (this process)."""
     pid = pid or os.getpid()
     with LockedQueue(queue_dir) as state:
+        _drop_dead_entries(state)  # an earlier try of this job whose coordinator died: this one queues
         if any(e["job"] == job for e in state["entries"]):
             return
         state["seq"] = int(state.get("seq") or 0) + 1
         state["entries"].append({
-            "job": job, "label": label, "pid": pid, "pid_start": process_start_time(pid), "seq": state["seq"],
+            "job": job, "label": label, "pid": pid, "pid_start": process_start_time(pid), "boot": boot_id(),
+            "seq": state["seq"],
             "per_node": int(per_node), "ranks": [int(r) for r in ranks],
             "capacity": dict((str(r), int(c)) for r, c in capacity.items()),
             "names": dict((str(r), n) for r, n in names.items()), "devices": None, "since": time.time(),
@@ -126,7 +152,8 @@ def _why_waiting(state, entry):
     for rank in entry["ranks"]:
         capacity = int(entry["capacity"].get(str(rank)) or 0)
         if len(_free_gpus(state, rank, capacity)) < entry["per_node"]:
-            holders = ", ".join(e["label"] for e in _gpu_holders(state, rank)) or "nothing"
+            holders = ", ".join(e["label"] + (" (ended; its ranks are being stopped)" if e.get("dead_since") else "")
+                                for e in _gpu_holders(state, rank)) or "nothing"
             return "%d GPU(s) on %s held by %s" % (entry["per_node"], entry["names"].get(str(rank), "rank %d" % rank),
                                                     holders)
     return None
@@ -226,5 +253,5 @@ def gpu_waiting_reason(job, queue_dir=None):
     entry = next((e for e in state["entries"] if e["job"] == job), None)
     if entry is None or entry.get("devices") or not _coordinator_alive(entry):
         return None
-    state["entries"] = [e for e in state["entries"] if _coordinator_alive(e)]
+    _drop_dead_entries(state)
     return _why_waiting(state, entry) or "its GPUs (being given to it now)"
