@@ -730,3 +730,16 @@ def test_a_destination_made_through_sudo_leaves_what_is_above_it_passable(tmp_pa
         os.umask(old)
         monkeypatch.undo()
     assert [(p.stat().st_mode & 0o777) for p in (dest2.parent.parent, dest2.parent, dest2)] == [0o755] * 3
+
+
+def test_destinations_inside_another_are_pushed_after_it() -> None:
+    """Two rsyncs into one tree at once race (exit 23): a file_mount in the workdir waits for the workdir."""
+    from gpuctl.node.relay import sync_levels
+
+    paths = ["~/gpuctl_workdir", "~/gpuctl_workdir/data", "~/mounted/a.txt", "~/gpuctl_workdir/conf/s.txt",
+             "/opt/x/", "/opt/x/y", "~/gpuctl_workdir/data/z"]
+    levels = [[d["path"] for d in level] for level in sync_levels([{"path": p} for p in paths])]
+    assert levels == [["~/gpuctl_workdir", "~/mounted/a.txt", "/opt/x/"],
+                      ["~/gpuctl_workdir/data", "~/gpuctl_workdir/conf/s.txt", "/opt/x/y"],
+                      ["~/gpuctl_workdir/data/z"]]
+    assert sync_levels([{"path": "~/a"}, {"path": "~/ab"}]) == [[{"path": "~/a"}, {"path": "~/ab"}]]

@@ -108,6 +108,18 @@ def describe_by_node(peers, messages):
                                  text) for text, n in names.items())
 
 
+def sync_levels(dests):
+    """The destinations in push order: level 0 those inside no other, then each level those inside
+    one of the level before (a file_mount in the workdir after the workdir)."""
+    remote = [dest_paths(d["path"])[1].rstrip("/") or "/" for d in dests]
+
+    def inside(i, j):
+        return i != j and (remote[j] in (".", "/") or remote[i].startswith(remote[j] + "/"))
+
+    depth = [sum(1 for j in range(len(dests)) if inside(i, j)) for i in range(len(dests))]
+    return [[dests[i] for i in range(len(dests)) if depth[i] == d] for d in sorted(set(depth))]
+
+
 class Relay(object):
     """One node's part of a job: its own rank, and the children it fans out to.
 
@@ -128,6 +140,7 @@ class Relay(object):
         self.stages = {}
         self.claim_owners = []
         self.pushes = []  # running rsync pushes: (proc, to_rank, reader of stderr, its lines)
+        self.later_pushes = {}  # to_rank -> the levels of destinations still to push there (sync_levels)
         self.ok = False
         self.closing = False  # `end` was sent: children closing now are not lost
         self.node_buckets = None  # this node's part of the bucket fetch (NodeBuckets)
@@ -281,14 +294,25 @@ class Relay(object):
         self.emit(ev(EV_CLAIMS, self.rank, json.dumps(self.claim_owners, separators=(",", ":"))))
 
     def _sync(self, wave):
-        """Push the destinations named in this wave to the ranks this node feeds."""
+        """Push the destinations named in this wave to the ranks this node feeds. Destinations of one
+        rank that lie inside another of them (a file_mount in the workdir) go after it, level by
+        level (sync_levels): two rsyncs into the same tree at once race (a directory made or
+        replaced under the other: exit 23)."""
         dests = self.payload.get("sync") or []
         for src, dst, indexes in wave:
             if src != self.rank:
                 continue
-            peer = self.peers[dst]
-            for i in indexes:
-                self._push(dests[i], dst, peer)
+            levels = sync_levels([dests[i] for i in indexes])
+            self.later_pushes[dst] = levels[1:]
+            for dest in levels[0]:
+                self._push(dest, dst, self.peers[dst])
+
+    def _push_next_level(self, to_rank):
+        """Once every push to `to_rank` ended: its next level of destinations, if any."""
+        if any(p[1] == to_rank for p in self.pushes) or not self.later_pushes.get(to_rank):
+            return
+        for dest in self.later_pushes[to_rank].pop(0):
+            self._push(dest, to_rank, self.peers[to_rank])
 
     def _push(self, dest, to_rank, peer):
         local, remote = dest_paths(dest["path"])
@@ -431,6 +455,7 @@ class Relay(object):
                 self.pushes.remove(push)
                 msg = (errs[-1] if errs else "") if proc.returncode else "ok"
                 self.emit(ev(EV_SYNCED, to_rank, proc.returncode, msg.strip()[:300] or "rsync exit code %d" % proc.returncode))
+                self._push_next_level(to_rank)
         self.report_spot()  # before the exits: the notice comes ahead of the X of a rank it stopped
         for stage in list(self.stages.values()):
             if not stage.done:
@@ -492,6 +517,7 @@ class Relay(object):
                 child.proc.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 child.proc.kill()
+        self.later_pushes = {}
         for proc, _, _, _ in self.pushes:
             if proc.poll() is None:
                 proc.kill()
