@@ -743,3 +743,18 @@ def test_destinations_inside_another_are_pushed_after_it() -> None:
                       ["~/gpuctl_workdir/data", "~/gpuctl_workdir/conf/s.txt", "/opt/x/y"],
                       ["~/gpuctl_workdir/data/z"]]
     assert sync_levels([{"path": "~/a"}, {"path": "~/ab"}]) == [[{"path": "~/a"}, {"path": "~/ab"}]]
+
+
+def test_every_level_of_destinations_is_answered_when_no_push_can_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No rsync on the node: each destination is answered at once (exit 127), the nested ones too, so
+    the head's wave never waits for a push that was never started."""
+    sent: list[bytes] = []
+    peers = [{"rank": r, "name": f"n{r}", "host": "h", "ssh": []} for r in (0, 1)]
+    relay = agent.Relay({"job": "22", "peers": peers, "sync": [{"path": "~/gpuctl_workdir", "dir": True},
+                                                              {"path": "~/gpuctl_workdir/data", "dir": True}]},
+                        "", 0, sent.append)
+    monkeypatch.setattr(agent.shutil, "which", lambda name: None)
+    relay._sync([[0, 1, [0, 1]]])
+    answers = [e for e in sent if e.startswith(b"Y ")]
+    assert len(answers) == 2 and all(e.startswith(b"Y 1 127 rsync is not installed") for e in answers), sent
+    assert relay.later_pushes == {1: []} and relay.pushes == []

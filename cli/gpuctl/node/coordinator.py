@@ -156,7 +156,7 @@ class Coordinator(object):
                 "%s has %d" % (peers[r]["name"], capacity[r]) for r in short))
         job = self.payload["job"]
         gpu_enqueue(job, "job %s" % job.split("-")[0], per_node, ranks, capacity,
-                         dict((r, peers[r]["name"]) for r in ranks))
+                    dict((r, peers[r]["name"]) for r in ranks))
         self.queued = True
         waker = GpuWaker(job)
         try:

@@ -25,7 +25,7 @@ import os
 import select
 import time
 
-from gpuctl.node.jobdir import GPUCTL_DIR, write_private
+from gpuctl.node.jobdir import GPUCTL_DIR, remove, write_private
 from gpuctl.node.procs import stat_fields
 
 GPU_QUEUE_DIR = os.path.join(GPUCTL_DIR, "queue")
@@ -37,6 +37,10 @@ BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 def _queue_paths(queue_dir):
     queue_dir = queue_dir or GPU_QUEUE_DIR
     return queue_dir, os.path.join(queue_dir, "state.json"), os.path.join(queue_dir, "lock")
+
+
+def _wake_path(job, queue_dir=None):
+    return os.path.join(_queue_paths(queue_dir)[0], job + ".wake")
 
 
 def process_start_time(pid):
@@ -127,7 +131,7 @@ def gpu_enqueue(job, label, per_node, ranks, capacity, names, pid=None, queue_di
             "seq": state["seq"],
             "per_node": int(per_node), "ranks": [int(r) for r in ranks],
             "capacity": dict((str(r), int(c)) for r, c in capacity.items()),
-            "names": dict((str(r), n) for r, n in names.items()), "devices": None, "since": time.time(),
+            "names": dict((str(r), n) for r, n in names.items()), "devices": None,
         })
 
 
@@ -177,7 +181,6 @@ def gpu_try_admit(job, queue_dir=None):
             capacity = int(entry["capacity"].get(str(rank)) or 0)
             devices[str(rank)] = _free_gpus(state, rank, capacity)[:entry["per_node"]]
         entry["devices"] = devices
-        entry["started"] = time.time()
         return dict((int(r), d) for r, d in devices.items()), None
 
 
@@ -186,41 +189,31 @@ def gpu_release(job, queue_dir=None):
     with LockedQueue(queue_dir) as state:
         state["entries"] = [e for e in state["entries"] if e["job"] != job]
         waiting = [e["job"] for e in state["entries"] if e.get("devices") is None]
-    dirname = _queue_paths(queue_dir)[0]
-    _remove_quietly(os.path.join(dirname, job + ".wake"))
     for other in waiting:
         gpu_wake(other, queue_dir)
 
 
 def gpu_wake(job, queue_dir=None):
-    """One byte to a waiting job's gpu_wake FIFO; nothing if it has none (it looks again on its own)."""
-    path = os.path.join(_queue_paths(queue_dir)[0], job + ".wake")
+    """One byte to a waiting job's wake FIFO; nothing if it has none (it looks again on its own)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        fd = os.open(_wake_path(job, queue_dir), os.O_WRONLY | os.O_NONBLOCK)
     except OSError:  # ENXIO: nobody reads it (the waiter is gone); ENOENT: none made
         return
     try:
         os.write(fd, b".")
-    except OSError:  # full of gpu_wake-ups not read yet: one more changes nothing
+    except OSError:  # full of wake-ups not read yet: one more changes nothing
         pass
     finally:
         os.close(fd)
 
 
-def _remove_quietly(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 class GpuWaker(object):
-    """A waiting job's gpu_wake FIFO, read end and a write end of its own (so that select never sees
-    its writers come and go as an end of file)."""
+    """A waiting job's wake FIFO (removed again by `close`), read end and a write end of its own (so
+    that select never sees its writers come and go as an end of file)."""
 
     def __init__(self, job, queue_dir=None):
-        self.path = os.path.join(_queue_paths(queue_dir)[0], job + ".wake")
-        _remove_quietly(self.path)
+        self.path = _wake_path(job, queue_dir)
+        remove(self.path)
         os.mkfifo(self.path, 0o600)
         self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         self.keep = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
@@ -243,7 +236,7 @@ class GpuWaker(object):
                 os.close(fd)
             except OSError:
                 pass
-        _remove_quietly(self.path)
+        remove(self.path)
 
 
 def gpu_waiting_reason(job, queue_dir=None):

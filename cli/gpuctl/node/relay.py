@@ -302,17 +302,15 @@ class Relay(object):
         for src, dst, indexes in wave:
             if src != self.rank:
                 continue
-            levels = sync_levels([dests[i] for i in indexes])
-            self.later_pushes[dst] = levels[1:]
-            for dest in levels[0]:
-                self._push(dest, dst, self.peers[dst])
+            self.later_pushes[dst] = sync_levels([dests[i] for i in indexes])
+            self._push_next_level(dst)
 
     def _push_next_level(self, to_rank):
-        """Once every push to `to_rank` ended: its next level of destinations, if any."""
-        if any(p[1] == to_rank for p in self.pushes) or not self.later_pushes.get(to_rank):
-            return
-        for dest in self.later_pushes[to_rank].pop(0):
-            self._push(dest, to_rank, self.peers[to_rank])
+        """Once no push to `to_rank` runs: its next level of destinations, if any (and the one after,
+        when none of them could start: `_push` then said so at once)."""
+        while self.later_pushes.get(to_rank) and not any(p[1] == to_rank for p in self.pushes):
+            for dest in self.later_pushes[to_rank].pop(0):
+                self._push(dest, to_rank, self.peers[to_rank])
 
     def _push(self, dest, to_rank, peer):
         local, remote = dest_paths(dest["path"])
