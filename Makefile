@@ -17,7 +17,8 @@ JAX    ?= jax==0.10.2 jaxlib==0.10.2
 # podman and runc: the container tests (image_id: docker:IMAGE); runc named so that
 # apt does not pick crun, which cannot run containers under hybrid cgroups.
 # rclone and fuse3: the cloud-bucket tests (rclone copy/mount against moto's S3).
-APT_PACKAGES := openssh-server openssh-client rsync iproute2 sudo podman runc rclone fuse3
+# chromium: the dashboard's browser tests (Playwright drives it; its own browser is never fetched).
+APT_PACKAGES := openssh-server openssh-client rsync iproute2 sudo podman runc rclone fuse3 chromium
 # Rootful podman gives containers 1048576 open files and processes; where the hard
 # limits are lower (this machine itself in a container), runc cannot start one:
 # the hard limits then, and no more processes than pid_max (runc is refused above it).

@@ -191,7 +191,7 @@ def apply(
     """Provision (or reuse) a cluster, sync, run setup, and run the job on every node."""
     from gpuctl.common.console import Reporter
     from gpuctl.providers import get_provider, price_quote
-    from gpuctl.provision import lifecycle, provisioner
+    from gpuctl.provision import bringuprecord, lifecycle, provisioner
     from gpuctl.provision.taskchecks import check_task
     from gpuctl.state.registry import Registry
 
@@ -239,6 +239,7 @@ def apply(
             _apply_job(task, req, inv, registry, reporter, docs, provision_only=provision_only,
                        no_setup=no_setup, detach=detach, cancel_on_interrupt=cancel_on_interrupt)
     finally:
+        bringuprecord.save(req.name, reporter.phases)  # the dashboard's timeline of this bring-up
         if as_json and docs:
             cliargs.emit_apply(docs[-1], registry)
 

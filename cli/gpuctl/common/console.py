@@ -56,7 +56,7 @@ class Reporter:
         self._lock = threading.Lock()
         self._open: Hashable | None = None  # the rank line the cursor is at the end of (a terminal only)
         self._open_cols = 0  # its width on the screen
-        self.phases: list[dict[str, object]] = []  # phase(): [{phase, seconds, controller_cpu_s}]
+        self.phases: list[dict[str, object]] = []  # phase(): [{phase, seconds, controller_cpu_s, started_at}]
         self._status: Any = None  # a stage's live line on a terminal, while it runs
 
     @functools.cached_property
@@ -75,12 +75,12 @@ class Reporter:
     def phase(self, name: str) -> Iterator[None]:
         """Time a phase of the command (provision, prepare, job) for `phases`: its wall time and the
         controller CPU it cost (this process and the children it waited for: ansible-playbook, ssh)."""
-        start, cpu = time.monotonic(), _cpu_seconds()
+        start, cpu, began = time.monotonic(), _cpu_seconds(), time.time()
         try:
             yield
         finally:
             self.phases.append({"phase": name, "seconds": round(time.monotonic() - start, 3),
-                                "controller_cpu_s": round(_cpu_seconds() - cpu, 3)})
+                                "controller_cpu_s": round(_cpu_seconds() - cpu, 3), "started_at": round(began, 3)})
 
     @contextmanager
     def stage(self, title: str, *, phase: str | None = None) -> Iterator[StepProgress]:

@@ -15,9 +15,13 @@ imports torch, else python3 (enough for the nccl-tests path).
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpuctl.common.console import Reporter
@@ -314,4 +318,31 @@ def run_check(inv: Inventory, *, registry: Registry, reporter: Reporter, options
                    gpus_per_node=inv.head.gpus, queue_gpus=0)
     runner = _CheckRunner(inv, reporter=reporter, registry=registry)
     job_id, failure = collect.run_probe_job(runner, spec, registry)
-    return analyze(inv, runner.lines, expected, options, job_id=job_id, failure=failure)
+    report = analyze(inv, runner.lines, expected, options, job_id=job_id, failure=failure)
+    save(cluster_dir(inv.cluster), report)
+    return report
+
+
+PAIRS_FILE = "check-pairs.json"  # the last `check --pairs` (the dashboard's busbw per pair)
+CHECK_FILE = "check.json"  # the last `check` (the transport each rank's NCCL chose)
+
+
+def save(cdir: Path, report: Report) -> None:
+    """The report's document, private and replaced whole, beside the cluster's other records."""
+    path = Path(cdir) / (PAIRS_FILE if report.pairs is not None else CHECK_FILE)
+    if not path.parent.is_dir():
+        return
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({**report.document(), "checked_at": time.time()}, fh, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def last(cdir: Path, *, pairs_run: bool) -> dict[str, Any] | None:
+    """The last saved report of `check` (or of `check --pairs`), or None."""
+    try:
+        doc = json.loads((Path(cdir) / (PAIRS_FILE if pairs_run else CHECK_FILE)).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
