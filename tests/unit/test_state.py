@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import multiprocessing
 import re
+import getpass
 import sqlite3
 from dataclasses import asdict
 from pathlib import Path
@@ -106,6 +107,8 @@ def test_a_schema_1_database_keeps_its_jobs_and_gains_tokens(tmp_path: Path):
     new = reg.new_job("c1", name=None, num_nodes=1)
     assert new.job_id == 2 and new.node_job.startswith("2-")
     assert reg.job("c1", 2).node_job == new.node_job  # type: ignore[union-attr]
+    # schema 3: who submitted a job (the dashboard's and `queue -o json`'s user); unknown before
+    assert reg.job("c1", 1).user is None and reg.job("c1", 2).user == getpass.getuser()  # type: ignore[union-attr]
     with sqlite3.connect(path) as check:
         assert check.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (str(SCHEMA_VERSION),)
 

@@ -67,7 +67,7 @@ def job_doc(job: Any) -> dict[str, Any]:
             "ended_at": _iso(job.ended_at), "submitted_epoch": job.submitted_at, "started_epoch": job.started_at,
             "ended_epoch": job.ended_at,
             "returncodes": {str(rank): code for rank, code in sorted(job.returncodes.items())},
-            "failed_rank": job.failed_rank, "detail": job.detail}
+            "failed_rank": job.failed_rank, "detail": job.detail, "user": job.user}
 
 
 def cluster_doc(record: Any, inventory: Any | None, last_job: Any | None) -> dict[str, Any]:

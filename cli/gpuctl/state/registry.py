@@ -27,6 +27,7 @@ index its kept logs, and job ids go on from them when the name is used again.
 
 from __future__ import annotations
 
+import getpass
 import json
 import secrets
 import sqlite3
@@ -42,7 +43,7 @@ from gpuctl.state.remotestate import Remote, sync
 
 _CONFIGURED: Any = object()  # Registry(remote=...) default: the configured remote state, if any
 
-SCHEMA_VERSION = 2  # 2: jobs.token
+SCHEMA_VERSION = 3  # 2: jobs.token; 3: jobs.user
 
 JOB_STATES = ("PENDING", "SETTING_UP", "RUNNING", "SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
 # LOST: its cluster went while nobody watched the job, and no record of its end survived
@@ -77,6 +78,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     failed_rank  INTEGER,
     detail       TEXT,
     token        TEXT,
+    user         TEXT,
     PRIMARY KEY (cluster, job_id)
 );
 CREATE TABLE IF NOT EXISTS history (
@@ -150,6 +152,7 @@ class JobRecord:
     failed_rank: int | None = None
     detail: str | None = None
     token: str | None = None  # random, per job: see node_job
+    user: str | None = None  # who submitted it (the login of the gpuctl that did): shared state has many
 
     @property
     def node_job(self) -> str:
@@ -174,6 +177,8 @@ class Registry:
             columns = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
             if "token" not in columns:  # schema 1: its jobs keep their plain ids on the nodes
                 db.execute("ALTER TABLE jobs ADD COLUMN token TEXT")
+            if "user" not in columns:  # schema 2: its jobs' submitters were not recorded
+                db.execute("ALTER TABLE jobs ADD COLUMN user TEXT")
             db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     @contextmanager
@@ -224,11 +229,11 @@ class Registry:
         with self._connect() as db:
             for row in rows:
                 codes = row.get("returncodes") or {}
-                db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                            (cluster, int(row["job_id"]), row.get("name"), row["status"], row.get("task_id"),
                             int(row["num_nodes"]), float(row["submitted_at"]), row.get("started_at"),
                             row.get("ended_at"), json.dumps({str(k): v for k, v in codes.items()}),
-                            row.get("failed_rank"), row.get("detail"), row.get("token")))
+                            row.get("failed_rank"), row.get("detail"), row.get("token"), row.get("user")))
 
     def _publish_cluster(self, name: str) -> None:
         if self.remote is None:
@@ -261,6 +266,7 @@ class Registry:
     def new_job(self, cluster: str, *, name: str | None, num_nodes: int) -> JobRecord:
         now = time.time()
         token = secrets.token_hex(8)
+        user = _login()
         taken = 0
         if self.remote is not None:
             taken = max(sync.job_ids(self.remote.store, cluster), default=0)
@@ -270,9 +276,9 @@ class Registry:
                                      (cluster,)).fetchone()
                 job_id = max(last, taken) + 1
                 db.execute(
-                    "INSERT INTO jobs (cluster, job_id, name, status, num_nodes, submitted_at, token) "
-                    "VALUES (?,?,?,?,?,?,?)",
-                    (cluster, job_id, name, "PENDING", num_nodes, now, token),
+                    "INSERT INTO jobs (cluster, job_id, name, status, num_nodes, submitted_at, token, user) "
+                    "VALUES (?,?,?,?,?,?,?,?)",
+                    (cluster, job_id, name, "PENDING", num_nodes, now, token, user),
                 )
             if self._publish_job(cluster, job_id, new=True):
                 break
@@ -280,7 +286,7 @@ class Registry:
             with self._connect() as db:
                 db.execute("DELETE FROM jobs WHERE cluster=? AND job_id=?", (cluster, job_id))
         return JobRecord(cluster=cluster, job_id=job_id, name=name, status="PENDING", task_id=None,
-                         num_nodes=num_nodes, submitted_at=now, token=token)
+                         num_nodes=num_nodes, submitted_at=now, token=token, user=user)
 
     def update_job(self, cluster: str, job_id: int, **fields: Any) -> None:
         if "status" in fields and fields["status"] not in JOB_STATES:
@@ -408,7 +414,15 @@ def _cluster(row: tuple[Any, ...]) -> ClusterRecord:
 
 def _job(row: tuple[Any, ...]) -> JobRecord:
     (cluster, job_id, name, status, task_id, num_nodes, submitted, started, ended, rcs, failed_rank, detail,
-     token) = row
+     token, user) = row
     codes = {int(k): v for k, v in json.loads(rcs).items()} if rcs else {}
     return JobRecord(cluster, job_id, name, status, task_id, num_nodes, submitted, started, ended, codes,
-                     failed_rank, detail, token)
+                     failed_rank, detail, token, user)
+
+
+def _login() -> str | None:
+    """Who submits a job: the login name, as `sky queue`'s USER column shows it."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (a bare container)
+        return None
