@@ -318,6 +318,7 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
     from gpuctl.healthcheck import health
     from gpuctl.provision import provisioner
     from gpuctl.spec.request import check_cluster_name
+    from gpuctl.state import costs
     from gpuctl.state.registry import Registry
 
     as_json = wants_json(output_format)
@@ -336,7 +337,7 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
             inv = provisioner.load_inventory_of(rec.name)
             doc = output.cluster_doc(rec, inv, (registry.jobs(rec.name, since=rec.created_at) or [None])[-1])
             doc.update(autostopcli.status_of(rec.name, rec.status, registry)[1])
-            doc.update(costcli.cluster_cost(rec.name, registry, rec.created_at))
+            doc.update(costs.cluster_cost(rec.name, registry, rec.created_at))
             detected = fabricrecord.load_fabric(cluster_dir(rec.name)) or {}
             by_rank = {n.get("rank"): n for n in detected.get("nodes", []) if isinstance(n, dict)}
             doc["fabric"] = detected.get("kind")
@@ -363,7 +364,7 @@ def status(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Clus
         where = "/".join(p for p in (rec.cloud, rec.region, rec.zone) if p)
         lines, fields = autostopcli.status_of(rec.name, rec.status, registry)
         typer.echo(f"{rec.name}: {fields.get('status', rec.status)}, {rec.num_nodes} node(s) on {where}")
-        for line in [costcli.status_line(costcli.cluster_cost(rec.name, registry, rec.created_at)), *lines]:
+        for line in [costcli.status_line(costs.cluster_cost(rec.name, registry, rec.created_at)), *lines]:
             typer.echo(line)
         inv = None if fields.get("status") else provisioner.load_inventory_of(rec.name)
         health_of: dict[int, str] = {}

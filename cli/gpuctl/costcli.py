@@ -16,10 +16,10 @@ import typer
 from gpuctl import usage
 from gpuctl.common import output
 from gpuctl.common.output import OutputOption, wants_json
+from gpuctl.state.costs import segment_row
 
 if TYPE_CHECKING:
     from gpuctl.providers.base import Price
-    from gpuctl.state.registry import Registry, Segment
 
 
 def describe(price: Price, instance_type: str | None, num_nodes: int, use_spot: bool) -> str:
@@ -54,21 +54,6 @@ def _duration(seconds: float) -> str:
     return f"{hours}h {minutes}m" if hours < 48 else f"{hours // 24}d {hours % 24}h"
 
 
-def cluster_cost(name: str, registry: Registry, since: float, now: float | None = None) -> dict[str, Any]:
-    """Age and estimated cost of a cluster's current life (its segments since `since`)."""
-    now = time.time() if now is None else now
-    segments = [s for s in registry.history(name) if s.started_at >= since - 1]
-    costs = [s.cost(now) for s in segments]
-    free = bool(segments) and all(s.node_price == 0.0 for s in segments)  # no cloud bill (local nodes)
-    known = None if free or not segments or any(c is None for c in costs) else round(sum(c for c in costs if c), 4)
-    running = [s for s in segments if s.ended_at is None]
-    per_hour = None if not running or running[-1].node_price is None else running[-1].node_price * running[-1].num_nodes
-    # a cluster that took itself down is as old as it was then
-    end = now if running or not segments else max(s.ended_at or now for s in segments)
-    return {"age_s": round(max(0.0, end - since), 1), "cost_so_far": known, "per_hour": per_hour,
-            "price_source": segments[-1].price_source if segments else None, "no_cloud_bill": free}
-
-
 def status_line(fields: Mapping[str, Any]) -> str:
     """`status`'s line: how long the cluster has lived, and what it cost so far."""
     if fields["no_cloud_bill"]:
@@ -81,22 +66,6 @@ def status_line(fields: Mapping[str, Any]) -> str:
     return f"  age {_duration(fields['age_s'])}, {cost}"
 
 
-def _row(seg: Segment, records: set[str], now: float) -> dict[str, Any]:
-    status = {"down": "DOWN", "autodown": "AUTODOWNED", "stopped": "STOPPED", "stop": "STOPPED",
-              "resized": "RESIZED"}.get(
-        seg.ended_how or "", "UP")
-    if status == "UP" and seg.cluster not in records:
-        status = "GONE"  # taken down by another state dir or runner: its end was not seen here
-    end = seg.ended_at if seg.ended_at is not None else (None if status == "GONE" else now)
-    return {"name": seg.cluster, "cloud": seg.cloud, "region": seg.region, "instance_type": seg.instance_type,
-            "num_nodes": seg.num_nodes, "use_spot": seg.use_spot, "launched_at": seg.started_at,
-            "ended_at": seg.ended_at, "status": status,
-            "duration_s": None if end is None else round(end - seg.started_at, 1),
-            "per_hour": None if seg.node_price is None else round(seg.node_price * seg.num_nodes, 4),
-            "cost": None if end is None else seg.cost(end), "no_cloud_bill": seg.node_price == 0.0,
-            "price_source": seg.price_source}
-
-
 def register(app: typer.Typer) -> None:
     @app.command("cost-report", cls=usage.HelpCommand, epilog=usage.examples_of("cost-report"))
     def cost_report(output_format: str = OutputOption) -> None:
@@ -106,7 +75,7 @@ def register(app: typer.Typer) -> None:
         registry = Registry()
         now = time.time()
         names = {r.name for r in registry.clusters()}
-        rows = [_row(s, names, now) for s in registry.history()]
+        rows = [segment_row(s, names, now) for s in registry.history()]
         billed = [r["cost"] for r in rows if r["cost"] is not None and not r["no_cloud_bill"]]
         unknown = [r for r in rows if r["cost"] is None]
         if wants_json(output_format):

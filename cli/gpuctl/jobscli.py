@@ -82,24 +82,6 @@ def _duration(job: Any, now: float) -> str:
     return f"{seconds // 3600}h {seconds % 3600 // 60}m" if seconds >= 3600 else f"{seconds // 60}m {seconds % 60}s"
 
 
-def _detail(job: Any, events: list[Any]) -> str:
-    if job.terminal and job.reason:
-        return job.reason
-    return events[-1].cause if events else (job.reason or "")
-
-
-def job_document(job: Any, events: list[Any]) -> dict[str, Any]:
-    return {"id": job.id, "name": job.name, "status": job.status, "cluster": job.cluster, "task_id": job.task_id,
-            "attempt": job.attempt, "recoveries": job.recoveries, "transient_recoveries": job.transient,
-            "restarts_on_errors": job.restarts, "submitted_at": job.submitted_at, "started_at": job.started_at,
-            "ended_at": job.ended_at, "reason": job.reason, "exit_code": job.exit_code,
-            "failed_rank": job.failed_rank, "cluster_removed": job.destroyed if job.terminal else None,
-            "supervisor_pid": job.supervisor_pid,
-            "events": [{"attempt": e.attempt, "kind": e.kind, "cause": e.cause, "nodes": [int(n) for n in e.nodes],
-                        "detected_at": e.detected_at, "resumed_at": e.resumed_at, "exit_code": e.exit_code,
-                        "failed_rank": e.failed_rank} for e in events]}
-
-
 def _banner(attempt: int, events: list[Any]) -> str:
     before = [e for e in events if e.attempt == attempt - 1]
     why = f": after {before[-1].cause}" if before else ""
@@ -201,6 +183,7 @@ def launch_(file: Path = typer.Argument(..., metavar="FILE", help="Task YAML in 
     envs = parse_env_assignments(env or [])
     secrets = parse_env_assignments(secret or [], flag="--secret", secret=True)
     from gpuctl.common.yamlfile import read_text
+    from gpuctl.managed.store import job_document
     from gpuctl.provision.provisioner import cluster_exists
     from gpuctl.state.registry import Registry
 
@@ -259,6 +242,8 @@ def _say_end(job: Any) -> None:
 @jobs_app.command("queue", cls=usage.HelpCommand, epilog=usage.examples_of("jobs queue"))
 def queue_(output_format: str = OutputOption) -> None:
     """List managed jobs: state, attempt, recoveries and why the last attempt ended."""
+    from gpuctl.managed.store import job_document, last_cause
+
     as_json = wants_json(output_format)
     store = _store()
     jobs = store.all() if store.path.exists() else []
@@ -274,7 +259,7 @@ def queue_(output_format: str = OutputOption) -> None:
         events = store.events(j.id)
         rows.append((str(j.id), j.name, j.status, str(j.attempt), str(j.recoveries + j.transient),
                      time.strftime("%m-%d %H:%M", time.localtime(j.submitted_at)), _duration(j, now), j.cluster,
-                     _detail(j, events)))
+                     last_cause(j, events)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         typer.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
@@ -292,7 +277,7 @@ def logs_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id (
           no_follow: bool = typer.Option(False, "--no-follow", help="Print what there is and return."),
           output_format: str = OutputOption) -> None:
     """Every attempt's output, with a banner saying why each new attempt started."""
-    from gpuctl.managed.store import attempt_log, supervisor_log
+    from gpuctl.managed.store import attempt_log, job_document, supervisor_log
 
     as_json = wants_json(output_format)
     store = _store()
@@ -361,7 +346,7 @@ def supervise_cmd(duration: str = typer.Option(..., "--for", metavar="DURATION",
     take over every job whose supervisor stopped renewing its lease, then hand each back once its
     ranks run and the time is up, so the next run takes it over at once."""
     from gpuctl.managed import launch, shared
-    from gpuctl.managed.store import Store
+    from gpuctl.managed.store import Store, job_document
 
     as_json = wants_json(output_format)
     span, every = _seconds_of(duration, "--for"), max(1.0, _seconds_of(poll, "--poll"))
@@ -408,6 +393,7 @@ def cancel_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id
             output_format: str = OutputOption) -> None:
     """Stop a managed job, whatever it is doing (recovering too), and remove its cluster."""
     from gpuctl.managed import launch
+    from gpuctl.managed.store import job_document
 
     as_json = wants_json(output_format)
     store = _store()

@@ -16,6 +16,7 @@ from gpuctl.providers import get_provider
 from gpuctl.providers.aws import prices
 from gpuctl.providers.base import Price
 from gpuctl.state.registry import Registry
+from gpuctl.state import costs
 
 
 def test_the_price_list_is_dated_and_says_when_it_knows_nothing() -> None:
@@ -115,13 +116,13 @@ def test_status_shows_age_and_cost_so_far(tmp_path: Path) -> None:
     registry.open_segment("train", cloud="aws", region="us-east-1", instance_type="p5.48xlarge", num_nodes=2,
                           use_spot=False, node_price=55.04, price_source="list")
     started = registry.history()[0].started_at
-    fields = costcli.cluster_cost("train", registry, started, now=started + 72 * 60)
+    fields = costs.cluster_cost("train", registry, started, now=started + 72 * 60)
     assert (fields["age_s"], fields["per_hour"]) == (4320.0, 110.08)
     assert costcli.status_line(fields) == "  age 1h 12m, $132.10 so far at $110.08/h (estimated)"
     registry.open_segment("lab", cloud="aws", region="us-east-1", instance_type="x9.huge", num_nodes=1,
                           use_spot=False, node_price=None, price_source="x9.huge is not in gpuctl's price list")
-    lab = costcli.cluster_cost("lab", registry, registry.history()[-1].started_at)
+    lab = costs.cluster_cost("lab", registry, registry.history()[-1].started_at)
     assert costcli.status_line(lab).endswith("cost unknown (x9.huge is not in gpuctl's price list)")
     registry.close_segment("train", "autodown", at=started + 600)  # it took itself down after 10 minutes
-    gone = costcli.cluster_cost("train", registry, started, now=started + 7200)
+    gone = costs.cluster_cost("train", registry, started, now=started + 7200)
     assert gone["age_s"] == 600.0 and gone["per_hour"] is None

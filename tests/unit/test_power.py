@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl import cliargs, autostopcli, costcli, powercli
+from gpuctl import cliargs, autostopcli, powercli
 from gpuctl.common.console import Reporter
 from gpuctl.common.errors import ProvisionError, UserError
 from gpuctl.common.paths import cluster_dir
 from gpuctl.providers import get_provider
+from gpuctl.state import costs
 from gpuctl.provision import lifecycle, ssh
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import JobRecord, Registry
@@ -122,10 +123,10 @@ def test_status_and_cost_of_a_stopped_cluster(_isolated_state: Path) -> None:
     assert lines == [f"  stopped at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))} (`gpuctl stop`); "
                      "its disks still bill: `gpuctl start pw` brings it back, `gpuctl down pw` removes it"]
     created = registry.cluster("pw").created_at
-    first = costcli.cluster_cost("pw", registry, created, now=when + 3600)
-    later = costcli.cluster_cost("pw", registry, created, now=when + 7200)
+    first = costs.cluster_cost("pw", registry, created, now=when + 3600)
+    later = costs.cluster_cost("pw", registry, created, now=when + 7200)
     assert first == later and first["per_hour"] is None  # stopped: nothing more counts
-    assert costcli._row(registry.history("pw")[0], {"pw"}, when + 3600)["status"] == "STOPPED"
+    assert costs.segment_row(registry.history("pw")[0], {"pw"}, when + 3600)["status"] == "STOPPED"
     with pytest.raises(UserError) as err:  # every command that needs the nodes (cliargs.cluster_inventory)
         cliargs.refuse_gone("pw", registry)
     assert err.value.message == "cluster 'pw' is stopped; `gpuctl start pw` brings it back"

@@ -397,3 +397,23 @@ def _job(row: sqlite3.Row) -> ManagedJob:
     data["cancel_requested"] = bool(data["cancel_requested"])
     data["destroyed"] = bool(data["destroyed"])
     return ManagedJob(**data)
+
+
+def last_cause(job: ManagedJob, events: list[Event]) -> str:
+    """Why the job ended, or what its last recovery was for (`jobs queue`'s DETAIL)."""
+    if job.terminal and job.reason:
+        return job.reason
+    return events[-1].cause if events else (job.reason or "")
+
+
+def job_document(job: ManagedJob, events: list[Event]) -> dict[str, Any]:
+    """`jobs queue -o json`'s job: its row and every event (recoveries, user failures)."""
+    return {"id": job.id, "name": job.name, "status": job.status, "cluster": job.cluster, "task_id": job.task_id,
+            "attempt": job.attempt, "recoveries": job.recoveries, "transient_recoveries": job.transient,
+            "restarts_on_errors": job.restarts, "submitted_at": job.submitted_at, "started_at": job.started_at,
+            "ended_at": job.ended_at, "reason": job.reason, "exit_code": job.exit_code,
+            "failed_rank": job.failed_rank, "cluster_removed": job.destroyed if job.terminal else None,
+            "supervisor_pid": job.supervisor_pid,
+            "events": [{"attempt": e.attempt, "kind": e.kind, "cause": e.cause, "nodes": [int(n) for n in e.nodes],
+                        "detected_at": e.detected_at, "resumed_at": e.resumed_at, "exit_code": e.exit_code,
+                        "failed_rank": e.failed_rank} for e in events]}
