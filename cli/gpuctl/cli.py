@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
-from gpuctl import autostopcli, cliargs, costcli, entrypoints, healthcli, jobscli, logscli, powercli, usage
+from gpuctl import autostopcli, cliargs, costcli, dashboardcli, entrypoints, healthcli, jobscli, logscli, powercli, usage
 from gpuctl.common import output
 from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobDetached, JobFailed, ProvisionError, UserError
@@ -280,6 +280,7 @@ costcli.register(app)
 powercli.register(app)
 jobscli.register(app)
 healthcli.register(app)
+dashboardcli.register(app)
 
 
 def _run(runner: JobRunner, spec: JobSpec, *, run_setup: bool, sync_file_mounts: bool, detach: bool,

@@ -237,6 +237,11 @@ EXAMPLES = {
         'gpuctl autostop demo -i 30 --down',
         'gpuctl autostop demo --cancel',
     ),
+    'dashboard': (
+        'gpuctl dashboard',
+        'gpuctl dashboard --port 9000 --no-browser',
+        'ssh -L 8642:127.0.0.1:8642 controller  # then open the URL it printed, on your laptop',
+    ),
     'cost-report': (
         'gpuctl cost-report',
         'gpuctl cost-report -o json',

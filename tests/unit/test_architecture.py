@@ -18,11 +18,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cli" / "gpuctl"
 
 # Lowest first: a module may import from its own folder and from folders before it.
 LAYERS = ("node", "common", "spec", "providers", "state", "provision", "configplane", "jobplane", "healthcheck", "managed",
-          "api", "cli")
+          "api", "dashboard", "cli")
 # Top-level modules and the layer they belong to.
 TOP_LEVEL = {"__init__": "common", "__main__": "cli", "cli": "cli", "clistart": "cli", "cliargs": "cli", "autostopcli": "cli",
              "costcli": "cli", "healthcli": "cli", "jobscli": "cli", "usage": "cli", "entrypoints": "cli",
-             "logscli": "cli", "powercli": "cli"}
+             "logscli": "cli", "powercli": "cli", "dashboardcli": "cli"}
 MAX_LINES = 800
 
 

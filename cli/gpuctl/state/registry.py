@@ -311,6 +311,18 @@ class Registry:
                               (cluster, since if since is not None else float("-inf"))).fetchall()
         return [_job(r) for r in rows]
 
+    def job_page(self, *, offset: int, limit: int, cluster: str | None = None,
+                 status: str | None = None) -> tuple[int, list[JobRecord]]:
+        """(how many jobs match, a page of them), every cluster's, the latest submitted first: the
+        dashboard's jobs page reads 10,000 jobs a page at a time."""
+        where = "WHERE (? IS NULL OR cluster=?) AND (? IS NULL OR status=?)"
+        args = (cluster, cluster, status, status)
+        with self._connect() as db:
+            (total,) = db.execute(f"SELECT COUNT(*) FROM jobs {where}", args).fetchone()
+            rows = db.execute(f"SELECT * FROM jobs {where} ORDER BY submitted_at DESC, cluster, job_id DESC "
+                              "LIMIT ? OFFSET ?", (*args, limit, offset)).fetchall()
+        return total, [_job(r) for r in rows]
+
     def remove_jobs(self, cluster: str) -> None:
         with self._connect() as db:
             db.execute("DELETE FROM jobs WHERE cluster=?", (cluster,))

@@ -1,0 +1,171 @@
+"""The dashboard's actions and live logs are gpuctl commands, run as the CLI runs them.
+
+Cancel, a managed job's cancel and down are `gpuctl cancel`, `gpuctl jobs cancel` and `gpuctl down`
+in a child process: they do exactly what the CLI does (locks, leftovers, kept logs, shared state),
+and a `gpuctl queue` or `status` run beside them sees the result at once. A child is started in a
+session of its own, so stopping the dashboard does not cut a teardown short. Live logs are
+`gpuctl logs` (or `gpuctl jobs logs`) followed line by line: the same lines, live from the head or
+kept after the cluster went.
+
+Every argument is a validated cluster name or a number, after the command's own words: nothing a
+request carries can become an option.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Sequence
+
+from gpuctl.common.safetext import printable
+from gpuctl.spec.request import check_cluster_name
+
+MAX_RUNS = 50  # the actions whose output the dashboard keeps (the newest)
+MAX_LINES = 5000  # of each one's output
+
+
+def gpuctl_argv(words: Sequence[str]) -> list[str]:
+    """The argv of a gpuctl command in this Python, this package, this environment."""
+    return [sys.executable, "-m", "gpuctl", *words]
+
+
+def cancel_words(cluster: str, job_id: int) -> list[str]:
+    return ["cancel", check_cluster_name(cluster), str(int(job_id))]
+
+
+def cancel_managed_words(job_id: int) -> list[str]:
+    return ["jobs", "cancel", str(int(job_id)), "--yes"]
+
+
+def down_words(cluster: str) -> list[str]:
+    return ["down", check_cluster_name(cluster)]
+
+
+def logs_words(cluster: str, job_id: int, rank: int | None, *, follow: bool) -> list[str]:
+    words = ["logs", check_cluster_name(cluster), str(int(job_id)), "--tail", "0"]
+    if rank is not None:
+        words += ["--rank", str(int(rank))]
+    return words + ([] if follow else ["--no-follow"])
+
+
+def managed_logs_words(job_id: int, attempt: int | None) -> list[str]:
+    return ["jobs", "logs", str(int(job_id))] + ([] if attempt is None else ["--attempt", str(int(attempt))])
+
+
+def _child_env() -> dict[str, str]:
+    # unbuffered: each line reaches the page as it is printed; plain: no terminal, no colours
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "TERM": "dumb"}
+
+
+async def start(words: Sequence[str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *gpuctl_argv(words), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, env=_child_env(), start_new_session=True)
+
+
+async def lines_of(words: Sequence[str]) -> AsyncIterator[str]:
+    """The command's output, line by line and `printable` (control characters shown, not obeyed);
+    the child is stopped if the reader goes away first (a closed page)."""
+    proc = await start(words)
+    try:
+        async for line in _read(proc):
+            yield line
+        await proc.wait()
+    finally:
+        if proc.returncode is None:
+            _stop(proc)
+
+
+async def _read(proc: asyncio.subprocess.Process) -> AsyncIterator[str]:
+    assert proc.stdout is not None
+    while raw := await proc.stdout.readline():
+        yield printable(raw.decode(errors="surrogateescape").rstrip("\n"))
+
+
+def _stop(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # its session: `gpuctl logs` and the ssh it runs
+    except ProcessLookupError:
+        pass
+
+
+async def output_of(words: Sequence[str], timeout: float = 120.0) -> tuple[int, bytes]:
+    """(exit code, stdout) of a command that ends by itself (a saved log to download)."""
+    proc = await asyncio.create_subprocess_exec(
+        *gpuctl_argv(words), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, env=_child_env(), start_new_session=True)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        _stop(proc)
+        raise
+    return proc.returncode or 0, out
+
+
+@dataclass
+class ActionRun:
+    """One action taken from a page: its command, its output so far, how it ended."""
+
+    id: str
+    title: str
+    words: list[str]
+    back: str  # the page to go back to
+    started_at: float = field(default_factory=time.time)
+    lines: list[str] = field(default_factory=list)
+    returncode: int | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def command(self) -> str:
+        return "gpuctl " + " ".join(self.words)
+
+
+class Actions:
+    """The actions started from the pages, the newest MAX_RUNS kept with their output."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, ActionRun] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def begin(self, title: str, words: list[str], back: str) -> ActionRun:
+        run = ActionRun(secrets.token_hex(8), title, words, back)
+        self.runs[run.id] = run
+        while len(self.runs) > MAX_RUNS:
+            oldest = next(iter(self.runs))
+            if self.runs[oldest].returncode is None:
+                break
+            del self.runs[oldest]
+        task = asyncio.get_running_loop().create_task(self._run(run))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return run
+
+    async def _run(self, run: ActionRun) -> None:
+        try:
+            proc = await start(run.words)
+        except OSError as exc:
+            run.lines.append(f"error: could not start {run.command}: {exc}")
+            run.returncode = 127
+            run.changed.set()
+            return
+        async for line in _read(proc):
+            if len(run.lines) < MAX_LINES:
+                run.lines.append(line)
+            run.changed.set()
+        run.returncode = await proc.wait()
+        run.changed.set()
+
+    async def wait_done(self, run: ActionRun, timeout: float) -> None:
+        """Until the run ended or `timeout` passed (a quick action's result shows on its page at once)."""
+        deadline = time.monotonic() + timeout
+        while run.returncode is None and time.monotonic() < deadline:
+            run.changed.clear()
+            try:
+                await asyncio.wait_for(run.changed.wait(), deadline - time.monotonic())
+            except asyncio.TimeoutError:
+                break
