@@ -116,6 +116,7 @@ SLOW_FIRST = (  # by the length of their longest unit (a module-fixture module i
     "integration/test_buckets_local.py",
     "integration/test_cluster_ssh.py",
     "integration/test_remote_state.py",
+    "integration/test_dashboard_local.py",
     "integration/test_autostop_local.py",
     "integration/test_ci_example.py",
     "integration/test_health_local.py",

@@ -170,6 +170,7 @@ def test_a_running_jobs_lines_reach_the_page_within_a_second(dash, page):
     assert statistics.median(lags) < 1.0 and len(late) <= len(lags) // 10, (statistics.median(lags), late)
     log = page.locator("#log")
     assert log.locator("b").count() == 0 and "<b>bold</b> \\x1b[31mred" in log.inner_text()  # shown, not obeyed
+    expect(page.locator("h1")).to_contain_text("SUCCEEDED", timeout=5000)  # the end, in the facts at once
     shoot(page, shots, "job")
     assert page.errors == [], page.errors
 

@@ -25,7 +25,10 @@ def test_installed_wheel_finds_its_terraform_and_ansible_trees(tmp_path: Path):
                      "gpuctl/terraform/modules/local-nodes/scripts/node.sh",
                      "gpuctl/terraform/modules/aws-gpu-instance-group/compute.tf",
                      "gpuctl/ansible/ansible.cfg", "gpuctl/ansible/playbooks/run.yml",
-                     "gpuctl/node/launcher.py", "gpuctl/node/fabricprobe.py", "gpuctl/node/relay.py"):
+                     "gpuctl/node/launcher.py", "gpuctl/node/fabricprobe.py", "gpuctl/node/relay.py",
+                     # the dashboard's pages and assets: no build step, nothing fetched at run time
+                     "gpuctl/dashboard/templates/clusters.html", "gpuctl/dashboard/static/dashboard.js",
+                     "gpuctl/dashboard/static/dashboard.css"):
         assert expected in names, expected
     assert not any("/.terraform/" in n or n.endswith(".tfstate") for n in names)
 

@@ -9,24 +9,25 @@ function problem(text) {
   box.textContent = text || "";
 }
 
+async function refresh(section) {
+  try {
+    const answer = await fetch(location.href, {credentials: "same-origin", headers: {"Accept": "text/html"}});
+    if (!answer.ok) throw new Error(`the dashboard answered ${answer.status}`);
+    const doc = new DOMParser().parseFromString(await answer.text(), "text/html");
+    const fresh = doc.getElementById("live");
+    if (fresh) section.replaceChildren(...fresh.childNodes);
+    const stamp = doc.getElementById("updated");
+    if (stamp) document.getElementById("updated").textContent = stamp.textContent;
+    problem("");
+  } catch (err) {
+    problem(`Could not refresh this page: ${err.message}. Is \`gpuctl dashboard\` still running?`);
+  }
+}
+
 function refreshLive(section) {
   const every = parseFloat(section.dataset.refresh || "0");
   if (!(every > 0)) return;
-  setInterval(async () => {
-    if (document.hidden) return;
-    try {
-      const answer = await fetch(location.href, {credentials: "same-origin", headers: {"Accept": "text/html"}});
-      if (!answer.ok) throw new Error(`the dashboard answered ${answer.status}`);
-      const doc = new DOMParser().parseFromString(await answer.text(), "text/html");
-      const fresh = doc.getElementById("live");
-      if (fresh) section.replaceChildren(...fresh.childNodes);
-      const stamp = doc.getElementById("updated");
-      if (stamp) document.getElementById("updated").textContent = stamp.textContent;
-      problem("");
-    } catch (err) {
-      problem(`Could not refresh this page: ${err.message}. Is \`gpuctl dashboard\` still running?`);
-    }
-  }, every * 1000);
+  setInterval(() => { if (!document.hidden) refresh(section); }, every * 1000);
 }
 
 function followLog(pre) {
@@ -44,6 +45,8 @@ function followLog(pre) {
   source.addEventListener("failure", (event) => problem(event.data));
   source.addEventListener("end", (event) => {
     source.close();
+    const live = document.getElementById("live");
+    if (live) refresh(live);  // the job's (or action's) end, in the page's facts at once
     let how = {};
     try { how = JSON.parse(event.data); } catch (err) { how = {}; }
     if (how.returncode !== undefined && how.returncode !== null) {

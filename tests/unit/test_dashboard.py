@@ -1,0 +1,165 @@
+"""The dashboard's parts without a browser: the guard's decisions, the read model over a seeded
+state (sorting, filters, pages that never grow past MAX_PER_PAGE, costs per cluster and day), and
+the commands its actions run (nothing from a request can become an option)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from starlette.requests import Request
+
+from gpuctl.common.errors import UserError
+from gpuctl.dashboard import commands, readmodel, serve
+from gpuctl.dashboard.security import Guard, allowed_hosts, host_of
+from gpuctl.state.registry import Registry
+
+
+def request(method: str = "GET", path: str = "/clusters", query: str = "", **headers: str) -> Request:
+    raw = [(k.replace("_", "-").lower().encode(), v.encode()) for k, v in {"host": "127.0.0.1:8642", **headers}.items()]
+    return Request({"type": "http", "method": method, "path": path, "query_string": query.encode(), "headers": raw,
+                    "scheme": "http", "server": ("127.0.0.1", 8642), "root_path": ""})
+
+
+GUARD = Guard(token="s3cret", port=8642, allowed_hosts=allowed_hosts("127.0.0.1"))
+
+
+def test_host_header_names_without_ports():
+    assert host_of("127.0.0.1:8642") == "127.0.0.1" and host_of("[::1]:80") == "::1"
+    assert host_of("LocalHost") == "localhost" and host_of("::1") == "::1"
+    assert allowed_hosts("0.0.0.0") is None and "10.0.0.5" in allowed_hosts("10.0.0.5")  # type: ignore[operator]
+
+
+def test_the_token_is_needed_and_moves_from_the_url_into_a_cookie():
+    assert GUARD.refusal(request()).status_code == 403  # type: ignore[union-attr]
+    assert GUARD.refusal(request(authorization="Bearer nope")).status_code == 403  # type: ignore[union-attr]
+    assert GUARD.refusal(request(authorization="Bearer s3cret")) is None
+    assert GUARD.refusal(request(cookie="gpuctl-dashboard-8642=s3cret")) is None
+    assert GUARD.refusal(request(cookie="gpuctl-dashboard-9999=s3cret")).status_code == 403  # type: ignore[union-attr]
+    moved = GUARD.refusal(request(query="token=s3cret&page=2"))
+    assert moved is not None and moved.status_code == 303 and moved.headers["location"] == "/clusters?page=2"
+    cookie = moved.headers["set-cookie"]
+    assert "s3cret" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert GUARD.refusal(request(query="token=wrong")).status_code == 403  # type: ignore[union-attr]
+
+
+def test_a_foreign_host_and_cross_site_posts_are_refused_even_with_the_token():
+    auth = {"authorization": "Bearer s3cret"}
+    assert GUARD.refusal(request(host="evil.example:8642", **auth)).status_code == 403  # type: ignore[union-attr]
+    assert GUARD.refusal(request(host="localhost:8642", **auth)) is None
+    post = {**auth, "origin": "http://evil.example"}
+    assert GUARD.refusal(request("POST", "/actions/down", **post)).status_code == 403  # type: ignore[union-attr]
+    same = {"cookie": "gpuctl-dashboard-8642=s3cret", "origin": "http://127.0.0.1:8642"}
+    assert GUARD.refusal(request("POST", "/actions/down", **same)) is None
+    cross = {"cookie": "gpuctl-dashboard-8642=s3cret", "sec_fetch_site": "cross-site"}
+    assert GUARD.refusal(request("POST", "/actions/down", **cross)).status_code == 403  # type: ignore[union-attr]
+    bare = {"cookie": "gpuctl-dashboard-8642=s3cret"}  # a browser sends Origin or Sec-Fetch-Site; this is neither
+    assert GUARD.refusal(request("POST", "/actions/down", **bare)).status_code == 403  # type: ignore[union-attr]
+    assert GUARD.refusal(request("POST", "/actions/down", **auth)) is None  # a script with the bearer token
+    assert GUARD.csrf_ok(GUARD.csrf_token()) and not GUARD.csrf_ok("") and not GUARD.csrf_ok("x" * 64)
+
+
+def test_no_token_is_for_loopback_only_and_a_bad_host_is_one_line():
+    serve.check_bind("127.0.0.1", no_token=True)
+    serve.check_bind("0.0.0.0", no_token=False)
+    with pytest.raises(UserError, match="--no-token"):
+        serve.check_bind("0.0.0.0", no_token=True)
+    open_guard = Guard(token=None, port=1, allowed_hosts=allowed_hosts("127.0.0.1"))
+    assert open_guard.refusal(request(host="127.0.0.1:1")) is None
+    with pytest.raises(UserError, match="--host 192.0.2.1"):
+        serve.bind("192.0.2.1", 0)
+    held = serve.bind("127.0.0.1", 0)
+    try:
+        with pytest.raises(UserError, match=f"--port {held.getsockname()[1]}"):
+            serve.bind("127.0.0.1", held.getsockname()[1])
+    finally:
+        held.close()
+    assert serve.url_for("::1", 8642, "t") == "http://[::1]:8642/clusters?token=t"
+
+
+def test_commands_take_only_names_and_numbers():
+    assert commands.cancel_words("train", 3) == ["cancel", "train", "3"]
+    assert commands.logs_words("train", 3, 1, follow=False) == ["logs", "train", "3", "--tail", "0", "--rank", "1",
+                                                                 "--no-follow"]
+    for bad in ("-a", "--all", "a b", "../x", ""):
+        with pytest.raises(UserError):
+            commands.down_words(bad)
+    with pytest.raises(ValueError):
+        commands.cancel_words("train", "--all")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def seeded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
+    registry = Registry(remote=None)
+    now = time.time()
+    for i in range(230):
+        name = f"c{i:03d}"
+        registry.upsert_cluster(name, cloud="aws", region="us-east-1", zone=None, num_nodes=1 + i % 4,
+                                status="STOPPED" if i % 10 == 0 else "UP",
+                                request={"accelerator": "H100", "gpus_per_node": 8})
+        registry.open_segment(name, cloud="aws", region="us-east-1", instance_type="p5.48xlarge",
+                              num_nodes=1 + i % 4, use_spot=False, node_price=10.0, price_source="test")
+        job = registry.new_job(name, name=f"python train.py --run {i}", num_nodes=1)
+        registry.update_job(name, job.job_id, status="FAILED", started_at=now - 60, ended_at=now - 30,
+                            returncodes={0: 7}, failed_rank=0)
+    registry.open_segment("gone", cloud="aws", region="us-east-1", instance_type="p5.48xlarge", num_nodes=2,
+                          use_spot=False, node_price=50.0, price_source="test")
+    registry.close_segment("gone", "down")
+    return registry
+
+
+def test_clusters_are_filtered_sorted_and_paged(seeded: Registry):
+    first = readmodel.clusters(seeded)
+    assert first.total == 230 and len(first.rows) == readmodel.PER_PAGE and first.pages == 5
+    assert first.rows[0]["name"] == "c000" and first.rows[0]["accelerators"] == "H100:8"
+    by_nodes = readmodel.clusters(seeded, sort="nodes", descending=True, per_page=10)
+    assert all(r["num_nodes"] == 4 for r in by_nodes.rows)
+    stopped = readmodel.clusters(seeded, status="STOPPED", per_page=1000)
+    assert stopped.total == 23 and stopped.per_page == readmodel.MAX_PER_PAGE
+    assert [r["name"] for r in readmodel.clusters(seeded, query="C22").rows] == [f"c22{i}" for i in range(10)]
+    assert readmodel.clusters(seeded, page=99).rows == []
+    gone = readmodel.gone_clusters(seeded)
+    assert [r["name"] for r in gone.rows] == ["gone"] and gone.rows[0]["status"] == "DOWN"
+
+
+def test_jobs_are_paged_latest_first_with_the_failing_rank_and_code(seeded: Registry):
+    page = readmodel.jobs(seeded, per_page=20)
+    assert page.total == 230 and len(page.rows) == 20
+    row = page.rows[0]
+    assert row["failed_rank"] == 0 and row["exit_code"] == 7 and row["duration_s"] == 30.0 and row["user"] != "-"
+    assert readmodel.jobs(seeded, cluster="c007").total == 1
+    assert readmodel.jobs(seeded, status="RUNNING").total == 0
+
+
+def test_cost_per_cluster_and_per_day(seeded: Registry):
+    doc = readmodel.cost(seeded, per_page=10)
+    assert doc["rows"].total == 231 and len(doc["rows"].rows) == 10
+    labels = [b["label"] for b in doc["by_cluster"]]
+    assert len(labels) == 16 and labels[-1] == "others" and max(b["width"] for b in doc["by_cluster"]) == 100.0
+    assert doc["by_day"] and abs(sum(b["value"] for b in doc["by_day"]) - doc["total"]) < 0.05
+
+
+def test_spreading_a_segment_over_days_keeps_its_cost():
+    per_day: dict[str, float] = {}
+    start = time.mktime((2026, 11, 1, 22, 0, 0, 0, 0, -1))
+    from gpuctl.state.registry import Segment
+
+    seg = Segment("x", "aws", None, None, 2, False, 3.0, "t", start, start + 6 * 3600, "down")
+    readmodel._spread_by_day(seg, seg.started_at, seg.ended_at, per_day)  # type: ignore[arg-type]
+    assert per_day == {"2026-11-01": pytest.approx(12.0), "2026-11-02": pytest.approx(24.0)}
+
+
+def test_pairs_as_a_matrix_and_the_bring_up_as_bars():
+    report = {"pairs": [{"ranks": [0, 1], "busbw_gbps": 40.0}, {"ranks": [1, 2], "busbw_gbps": 10.0},
+                        {"ranks": [2, 0], "busbw_gbps": 38.0, "wrong": False}], "slow_nodes": []}
+    matrix = readmodel.pair_matrix(report, ["head", "worker1", "worker2"])
+    assert matrix is not None and matrix["best"] == 40.0
+    assert matrix["cells"][1][2]["slow"] and not matrix["cells"][0][1]["slow"] and matrix["cells"][0][0] is None
+    assert matrix["cells"][2][1] is matrix["cells"][1][2]
+    assert readmodel.pair_matrix(None, []) is None
+    bars = readmodel.timeline([{"phase": "provision", "started_at": 100.0, "seconds": 2.0},
+                               {"phase": "prepare", "started_at": 102.0, "seconds": 6.0}], None, now=200.0)
+    assert bars is not None and bars["span_s"] == 8.0 and bars["bars"][1]["left"] == 25.0
+    assert bars["bars"][1]["width"] == 75.0
