@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from e2e import REPO, Cluster, gpuctl_env, needs_local_nodes, queue_rows, wait_for
+from e2e import REPO, Cluster, gpuctl_env, gpuctl_python, needs_local_nodes, queue_rows, wait_for
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -188,6 +188,47 @@ def test_cancel_from_the_page_shows_in_gpuctl_queue(dash, page):
     wait_for("CANCELLED in gpuctl queue", cancelled, timeout=10, interval=0.1)
     assert time.monotonic() - clicked <= 2.0, time.monotonic() - clicked
     expect(page.locator("#log-state")).to_have_text("done", timeout=10000)
+    assert page.errors == [], page.errors
+
+
+# A managed job that ended after one recovery, written through the managed store's own API: the
+# page's timeline and per-attempt logs need a recovery, which a real one would take minutes to make.
+SEEDED_MANAGED = """
+import time
+from gpuctl.managed.store import Event, Store, attempt_log
+store = Store()
+job = store.create(name="seeded-train", launch={}, cluster_of=lambda i: f"seeded-{i}", task_id_of=lambda i: f"t-{i}")
+now = time.time()
+store.add_event(Event(job=job.id, attempt=1, kind="recovery", cause="node worker1 lost (spot preemption)",
+                      nodes=["1"], detected_at=now - 100, resumed_at=now - 57.5, exit_code=None, failed_rank=None))
+for k in (1, 2):
+    attempt_log(job.id, k).parent.mkdir(parents=True, exist_ok=True)
+    attempt_log(job.id, k).write_text(f"attempt {k} says <i>hi</i>\\n")
+store.set_status(job.id, "SUCCEEDED", attempt=2, recoveries=1, started_at=now - 200, ended_at=now - 10)
+print(job.id)
+"""
+
+
+def test_a_managed_jobs_recoveries_and_attempt_logs_show(dash, page):
+    cluster, base, shots = dash
+    made = gpuctl_python(SEEDED_MANAGED, env=gpuctl_env(cluster.state_dir))
+    assert made.returncode == 0, made.stderr
+    job = int(made.stdout.split()[-1])
+    page.goto(f"{base}/managed")
+    row = page.locator("#live tr", has_text="seeded-train").inner_text()
+    assert "SUCCEEDED" in row and "seeded-" in row, row
+    page.goto(f"{base}/managed/{job}")
+    timeline = page.locator("ol.recoveries").inner_text()
+    assert "node worker1 lost (spot preemption)" in timeline and "nodes replaced: 1" in timeline, timeline
+    assert "running again after 42.5 s" in timeline, timeline
+    expect(page.locator("#log-state")).to_contain_text("SUCCEEDED", timeout=15000)
+    log = page.locator("#log").inner_text()
+    assert "== attempt 2: after node worker1 lost (spot preemption) ==" in log and "attempt 1 says <i>hi</i>" in log
+    assert page.locator("#log i").count() == 0
+    page.goto(f"{base}/managed/{job}?attempt=1")
+    expect(page.locator("#log")).to_contain_text("attempt 1 says", timeout=15000)
+    assert "attempt 2 says" not in page.locator("#log").inner_text()
+    shoot(page, shots, "managed")
     assert page.errors == [], page.errors
 
 

@@ -89,10 +89,11 @@ def test_commands_take_only_names_and_numbers():
         commands.cancel_words("train", "--all")  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def seeded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
-    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path))
-    registry = Registry(remote=None)
+@pytest.fixture(scope="module")
+def seeded_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state dir with 230 clusters (every tenth STOPPED), a failed job on each, one gone cluster."""
+    state = tmp_path_factory.mktemp("dashboard-state")
+    registry = Registry(state / "state.db", remote=None)
     now = time.time()
     for i in range(230):
         name = f"c{i:03d}"
@@ -107,7 +108,13 @@ def seeded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
     registry.open_segment("gone", cloud="aws", region="us-east-1", instance_type="p5.48xlarge", num_nodes=2,
                           use_spot=False, node_price=50.0, price_source="test")
     registry.close_segment("gone", "down")
-    return registry
+    return state
+
+
+@pytest.fixture
+def seeded(seeded_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(seeded_dir))
+    return Registry(remote=None)
 
 
 def test_clusters_are_filtered_sorted_and_paged(seeded: Registry):
@@ -163,3 +170,97 @@ def test_pairs_as_a_matrix_and_the_bring_up_as_bars():
                                {"phase": "prepare", "started_at": 102.0, "seconds": 6.0}], None, now=200.0)
     assert bars is not None and bars["span_s"] == 8.0 and bars["bars"][1]["left"] == 25.0
     assert bars["bars"][1]["width"] == 75.0
+
+
+def test_the_cluster_page_draws_health_findings_the_timeline_and_the_pairs():
+    from gpuctl.dashboard.app import Dashboard
+
+    nodes = [{"rank": r, "name": n, "address": f"10.0.0.{r}", "gpus": 8, "ssh": "u@h:22", "fabric": "efa x32 (eth0)",
+              "transport": "NET/AWS Libfabric", "verdict": v, "action": a, "findings": f, "checked_at": 1.0}
+             for r, n, v, a, f in ((0, "head", "healthy", None, []),
+                                   (1, "worker1", "unhealthy", "replace",
+                                    [{"check": "xid", "action": "replace", "device": "GPU3",
+                                      "text": "Xid 79 <script>alert(1)</script>"}]),
+                                   (2, "worker2", None, None, []))]
+    doc = {"name": "c1", "exists": True, "status": "UP", "infra": "aws/us-east-1", "num_nodes": 3,
+           "accelerators": "H100:8", "instance_type": "p5.48xlarge", "created_at": 1.0, "nodes": nodes,
+           "fabric": "efa", "jobs": [], "age_s": 60.0, "cost_so_far": 3.0, "per_hour": 295.0, "price_source": "t",
+           "no_cloud_bill": False, "autostop": "autostop after 10 idle minute(s)", "autostop_left_s": 420.0,
+           "autostop_seen_at": 2.0, "health": "1 healthy, 1 unhealthy", "check": None,
+           "timeline": readmodel.timeline([{"phase": "provision", "started_at": 100.0, "seconds": 20.0},
+                                           {"phase": "prepare", "started_at": 120.0, "seconds": 9.0},
+                                           {"phase": "wait", "started_at": 120.0, "seconds": 3.0}], None, now=0),
+           "pairs": readmodel.pair_matrix({"pairs": [{"ranks": [0, 1], "busbw_gbps": 40.0},
+                                                     {"ranks": [1, 2], "busbw_gbps": 9.0},
+                                                     {"ranks": [2, 0], "busbw_gbps": 39.0}],
+                                           "slow_nodes": ["worker1"], "problem": None}, ["head", "worker1", "worker2"])}
+    board = Dashboard(Guard(token="t", port=1, allowed_hosts=None))
+    html = board.env.get_template("cluster.html").render(request=request(path="/clusters/c1"), c=doc, csrf="x",
+                                                        version="0", now=0.0, sync_error=None, shared=False,
+                                                        title="Cluster c1")
+    assert "Xid 79 &lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>alert" not in html
+    assert "→ replace" in html and "7m 0s left" in html and "NET/AWS Libfabric" in html
+    assert html.count('class="slow"') == 2 and html.count('class="pair"') == 4 and html.count('class="none"') == 3
+    assert html.count('class="tl-row inner"') == 1 and "29.0 s in all" in html
+    assert 'name="csrf" value="x"' in html and "Type <strong>c1</strong> to confirm" in html
+
+
+@pytest.fixture
+def served(seeded: Registry):
+    """The dashboard app over the seeded state, served by uvicorn in a thread on a free port."""
+    import threading
+
+    import uvicorn
+
+    from gpuctl.dashboard.app import Dashboard
+
+    sock = serve.bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    guard = Guard(token="t0k", port=port, allowed_hosts=allowed_hosts("127.0.0.1"))
+    server = uvicorn.Server(uvicorn.Config(Dashboard(guard).app(), log_level="error", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 10
+    while not server.started and time.time() < deadline:
+        time.sleep(0.02)
+    yield port, guard
+    server.should_exit = True
+    thread.join(10)
+
+
+def fetch(port: int, method: str, path: str, body: str = "", **headers: str) -> tuple[int, str]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, body=body.encode(), headers={"Authorization": "Bearer t0k", **headers})
+        answer = conn.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        conn.close()
+
+
+def test_pages_answer_with_their_state_and_errors_in_the_page(served, seeded: Registry, seeded_dir: Path):
+    import json
+
+    port, guard = served
+    status, text = fetch(port, "GET", "/api/jobs?per_page=100000")
+    doc = json.loads(text)
+    assert status == 200 and doc["page"]["per_page"] == 200 and len(doc["page"]["rows"]) == 200
+    assert doc["page"]["total"] == 230 and len(text) < 1_000_000
+    status, text = fetch(port, "GET", "/clusters?sort=cost&dir=desc&q=c1")
+    assert status == 200 and "c1" in text
+    (seeded_dir / "clusters" / "c229").mkdir(parents=True, exist_ok=True)
+    (seeded_dir / "clusters" / "c229" / "inventory.yml").write_text("all: [unclosed")  # broken by hand
+    status, text = fetch(port, "GET", "/clusters/c229")
+    assert status == 400 and "inventory.yml" in text, text  # said in the page, not a bare 500
+    status, text = fetch(port, "GET", "/clusters/nope")
+    assert status == 404 and "No cluster" in text
+    form = {"Content-Type": "application/x-www-form-urlencoded", "Origin": f"http://127.0.0.1:{port}"}
+    status, text = fetch(port, "POST", "/actions/down", f"cluster=c007&confirm=c008&csrf={guard.csrf_token()}",
+                         **form)
+    assert status == 400 and "type its name" in text and seeded.cluster("c007") is not None  # nothing was done
+    status, text = fetch(port, "POST", "/actions/cancel", f"cluster=-a&job=1&csrf={guard.csrf_token()}", **form)
+    assert status == 400 and "cluster name &#39;-a&#39;" in text
+    status, _ = fetch(port, "POST", "/actions/cancel", "cluster=c007&job=1&csrf=forged", **form)
+    assert status == 403

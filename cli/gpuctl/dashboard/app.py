@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 from urllib.parse import parse_qs
@@ -288,8 +290,16 @@ class Dashboard:
                                                             per_page=_int(r, "per_page", 100)))),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
-        return Starlette(routes=routes, lifespan=self._lifespan, exception_handlers={UserError: self._user_error},
+        return Starlette(routes=routes, lifespan=self._lifespan,
+                         exception_handlers={UserError: self._user_error, Exception: self._failure},
                          middleware=[Middleware(GuardMiddleware, guard=self.guard)])
+
+    def _failure(self, request: Request, exc: Exception) -> Response:
+        """A page that could not be made says why, in the page (the traceback goes to the terminal)."""
+        traceback.print_exception(exc, file=sys.stderr)
+        return self.render(request, "error.html", status_code=500, title="This page could not be made",
+                           message=f"{type(exc).__name__}: {exc} (the terminal running `gpuctl dashboard` has the "
+                                   "details)")
 
     def _user_error(self, request: Request, exc: Exception) -> Response:
         return self.render(request, "error.html", status_code=400, title="Bad request", message=str(exc))
