@@ -154,7 +154,9 @@ def test_spreading_a_segment_over_days_keeps_its_cost():
     from gpuctl.state.registry import Segment
 
     seg = Segment("x", "aws", None, None, 2, False, 3.0, "t", start, start + 6 * 3600, "down")
-    readmodel._spread_by_day(seg, seg.started_at, seg.ended_at, per_day)  # type: ignore[arg-type]
+    edges = readmodel.day_edges(start + 30 * 3600, days=3)
+    assert [d for d, _, _ in edges] == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    readmodel.spread_by_day(seg, seg.started_at, seg.ended_at, edges, per_day)  # type: ignore[arg-type]
     assert per_day == {"2026-11-01": pytest.approx(12.0), "2026-11-02": pytest.approx(24.0)}
 
 

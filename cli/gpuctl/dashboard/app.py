@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -82,6 +83,17 @@ class Dashboard:
         self.heads = HeadWatch()
         self.actions = commands.Actions()
         self.sync = SharedStateSync() if shared else None
+        for name in self.env.list_templates():  # compiled once, not on a user's first visit
+            self.env.get_template(name)
+
+    @functools.cached_property
+    def registry(self) -> Registry:
+        """One for every request: its constructor checks the schema (a write), its reads do not."""
+        return Registry()
+
+    @functools.cached_property
+    def store(self) -> Store:
+        return Store()
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -103,7 +115,7 @@ class Dashboard:
     def clusters_doc(self, request: Request) -> dict[str, Any]:
         q = request.query_params
         tab = q.get("tab", "up")
-        registry = Registry()
+        registry = self.registry
         if tab == "history":
             page = readmodel.gone_clusters(registry, query=q.get("q", ""), page=_int(request, "page", 1),
                                            per_page=_int(request, "per_page", readmodel.PER_PAGE))
@@ -120,21 +132,21 @@ class Dashboard:
 
     def cluster(self, request: Request) -> Response:
         name = request.path_params["name"]
-        doc = readmodel.cluster(Registry(), name, idle=self.heads.idle)
+        doc = readmodel.cluster(self.registry, name, idle=self.heads.idle)
         if doc is None:
             return self.not_found(request, f"No cluster '{name}' in this state (nor jobs of one).")
         return self.render(request, "cluster.html", title=f"Cluster {name}", c=doc)
 
     def jobs(self, request: Request) -> Response:
         q = request.query_params
-        page = readmodel.jobs(Registry(), cluster=q.get("cluster"), status=q.get("status"),
+        page = readmodel.jobs(self.registry, cluster=q.get("cluster"), status=q.get("status"),
                               page=_int(request, "page", 1), per_page=_int(request, "per_page", readmodel.PER_PAGE))
         return self.render(request, "jobs.html", title="Jobs", page=page, cluster=q.get("cluster", ""),
                            status=q.get("status", ""), states=JOB_STATES + ("LOST",))
 
     def job(self, request: Request) -> Response:
         name, job_id = request.path_params["name"], request.path_params["job_id"]
-        doc = readmodel.job(Registry(), name, job_id)
+        doc = readmodel.job(self.registry, name, job_id)
         if doc is None:
             return self.not_found(request, f"Cluster '{name}' has no job {job_id}.")
         rank = request.query_params.get("rank")
@@ -142,19 +154,19 @@ class Dashboard:
                            rank=int(rank) if rank and rank.isdigit() else None)
 
     def managed(self, request: Request) -> Response:
-        page = readmodel.managed_jobs(Store(), page=_int(request, "page", 1),
+        page = readmodel.managed_jobs(self.store, page=_int(request, "page", 1),
                                       per_page=_int(request, "per_page", readmodel.PER_PAGE))
         return self.render(request, "managed.html", title="Managed jobs", page=page)
 
     def managed_job(self, request: Request) -> Response:
         job_id = request.path_params["job_id"]
-        doc = readmodel.managed_job(Store(), job_id)
+        doc = readmodel.managed_job(self.store, job_id)
         if doc is None:
             return self.not_found(request, f"No managed job {job_id}.")
         return self.render(request, "managed_job.html", title=f"Managed job {job_id}", m=doc)
 
     def cost(self, request: Request) -> Response:
-        doc = readmodel.cost(Registry(), page=_int(request, "page", 1), per_page=_int(request, "per_page", 100))
+        doc = readmodel.cost(self.registry, page=_int(request, "page", 1), per_page=_int(request, "per_page", 100))
         return self.render(request, "cost.html", title="Cost", cost=doc)
 
     def action_page(self, request: Request) -> Response:
@@ -181,7 +193,7 @@ class Dashboard:
         words = commands.logs_words(name, job_id, int(rank) if rank and rank.isdigit() else None, follow=True)
 
         def ended() -> dict[str, Any]:
-            record = Registry().job(name, job_id)
+            record = self.registry.job(name, job_id)
             return {"status": record.status if record else None}
         return _sse(request, commands.lines_of(words), ended)
 
@@ -191,7 +203,7 @@ class Dashboard:
                                             int(attempt) if attempt and attempt.isdigit() else None)
 
         def ended() -> dict[str, Any]:
-            job = Store().get(request.path_params["job_id"])
+            job = self.store.get(request.path_params["job_id"])
             return {"status": job.status if job else None}
         return _sse(request, commands.lines_of(words), ended)
 
@@ -279,14 +291,14 @@ class Dashboard:
             Route("/actions/{run}", self.action_page),
             Route("/actions/{run}/events", self.action_events),
             Route("/api/clusters", api(self.clusters_doc)),
-            Route("/api/clusters/{name}", api(lambda r: readmodel.cluster(Registry(), r.path_params["name"],
+            Route("/api/clusters/{name}", api(lambda r: readmodel.cluster(self.registry, r.path_params["name"],
                                                                           idle=self.heads.idle))),
             Route("/api/jobs", api(lambda r: {"page": readmodel.jobs(
-                Registry(), cluster=r.query_params.get("cluster"), status=r.query_params.get("status"),
+                self.registry, cluster=r.query_params.get("cluster"), status=r.query_params.get("status"),
                 page=_int(r, "page", 1), per_page=_int(r, "per_page", readmodel.PER_PAGE))})),
             Route("/api/managed", api(lambda r: {"page": readmodel.managed_jobs(
-                Store(), page=_int(r, "page", 1), per_page=_int(r, "per_page", readmodel.PER_PAGE))})),
-            Route("/api/cost", api(lambda r: readmodel.cost(Registry(), page=_int(r, "page", 1),
+                self.store, page=_int(r, "page", 1), per_page=_int(r, "per_page", readmodel.PER_PAGE))})),
+            Route("/api/cost", api(lambda r: readmodel.cost(self.registry, page=_int(r, "page", 1),
                                                             per_page=_int(r, "per_page", 100)))),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]

@@ -340,11 +340,11 @@ def cost(registry: Registry, *, page: int = 1, per_page: int = 100, days: int = 
     for r in billed:
         per_cluster[r["name"]] = per_cluster.get(r["name"], 0.0) + r["cost"]
     per_day: dict[str, float] = {}
-    start_day = now - days * 86400
+    edges = day_edges(now, days)
     for seg in segments:
         if seg.node_price in (None, 0.0):
             continue
-        _spread_by_day(seg, max(seg.started_at, start_day), seg.ended_at or now, per_day)
+        spread_by_day(seg, seg.started_at, seg.ended_at or now, edges, per_day)
     top = sorted(per_cluster.items(), key=lambda kv: -kv[1])
     ordered = list(reversed(rows))
     return {"rows": Page(ordered[(page - 1) * per_page: page * per_page], page, per_page, len(rows)),
@@ -353,15 +353,25 @@ def cost(registry: Registry, *, page: int = 1, per_page: int = 100, days: int = 
             "by_day": bars(sorted(per_day.items())[-days:])}
 
 
-def _spread_by_day(seg: Segment, start: float, end: float, out: dict[str, float]) -> None:
+def day_edges(now: float, days: int) -> list[tuple[str, float, float]]:
+    """The last `days` local days up to `now`: (date, start, end) each, oldest first."""
+    edges = []
+    lt = time.localtime(now)
+    for back in range(days - 1, -1, -1):
+        start = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday - back, 0, 0, 0, 0, 0, -1))
+        end = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday - back + 1, 0, 0, 0, 0, 0, -1))
+        edges.append((time.strftime("%Y-%m-%d", time.localtime(start)), start, end))
+    return edges
+
+
+def spread_by_day(seg: Segment, start: float, end: float, edges: Sequence[tuple[str, float, float]],
+                  out: dict[str, float]) -> None:
+    """What the segment cost on each of the days in `edges` (its stretch outside them is not charted)."""
     rate = (seg.node_price or 0.0) * seg.num_nodes / 3600.0
-    while start < end:
-        day = time.strftime("%Y-%m-%d", time.localtime(start))
-        lt = time.localtime(start)
-        midnight = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday + 1, 0, 0, 0, 0, 0, -1))
-        stop = min(end, midnight)
-        out[day] = out.get(day, 0.0) + rate * (stop - start)
-        start = stop
+    for day, day_start, day_end in edges:
+        overlap = min(end, day_end) - max(start, day_start)
+        if overlap > 0:
+            out[day] = out.get(day, 0.0) + rate * overlap
 
 
 def bars(items: Sequence[tuple[str, float]], others: float = 0.0) -> list[dict[str, Any]]:
