@@ -266,3 +266,24 @@ def test_pages_answer_with_their_state_and_errors_in_the_page(served, seeded: Re
     assert status == 400 and "cluster name &#39;-a&#39;" in text
     status, _ = fetch(port, "POST", "/actions/cancel", "cluster=c007&job=1&csrf=forged", **form)
     assert status == 403
+
+
+def test_with_shared_state_the_dashboard_shows_every_runners_clusters(state_bucket, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch):
+    """Runner A writes a cluster and a job to the state bucket; the dashboard (runner B, another state
+    dir, the same bucket) shows both after one background pass, as `gpuctl status` would."""
+    from gpuctl.dashboard.refresh import SharedStateSync
+    from mototest import STATE_BUCKET
+
+    runner_a = Registry(tmp_path / "a" / "state.db", remote=state_bucket)
+    runner_a.upsert_cluster("team-run", cloud="local", region=None, zone=None, num_nodes=2, status="UP",
+                            request={"state": state_bucket.where("team-run")})
+    job = runner_a.new_job("team-run", name="python train.py", num_nodes=2)
+    monkeypatch.setenv("GPUCTL_STATE_BUCKET", STATE_BUCKET)
+    monkeypatch.setenv("GPUCTL_STATE_PREFIX", "ci/gpuctl")
+    assert readmodel.clusters(Registry()).total == 0  # this runner never saw it
+    sync = SharedStateSync()
+    sync.once()
+    assert sync.last_error is None
+    assert [r["name"] for r in readmodel.clusters(Registry()).rows] == ["team-run"]
+    assert [(j["cluster"], j["id"]) for j in readmodel.jobs(Registry()).rows] == [("team-run", job.job_id)]

@@ -76,13 +76,17 @@ class SharedStateSync(threading.Thread):
         self.last_error: str | None = None
 
     def run(self) -> None:
+        while not self.stopped.is_set():
+            self.once()
+            self.stopped.wait(self.every)
+
+    def once(self) -> None:
+        """One pass: the bucket's clusters (with their jobs) and managed jobs into the working copy."""
         from gpuctl.managed.store import Store  # only with shared state
 
-        while not self.stopped.is_set():
-            try:
-                Registry().adopt_all()
-                Store().pull()
-                self.last_error = None
-            except Exception as exc:  # noqa: BLE001 - shown on the pages; the next pass tries again
-                self.last_error = f"the state bucket could not be read: {exc}"
-            self.stopped.wait(self.every)
+        try:
+            Registry().adopt_all()
+            Store().pull()
+            self.last_error = None
+        except Exception as exc:  # noqa: BLE001 - shown on the pages; the next pass tries again
+            self.last_error = f"the state bucket could not be read: {exc}"
