@@ -29,7 +29,7 @@ from gpuctl.common.paths import cluster_dir, state_root
 
 if TYPE_CHECKING:
     from gpuctl.common.console import Reporter
-    from gpuctl.jobplane.runner import JobRunner, JobSpec, LeftoverReport
+    from gpuctl.jobplane.runner import JobRunner, JobSpec
     from gpuctl.provision.inventory import Inventory
     from gpuctl.spec import Task
     from gpuctl.spec.request import ClusterRequest
@@ -491,7 +491,7 @@ def cancel(
     as_json = wants_json(output_format)
     say = functools.partial(typer.echo, err=as_json)
     runner = _job_runner(name, Reporter(stream=sys.stderr) if as_json else None)
-    inv, registry = runner.inv, runner.registry
+    registry = runner.registry
     if all_jobs and job_id is not None:
         raise UserError("give a JOB id or --all, not both")
     unfinished = [j for j in registry.jobs(name) if j.status not in TERMINAL_JOB_STATES]
@@ -500,37 +500,22 @@ def cancel(
         target = [jobs.resolve_job(registry, name, job_id)]
         if target[0].status in TERMINAL_JOB_STATES:
             # Its record can be right while a rank whose owner was killed still runs: ask every node.
-            ended = target[0]
-            report = runner.stop_leftovers(ended.job_id, jobs.job_nodes(inv, ended))
-            say(f"Job {job_id} already ended: {ended.status}; " + _describe_leftovers(inv, report))
-            stopped[str(ended.job_id)] = list(report.stopped)
+            line, report = jobs.cancel(runner, target[0])
+            say(line)
+            stopped[str(target[0].job_id)] = list(report.stopped)
             target = []
     else:
         target = unfinished if all_jobs else unfinished[-1:]
         if not target:
             say(f"No unfinished jobs on cluster '{name}'.")
     for job in target:
-        report = runner.cancel(job.job_id, jobs.job_nodes(inv, job))
-        say(f"Job {job.job_id} cancelled on {job.num_nodes} node(s)."
-            + (f" {_describe_leftovers(inv, report)}" if report.unreachable else ""))
+        say(jobs.cancel(runner, job)[0])
     if as_json:  # the jobs asked about, as they are now (an ended one keeps its status)
         asked = [jobs.resolve_job(registry, name, job_id)] if job_id is not None else target
         output.emit("cancel", {"ok": True, "cluster": name, "cancelled": [j.job_id for j in target],
                                "leftovers_stopped": stopped,
                                "jobs": [output.job_doc(row) for j in asked
                                         if (row := registry.job(name, j.job_id)) is not None]})
-
-
-def _describe_leftovers(inv: Inventory, report: LeftoverReport) -> str:
-    """What the nodes' agents found of a job: stopped leftovers, nothing, or nodes not reached."""
-    names = {n.rank: f"{n.name} (rank {n.rank})" for n in inv.nodes}
-    parts = []
-    if report.stopped:
-        parts.append("stopped what still ran of it on " + ", ".join(names.get(r, str(r)) for r in report.stopped))
-    if report.unreachable:
-        parts.append("could not reach " + ", ".join(names.get(r, str(r)) for r in report.unreachable)
-                     + " to stop what may still run there")
-    return "; ".join(parts) or "nothing of it was running on its nodes"
 
 
 @app.command("ssh-config", cls=usage.HelpCommand, epilog=usage.examples_of("ssh-config"))

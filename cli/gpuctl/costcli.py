@@ -16,7 +16,6 @@ import typer
 from gpuctl import usage
 from gpuctl.common import output
 from gpuctl.common.output import OutputOption, wants_json
-from gpuctl.state.costs import segment_row
 
 if TYPE_CHECKING:
     from gpuctl.providers.base import Price
@@ -70,7 +69,8 @@ def register(app: typer.Typer) -> None:
     @app.command("cost-report", cls=usage.HelpCommand, epilog=usage.examples_of("cost-report"))
     def cost_report(output_format: str = OutputOption) -> None:
         """Estimated cost of every cluster this state dir made, the ones that are gone too (as `sky cost-report`)."""
-        from gpuctl.state.registry import Registry  # here: `gpuctl --help` needs no registry
+        from gpuctl.state.costs import segment_row  # here: `gpuctl --help` needs no registry
+        from gpuctl.state.registry import Registry
 
         registry = Registry()
         now = time.time()

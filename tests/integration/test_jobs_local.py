@@ -786,7 +786,7 @@ STATUS_KEYS = {"name", "status", "cloud", "region", "zone", "num_nodes", "nodes"
                "idle_s", "age_s", "cost_so_far", "per_hour", "price_source", "no_cloud_bill"}
 NODE_KEYS = {"name", "rank", "address", "ssh_user", "ssh_host", "ssh_port", "gpus", "node_id"}
 JOB_KEYS = {"id", "name", "status", "num_nodes", "submitted_at", "started_at", "ended_at", "submitted_epoch",
-            "started_epoch", "ended_epoch", "returncodes", "failed_rank", "detail"}
+            "started_epoch", "ended_epoch", "returncodes", "failed_rank", "detail", "user"}
 
 
 def json_of(res: Result) -> dict:

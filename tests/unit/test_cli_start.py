@@ -81,7 +81,7 @@ NOT_FOR_HELP = ("pydantic", "yaml", "boto3", "botocore", "ansible", "ansible_run
                 "rich", "cloudpickle", "importlib.metadata", "gpuctl.state", "gpuctl.providers", "gpuctl.provision",
                 "gpuctl.configplane", "gpuctl.jobplane", "gpuctl.healthcheck", "gpuctl.managed", "gpuctl.api",
                 "gpuctl.spec.models", "gpuctl.spec.loader", "gpuctl.spec.request", "gpuctl.common.config",
-                "gpuctl.common.console")
+                "gpuctl.common.console", "gpuctl.dashboard", "starlette", "uvicorn")
 # A job on a running cluster: the job plane, and none of the spec's models, Terraform, Ansible (a
 # warm cluster is prepared already), the clouds' SDKs or rich (its output here is plain).
 NOT_FOR_EXEC = ("pydantic", "boto3", "botocore", "ansible", "ansible_runner", "jinja2", "rich",

@@ -18,7 +18,7 @@ from gpuctl.state.registry import ClusterRecord, JobRecord
 
 NODE_KEYS = {"name", "rank", "address", "ssh_user", "ssh_host", "ssh_port", "gpus", "node_id"}
 JOB_KEYS = {"id", "name", "status", "num_nodes", "submitted_at", "started_at", "ended_at", "submitted_epoch",
-            "started_epoch", "ended_epoch", "returncodes", "failed_rank", "detail"}
+            "started_epoch", "ended_epoch", "returncodes", "failed_rank", "detail", "user"}
 CLUSTER_KEYS = {"name", "status", "cloud", "region", "zone", "num_nodes", "nodes", "last_job"}
 
 

@@ -251,8 +251,9 @@ class Dashboard:
         try:
             if what == "cancel":
                 name, job_id = check_cluster_name(str(form.get("cluster"))), int(str(form.get("job")))
-                run = self.actions.begin(f"Cancel job {job_id} on {name}", commands.cancel_words(name, job_id),
-                                         f"/clusters/{name}/jobs/{job_id}")
+                run = self.actions.begin_call(
+                    f"Cancel job {job_id} on {name}", functools.partial(commands.cancel_job, name, job_id),
+                    f"/clusters/{name}/jobs/{job_id}", "gpuctl " + " ".join(commands.cancel_words(name, job_id)))
             elif what == "cancel-managed":
                 job_id = int(str(form.get("job")))
                 run = self.actions.begin(f"Cancel managed job {job_id}", commands.cancel_managed_words(job_id),

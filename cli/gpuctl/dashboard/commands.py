@@ -1,11 +1,12 @@
-"""The dashboard's actions and live logs are gpuctl commands, run as the CLI runs them.
+"""The dashboard's actions and live logs do what the CLI does, with the CLI's own code.
 
-Cancel, a managed job's cancel and down are `gpuctl cancel`, `gpuctl jobs cancel` and `gpuctl down`
-in a child process: they do exactly what the CLI does (locks, leftovers, kept logs, shared state),
-and a `gpuctl queue` or `status` run beside them sees the result at once. A child is started in a
-session of its own, so stopping the dashboard does not cut a teardown short. Live logs are
-`gpuctl logs` (or `gpuctl jobs logs`) followed line by line: the same lines, live from the head or
-kept after the cluster went.
+Down and a managed job's cancel are `gpuctl down` and `gpuctl jobs cancel` in a child process:
+exactly what the CLI does (locks, kept logs, the supervisor, shared state), in a session of its own
+so that stopping the dashboard does not cut a teardown short. Cancelling a job is the function
+`gpuctl cancel` calls (jobplane.jobs.cancel), run in a thread here: the job is CANCELLED in the
+registry within moments of the click, with no interpreter to start first. Either way `gpuctl queue`
+and `status` see the result at once. Live logs are `gpuctl logs` (or `gpuctl jobs logs`) followed
+line by line: the same lines, live from the head or kept after the cluster went.
 
 Every argument is a validated cluster name or a number, after the command's own words: nothing a
 request carries can become an option.
@@ -14,13 +15,14 @@ request carries can become an option.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import secrets
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
 from gpuctl.common.safetext import printable
 from gpuctl.spec.request import check_cluster_name
@@ -36,6 +38,48 @@ def gpuctl_argv(words: Sequence[str]) -> list[str]:
 
 def cancel_words(cluster: str, job_id: int) -> list[str]:
     return ["cancel", check_cluster_name(cluster), str(int(job_id))]
+
+
+def cancel_job(cluster: str, job_id: int, say: Callable[[str], None]) -> int:
+    """`gpuctl cancel CLUSTER JOB`, in this process: the same function, the same lines."""
+    from gpuctl.common.console import Reporter
+    from gpuctl.jobplane import jobs
+    from gpuctl.jobplane.runner import JobRunner
+    from gpuctl.provision.provisioner import load_inventory_of
+    from gpuctl.state.registry import AUTODOWNED, STOPPED, Registry
+
+    registry = Registry()
+    record = registry.cluster(check_cluster_name(cluster))
+    inv = load_inventory_of(cluster) if record is not None else None
+    if record is None or inv is None or record.status in (AUTODOWNED, STOPPED):
+        say(f"error: cluster '{cluster}' is {'stopped' if record and record.status == STOPPED else 'gone'}: "
+            "nothing of its jobs runs there to cancel")
+        return 2
+    job = registry.job(cluster, job_id)
+    if job is None:
+        say(f"error: cluster '{cluster}' has no job {job_id}")
+        return 2
+    runner = JobRunner(inv, reporter=Reporter(stream=_Lines(say), plain=True), registry=registry)
+    say(jobs.cancel(runner, job)[0])
+    return 0
+
+
+class _Lines(io.TextIOBase):
+    """A text stream whose every whole line goes to `say` (a Reporter's output, in the page)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.say(line)
+        return len(text)
+
+    def isatty(self) -> bool:
+        return False
 
 
 def cancel_managed_words(job_id: int) -> list[str]:
@@ -134,12 +178,7 @@ class Actions:
 
     def begin(self, title: str, words: list[str], back: str) -> ActionRun:
         run = ActionRun(secrets.token_hex(8), title, words, back)
-        self.runs[run.id] = run
-        while len(self.runs) > MAX_RUNS:
-            oldest = next(iter(self.runs))
-            if self.runs[oldest].returncode is None:
-                break
-            del self.runs[oldest]
+        self._keep(run)
         task = asyncio.get_running_loop().create_task(self._run(run))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -159,6 +198,37 @@ class Actions:
             run.changed.set()
         run.returncode = await proc.wait()
         run.changed.set()
+
+    def begin_call(self, title: str, call: Callable[[Callable[[str], None]], int], back: str,
+                   command: str) -> ActionRun:
+        """An action done by a function of gpuctl's (`call(say)` -> exit code) in a worker thread."""
+        run = ActionRun(secrets.token_hex(8), title, command.split()[1:], back)
+        self._keep(run)
+        loop = asyncio.get_running_loop()
+
+        def say(line: str) -> None:
+            run.lines.append(printable(line))
+            loop.call_soon_threadsafe(run.changed.set)
+
+        async def work() -> None:
+            try:
+                run.returncode = await asyncio.to_thread(call, say)
+            except Exception as exc:  # noqa: BLE001 - the action's failure is its output, in the page
+                run.lines.append(printable(f"error: {exc}"))
+                run.returncode = 1
+            run.changed.set()
+        task = loop.create_task(work())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return run
+
+    def _keep(self, run: ActionRun) -> None:
+        self.runs[run.id] = run
+        while len(self.runs) > MAX_RUNS:
+            oldest = next(iter(self.runs))
+            if self.runs[oldest].returncode is None:
+                break
+            del self.runs[oldest]
 
     async def wait_done(self, run: ActionRun, timeout: float) -> None:
         """Until the run ended or `timeout` passed (a quick action's result shows on its page at once)."""

@@ -21,7 +21,7 @@ from gpuctl.common.errors import UserError
 from gpuctl.jobplane import agentcall, client, joblogs
 from gpuctl.node import protocol
 from gpuctl.jobplane.events import Outcome
-from gpuctl.jobplane.runner import JobRunner, describe_codes
+from gpuctl.jobplane.runner import JobRunner, LeftoverReport, describe_codes
 from gpuctl.provision.inventory import Inventory, Node
 from gpuctl.state.registry import TERMINAL_JOB_STATES, JobRecord, Registry
 
@@ -189,3 +189,27 @@ def print_saved_logs(reporter: Reporter, inv: Inventory | None, job: JobRecord, 
         prefix = f"({names[line.rank]}, rank={line.rank})" if line.rank in names else f"(rank={line.rank})"
         shown.line(line.rank, line.stage, prefix, line.text)
     return True
+
+
+def cancel(runner: JobRunner, job: JobRecord) -> tuple[str, LeftoverReport]:
+    """`gpuctl cancel` (and the dashboard's Cancel) of one job: an unfinished one is ended on every
+    node and recorded CANCELLED; an ended one keeps its record, and what may still run of it (a rank
+    whose owner was killed) is stopped. (the line that says which, what the agents found)"""
+    if job.status in TERMINAL_JOB_STATES:
+        report = runner.stop_leftovers(job.job_id, job_nodes(runner.inv, job))
+        return f"Job {job.job_id} already ended: {job.status}; " + describe_leftovers(runner.inv, report), report
+    report = runner.cancel(job.job_id, job_nodes(runner.inv, job))
+    return (f"Job {job.job_id} cancelled on {job.num_nodes} node(s)."
+            + (f" {describe_leftovers(runner.inv, report)}" if report.unreachable else "")), report
+
+
+def describe_leftovers(inv: Inventory, report: LeftoverReport) -> str:
+    """What the nodes' agents found of a job: stopped leftovers, nothing, or nodes not reached."""
+    names = {n.rank: f"{n.name} (rank {n.rank})" for n in inv.nodes}
+    parts = []
+    if report.stopped:
+        parts.append("stopped what still ran of it on " + ", ".join(names.get(r, str(r)) for r in report.stopped))
+    if report.unreachable:
+        parts.append("could not reach " + ", ".join(names.get(r, str(r)) for r in report.unreachable)
+                     + " to stop what may still run there")
+    return "; ".join(parts) or "nothing of it was running on its nodes"
