@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
-from gpuctl import autostopcli, cliargs, costcli, dashboardcli, entrypoints, healthcli, jobscli, logscli, powercli, usage
+from gpuctl import (autostopcli, cliargs, costcli, dashboardcli, entrypoints, healthcli, jobscli, logscli,
+                    pipelinecli, powercli, usage)
 from gpuctl.common import output
 from gpuctl.common.envargs import parse_env_assignments
 from gpuctl.common.errors import ClusterNotFound, JobCancelled, JobDetached, JobFailed, ProvisionError, UserError
@@ -122,11 +123,22 @@ def validate(file: Path = FileArg, env: Optional[List[str]] = EnvOption,
              output_format: str = OutputOption) -> None:
     """Check a cluster.yaml as apply would, offline: nothing is provisioned or contacted."""
     from gpuctl.providers import get_provider, price_quote
+    from gpuctl.common.yamlfile import read_text
     from gpuctl.provision.taskchecks import check_task, ssh_reach_problem
+    from gpuctl.spec.pipeline import is_pipeline
     from gpuctl.spec.request import describe_cluster_name
 
     as_json = wants_json(output_format)
-    task = _load(file, env, secret, require_values=False, infra=infra)
+    text = read_text(file, what="task YAML file", source=str(file))
+    if is_pipeline(text):  # several tasks in one file: every stage checked, each error naming its stage
+        pipelinecli.validate(
+            file, text, load=lambda stage: _load(file, env, secret, require_values=False, infra=infra, text=stage),
+            request=lambda task: _request(task, file, cluster=None, infra=infra, num_nodes=None),
+            check=lambda task, req: (check_task(task, req),
+                                     autostopcli.check_setting(task.resources.autostop, req, file)),
+            as_json=as_json)
+        return
+    task = _load(file, env, secret, require_values=False, infra=infra, text=text)
     req = _request(task, file, cluster=None, infra=infra, num_nodes=None)
     check_task(task, req)  # every refusal of apply that needs no node and no cloud call
     autostopcli.check_setting(task.resources.autostop, req, file)

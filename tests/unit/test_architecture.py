@@ -22,7 +22,8 @@ LAYERS = ("node", "common", "spec", "providers", "state", "provision", "configpl
 # Top-level modules and the layer they belong to.
 TOP_LEVEL = {"__init__": "common", "__main__": "cli", "cli": "cli", "clistart": "cli", "cliargs": "cli", "autostopcli": "cli",
              "costcli": "cli", "healthcli": "cli", "jobscli": "cli", "usage": "cli", "entrypoints": "cli",
-             "logscli": "cli", "powercli": "cli", "dashboardcli": "cli"}
+             "logscli": "cli", "powercli": "cli", "dashboardcli": "cli",
+             "pipelinecli": "cli"}
 MAX_LINES = 800
 
 
