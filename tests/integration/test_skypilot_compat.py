@@ -5,6 +5,7 @@ validate = apply's offline checks, no silent drops, other clouds."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -147,9 +148,40 @@ run: x
         assert "resources.accelerators: the local nodes have no GPU" in local.stderr
 
 
-def test_a_pipeline_is_named_as_such(tmp_path: Path) -> None:
-    refused(validate("name: pipeline\n---\nname: a\nrun: x\n---\nname: b\nrun: y\n", tmp_path),
-            "task.yaml:2", "pipelines are not supported by gpuctl; split the file")
+def test_a_pipeline_validates_stage_by_stage_and_is_refused_where_it_would_run(tmp_path: Path) -> None:
+    """SkyPilot's pipeline format (issue 39): validate checks each stage and names it in its errors, at
+    the file's own lines; apply (which runs one task) says what it is and what does run it."""
+    pipe = ("name: pipe\nexecution: serial\n---\nname: train\nnum_nodes: 2\nresources:\n  infra: local\n"
+            "run: echo a\n---\nname: eval\nresources:\n  infra: aws\n  accelerators: H100:8\nrun: echo b\n")
+    out = ok(validate(pipe, tmp_path))
+    assert out.splitlines() == [f"{tmp_path / 'task.yaml'}: OK: pipeline pipe, 2 stage(s), run one after another",
+                                "  stage 1 (train): 2 node(s) on local",
+                                "  stage 2 (eval): 1 node(s) on aws, p5.48xlarge, H100:8"], out
+    doc = json.loads(ok(validate(pipe, tmp_path, "-o", "json")))
+    assert doc["ok"] and doc["pipeline"] == "pipe" and [(s["stage"], s["name"], s["line"]) for s in doc["stages"]] \
+        == [(1, "train", 4), (2, "eval", 10)]
+    bad = pipe.replace("H100:8", "H100:x").replace("name: train", "name: train\nnum_node: 2")
+    proc = validate(bad, tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    src = tmp_path / "task.yaml"
+    assert proc.stderr.splitlines() == [
+        f"error: {src}:5: stage 1 (train): num_node: unknown field; did you mean 'num_nodes'?",
+        f"  {src}:14: stage 2 (eval): resources.accelerators: 'H100:x' is not a valid accelerator; write "
+        "NAME:COUNT such as A100:8"], proc.stderr
+    headless = "name: a\nrun: x\n---\nrun: y\n"  # no header: every document is a stage
+    assert ok(validate(headless, tmp_path)).splitlines()[1:] == ["  stage 1 (a): 1 node(s) on local",
+                                                                  "  stage 2 (stage-2): 1 node(s) on local"]
+    refused(validate("name: p\nexecution: parallel\n---\nrun: x\n---\nrun: y\n", tmp_path),
+            "task.yaml:1", "execution: parallel (SkyPilot's job groups) is not supported by gpuctl")
+    refused(validate("name: p\n---\nname: a\nrun: x\n---\nname: a\nrun: y\n", tmp_path),
+            "stage name(s) a given to more than one stage")
+    path = tmp_path / "apply.yaml"
+    path.write_text(pipe)
+    proc = gpuctlfork.run(["apply", str(path)], cwd=tmp_path,
+                          env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")}, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "a SkyPilot pipeline; `gpuctl validate" in proc.stderr and "does not run pipelines yet" in proc.stderr
+    assert not (tmp_path / "state" / "clusters").exists()  # nothing was made
 
 
 def test_infra_flag_replaces_every_location_in_the_file(tmp_path: Path) -> None:

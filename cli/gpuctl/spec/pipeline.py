@@ -131,8 +131,6 @@ def load_pipeline(path: str | Path, *, text: str | None = None,
             and len(docs) > 1:
         header, docs = docs[0], docs[1:]
     name = _header(header, source) if header is not None else None
-    if not docs:
-        raise UserError(f"{source}: the pipeline has a header and no stage; add a task after `---`")
     stages: list[Stage] = []
     problems: list[str] = []
     for index, doc in enumerate(docs, start=1):
