@@ -15,6 +15,7 @@ import http.client
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -27,7 +28,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from e2e import REPO, Cluster, gpuctl_env, gpuctl_python, needs_local_nodes, queue_rows
+from e2e import REPO, Cluster, gpuctl_env, gpuctl_python, needs_local_nodes, pids_with_env, queue_rows, wait_for
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
 
@@ -298,6 +299,55 @@ def test_a_dashboard_without_a_token_is_served_on_loopback_only(dash):
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--no-token" in res.stderr, res.describe()
     res = cluster.gpuctl("dashboard", "--host", "192.0.2.1", "--no-browser")  # not an address of this machine
     assert res.returncode == 2 and "--host 192.0.2.1" in res.stderr and "Traceback" not in res.stderr, res.describe()
+
+
+def test_an_armed_clusters_autostop_and_its_time_left_show(dash, page):
+    cluster, base, _ = dash
+    cluster.gpuctl("autostop", NAME, "-i", "30").check()
+    page.goto(f"{base}/clusters")
+    row = page.locator("#live tr", has_text=NAME)
+    expect(row).to_contain_text("autostop after 30 idle minute(s)")
+    expect(row).to_contain_text("left", timeout=20000)  # the head's idle time, asked in the background
+    left = re.search(r"(\d+)m \d+s left", row.inner_text())
+    assert left and 25 <= int(left.group(1)) <= 30, row.inner_text()
+    cluster.gpuctl("autostop", NAME, "--cancel").check()
+    assert page.errors == [], page.errors
+
+
+def followers(port: int | None) -> list[int]:
+    """The dashboard's children and theirs, but the cluster's shared ssh master: it serves every gpuctl
+    command on the cluster and ends by itself (ControlPersist), or with `down`."""
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+    return [p for p in pids_with_env(f"GPUCTL_DASHBOARD_CHILD={port}") if b"ControlPersist" not in cmdline(p)]
+
+
+def test_a_killed_dashboard_leaves_no_log_follower_behind(dash):
+    """The `gpuctl logs` a page follows ends with the dashboard, even a SIGKILLed one."""
+    cluster, _, _ = dash
+    job = exec_detached(cluster, "sleep 120")
+    env = {**gpuctl_env(cluster.state_dir), "GPUCTL_DASHBOARD_TOKEN": TOKEN}
+    server = subprocess.Popen([sys.executable, "-m", "gpuctl", "dashboard", "--no-browser", "--port", "0"], cwd=REPO,
+                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+    try:
+        base = re.search(r"(http://\S+)/clusters", server.stdout.readline()).group(1)  # type: ignore[union-attr]
+        port = urlsplit(base).port
+        conn = http.client.HTTPConnection(urlsplit(base).hostname, port, timeout=10)
+        conn.request("GET", f"/clusters/{NAME}/jobs/{job}/events", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert conn.getresponse().status == 200
+        wait_for("the page's log follower", lambda: followers(port), timeout=15)
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(10)
+        wait_for("no follower left", lambda: not followers(port), timeout=15)
+        conn.close()
+    finally:
+        if server.poll() is None:
+            server.kill()
+        cluster.gpuctl("cancel", NAME, str(job)).check()
 
 
 def test_down_from_the_page_leaves_nothing_and_the_logs_stay(dash, page):

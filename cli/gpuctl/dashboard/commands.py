@@ -15,6 +15,7 @@ request carries can become an option.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import io
 import os
 import secrets
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
 from gpuctl.common.safetext import printable
+from gpuctl.dashboard.security import TOKEN_ENV
 from gpuctl.spec.request import check_cluster_name
 
 MAX_RUNS = 50  # the actions whose output the dashboard keeps (the newest)
@@ -101,15 +103,35 @@ def managed_logs_words(job_id: int, attempt: int | None) -> list[str]:
     return ["jobs", "logs", str(int(job_id))] + ([] if attempt is None else ["--attempt", str(int(attempt))])
 
 
+CHILD_ENV = "GPUCTL_DASHBOARD_CHILD"  # marks the dashboard's children (its port), for whoever looks
+
+
 def _child_env() -> dict[str, str]:
-    # unbuffered: each line reaches the page as it is printed; plain: no terminal, no colours
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "TERM": "dumb"}
+    # unbuffered: each line reaches the page as it is printed; plain: no terminal, no colours; and
+    # not the dashboard's token: a child has no use for it
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    return {**env, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "TERM": "dumb", CHILD_ENV: os.environ.get(CHILD_ENV, "1")}
 
 
-async def start(words: Sequence[str]) -> asyncio.subprocess.Process:
+def _die_with_parent() -> None:
+    """In a child that only serves a page (a followed log): it ends when the dashboard does, even a
+    SIGKILLed one (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+PR_SET_PDEATHSIG = 1
+
+
+async def start(words: Sequence[str], *, outlive: bool = False) -> asyncio.subprocess.Process:
+    """The command in a session of its own; unless it must `outlive` the dashboard (a teardown), it
+    ends with the dashboard."""
     return await asyncio.create_subprocess_exec(
         *gpuctl_argv(words), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env=_child_env(), start_new_session=True)
+        stderr=asyncio.subprocess.STDOUT, env=_child_env(), start_new_session=True,
+        preexec_fn=None if outlive else _die_with_parent)
 
 
 async def lines_of(words: Sequence[str]) -> AsyncIterator[str]:
@@ -142,7 +164,7 @@ async def output_of(words: Sequence[str], timeout: float = 120.0) -> tuple[int, 
     """(exit code, stdout) of a command that ends by itself (a saved log to download)."""
     proc = await asyncio.create_subprocess_exec(
         *gpuctl_argv(words), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL, env=_child_env(), start_new_session=True)
+        stderr=asyncio.subprocess.DEVNULL, env=_child_env(), start_new_session=True, preexec_fn=_die_with_parent)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout)
     except asyncio.TimeoutError:
@@ -186,7 +208,7 @@ class Actions:
 
     async def _run(self, run: ActionRun) -> None:
         try:
-            proc = await start(run.words)
+            proc = await start(run.words, outlive=True)  # a teardown cut short would leave nodes billing
         except OSError as exc:
             run.lines.append(f"error: could not start {run.command}: {exc}")
             run.returncode = 127

@@ -15,6 +15,7 @@ import webbrowser
 from typing import Callable
 
 from gpuctl.common.errors import UserError
+from gpuctl.dashboard.commands import CHILD_ENV
 from gpuctl.dashboard.security import TOKEN_ENV, Guard, allowed_hosts, is_loopback, is_wildcard, new_token
 
 DEFAULT_PORT = 8642
@@ -72,6 +73,7 @@ def serve(*, host: str, port: int | None, open_browser: bool, no_token: bool,
     guard = Guard(token=token, port=actual, allowed_hosts=allowed_hosts(host))
     shared = remotestate.current() is not None
     app = Dashboard(guard, shared=shared).app()
+    os.environ[CHILD_ENV] = str(actual)  # its children say whose they are
     url = url_for(host, actual, token)
     say(f"gpuctl dashboard: {url}")
     say("  " + ("the shared state's clusters and jobs (every runner's)" if shared else "this machine's state")
