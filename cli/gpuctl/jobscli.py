@@ -76,9 +76,13 @@ def _job(store: Any, job_id: int) -> Any:
 
 
 def _duration(job: Any, now: float) -> str:
-    if job.started_at is None:
+    return _span(job.started_at, job.ended_at, now)
+
+
+def _span(started_at: float | None, ended_at: float | None, now: float) -> str:
+    if started_at is None:
         return "-"
-    seconds = int((job.ended_at or now) - job.started_at)
+    seconds = int((ended_at or now) - started_at)
     return f"{seconds // 3600}h {seconds % 3600 // 60}m" if seconds >= 3600 else f"{seconds // 60}m {seconds % 60}s"
 
 
@@ -121,23 +125,33 @@ class Progress:
 
 
 def follow_logs(store: Any, job_id: int, *, attempt: int | None, follow: bool, out: Any = None,
-                progress: Progress | None = None) -> Any:
-    """Print the attempts' output in order with a banner each (or one attempt's), following the
-    newest until the job ends; with `progress`, the supervisor's new lines as they come too."""
+                progress: Progress | None = None, stage: int | None = None) -> Any:
+    """Print the attempts' output in order with a banner each (or one attempt's; or a pipeline's
+    `stage`'s), a pipeline's stages each after a banner of its own, following the newest until the
+    job (or that stage) ends; with `progress`, the supervisor's new lines as they come too."""
+    from gpuctl.managed import stages
     from gpuctl.managed.store import attempt_log
 
     out = out or sys.stdout
-    shown, offset = 0, 0
+    shown, offset, shown_stage = 0, 0, None
     while True:
         if progress is not None:
             progress.show()
         job = store.get(job_id)
         events = store.events(job_id)
-        for k in ([attempt] if attempt is not None else _attempts(job)):
+        record = stages.of(job)
+        ks = [attempt] if attempt is not None else _attempts(job)
+        if stage is not None and record is not None:
+            ks = [k for k in ks if (st := stages.stage_of_attempt(record, k)) is not None and st["index"] == stage]
+        for k in ks:
             path = attempt_log(job_id, k)
             if k < shown or not path.exists():
                 continue
             if k > shown:
+                st = stages.stage_of_attempt(record, k) if record is not None else None
+                if st is not None and st["index"] != shown_stage:
+                    out.write(f"==== stage {st['index']} of {len(record['stages'])}: {st['name']} ====\n")
+                    shown_stage = st["index"]
                 out.write(_banner(k, events) + "\n")
                 shown, offset = k, 0
             with open(path, "rb") as fh:
@@ -146,7 +160,9 @@ def follow_logs(store: Any, job_id: int, *, attempt: int | None, follow: bool, o
             offset += len(data)
             out.write(data.decode(errors="replace"))
             out.flush()
-        if not follow or job.terminal or (attempt is not None and job.attempt > attempt):
+        stage_over = stage is not None and record is not None and (
+            int(record["current"]) > stage or record["stages"][stage - 1]["status"] not in ("PENDING", "RUNNING"))
+        if not follow or job.terminal or (attempt is not None and job.attempt > attempt) or stage_over:
             if progress is not None:
                 progress.show()  # how it ended: the teardown's lines
             return job
@@ -185,29 +201,45 @@ def launch_(file: Path = typer.Argument(..., metavar="FILE", help="Task YAML in 
     from gpuctl.common.yamlfile import read_text
     from gpuctl.managed.store import job_document
     from gpuctl.provision.provisioner import cluster_exists
+    from gpuctl.spec.pipeline import is_pipeline, load_pipeline
     from gpuctl.state.registry import Registry
 
     text = read_text(file, what="task YAML file", source=str(file))  # read once: what is checked is what runs
-    task = load_task(file, env_overrides=envs, secret_overrides=secrets, infra_override=infra,
-                     resources_check=resources_problem, text=text)
-    job_name = name or task.name or file.stem
-    req = request_for(task, name=launch.cluster_name(job_name, 0), infra=infra, num_nodes=num_nodes,
-                      base_dir=file.resolve().parent)
-    if not get_provider(req.cloud).provisions:
-        raise UserError(f"{file}: resources.infra: a managed job needs nodes gpuctl makes (local or aws), "
-                        f"so that it can replace a lost one; {req.cloud} nodes are yours")
-    if not (task.run or task.setup):
-        raise UserError(f"{file}: a managed job needs `run` (or `setup`): there is nothing to run")
-    check_task(task, req)
-    for line in task.warnings:
-        typer.echo(f"warning: {line}", err=True)
-    if task.resources.autostop is not None:
-        typer.echo("warning: resources.autostop: a managed job's cluster goes when the job ends; the setting "
-                   "is not used", err=True)
+
+    def load(source: Any, stage_text: str) -> Any:
+        return load_task(source, env_overrides=envs, secret_overrides=secrets, infra_override=infra,
+                         resources_check=resources_problem, text=stage_text)
+
+    def check(task: Any, stage_text: str = "") -> None:
+        req = request_for(task, name=launch.cluster_name(name or task.name or file.stem, 0), infra=infra,
+                          num_nodes=num_nodes, base_dir=file.resolve().parent)
+        if not get_provider(req.cloud).provisions:
+            raise UserError(f"{file}: resources.infra: a managed job needs nodes gpuctl makes (local or aws), "
+                            f"so that it can replace a lost one; {req.cloud} nodes are yours")
+        if not (task.run or task.setup):
+            raise UserError(f"{file}: a managed job needs `run` (or `setup`): there is nothing to run")
+        check_task(task, req)
+
+    pipeline = None
+    if is_pipeline(text):  # SkyPilot's pipeline: its stages, one after another, as one managed job
+        pipeline = load_pipeline(file, text=text, load_stage=load, check_stage=check)
+        tasks = [stage.task for stage in pipeline.stages]
+        job_name = name or pipeline.name or file.stem
+    else:
+        tasks = [load(file, text)]
+        check(tasks[0])
+        job_name = name or tasks[0].name or file.stem
+    for task in tasks:
+        for line in task.warnings:
+            typer.echo(f"warning: {line}", err=True)
+        if task.resources.autostop is not None:
+            typer.echo("warning: resources.autostop: a managed job's cluster goes when the job ends; the setting "
+                       "is not used", err=True)
     store = _store()
     registry = Registry()
-    job = launch.create(name=job_name, file=file, text=text, envs=envs, secrets=dict(task.secrets), infra=infra,
-                        num_nodes=num_nodes, store=store,
+    job = launch.create(name=job_name, file=file, text=text, envs=envs,
+                        secrets={k: v for task in tasks for k, v in task.secrets.items()}, infra=infra,
+                        num_nodes=num_nodes, store=store, pipeline=pipeline,
                         taken=lambda c: cluster_exists(c) or registry.cluster(c) is not None)
     pid = launch.spawn(job.id)
     if not launch.wait_claimed(store, job.id, pid):
@@ -239,6 +271,23 @@ def _say_end(job: Any) -> None:
         raise typer.Exit(1)
 
 
+def _stage_lines(job: Any, now: float) -> list[str]:
+    """A pipeline's stages under its row: state, cluster, duration, attempts, why it ended."""
+    from gpuctl.managed import stages
+
+    record = stages.of(job)
+    if record is None:
+        return []
+    lines = []
+    for st in record["stages"]:
+        took = _span(st["started_at"], st["ended_at"], now)
+        first, last = st["first_attempt"], st["last_attempt"]
+        attempts = "-" if first is None else (str(first) if first == last else f"{first}-{last}")
+        lines.append(f"  └ stage {st['index']} {st['name']}: {st['status']}, cluster {st['cluster'] or '-'}, "
+                     f"{took}, attempt(s) {attempts}" + (f"; {st['reason']}" if st["reason"] else ""))
+    return lines
+
+
 @jobs_app.command("queue", cls=usage.HelpCommand, epilog=usage.examples_of("jobs queue"))
 def queue_(output_format: str = OutputOption) -> None:
     """List managed jobs: state, attempt, recoveries and why the last attempt ended."""
@@ -261,8 +310,10 @@ def queue_(output_format: str = OutputOption) -> None:
                      time.strftime("%m-%d %H:%M", time.localtime(j.submitted_at)), _duration(j, now), j.cluster,
                      last_cause(j, events)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
+    for r, j in zip(rows, [None, *jobs]):
         typer.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        for line in _stage_lines(j, now) if j is not None else []:
+            typer.echo(line)
     for j in jobs:
         for e in store.events(j.id):
             when = time.strftime("%H:%M:%S", time.localtime(e.detected_at))
@@ -275,8 +326,11 @@ def logs_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id (
           attempt: Optional[int] = typer.Option(None, "--attempt", metavar="K", min=1, help="Only attempt K."),
           supervisor: bool = typer.Option(False, "--supervisor", help="The supervisor's own log."),
           no_follow: bool = typer.Option(False, "--no-follow", help="Print what there is and return."),
+          stage: Optional[int] = typer.Option(None, "--stage", metavar="K", min=1,
+                                              help="A pipeline's stage K only (its attempts)."),
           output_format: str = OutputOption) -> None:
-    """Every attempt's output, with a banner saying why each new attempt started."""
+    """Every attempt's output, with a banner saying why each new attempt started (a pipeline's
+    stages in order, a banner each)."""
     from gpuctl.managed.store import attempt_log, job_document, supervisor_log
 
     as_json = wants_json(output_format)
@@ -287,11 +341,28 @@ def logs_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id (
         no_follow = True  # its live output is on that runner and on the cluster's head
     if attempt is not None and attempt > max(job.attempt, 1):
         raise UserError(f"--attempt {attempt}: managed job {job_id} has {job.attempt} attempt(s) so far")
+    if stage is not None:
+        from gpuctl.managed import stages
+
+        record = stages.of(job)
+        if record is None:
+            raise UserError(f"--stage {stage}: managed job {job_id} is one task, not a pipeline")
+        if stage > len(record["stages"]):
+            raise UserError(f"--stage {stage}: managed job {job_id} has {len(record['stages'])} stage(s)")
+        if attempt is not None:
+            raise UserError("--stage and --attempt: give one (a stage's attempts, or one attempt)")
     if as_json:
         events = store.events(job_id)
+        from gpuctl.managed import stages
+
+        record = stages.of(job)
         ks = [attempt] if attempt is not None else _attempts(job)
+        of_stage = {k: stages.stage_of_attempt(record, k) if record is not None else None for k in ks}
+        if stage is not None:
+            ks = [k for k in ks if of_stage[k] is not None and of_stage[k]["index"] == stage]  # type: ignore[index]
         output.emit("jobs logs", {"ok": True, "job": job_document(job, events), "attempts": [
             {"attempt": k, "banner": _banner(k, events),
+             "stage": of_stage[k]["index"] if of_stage[k] is not None else None,  # type: ignore[index]
              "log": attempt_log(job_id, k).read_text(errors="replace") if attempt_log(job_id, k).exists() else ""}
             for k in ks]})
         return
@@ -300,7 +371,7 @@ def logs_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id (
         return
     live = not no_follow and not job.terminal  # what the supervisor does from now on, while following
     try:
-        final = follow_logs(store, job_id, attempt=attempt, follow=not no_follow,
+        final = follow_logs(store, job_id, attempt=attempt, follow=not no_follow, stage=stage,
                             progress=Progress(job_id, sys.stderr, from_start=False) if live else None)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
@@ -424,3 +495,65 @@ def cancel_(job_id: int = typer.Argument(..., metavar="ID", help="Managed job id
     if job.status == "CANCELLED":
         say(f"Managed job {job_id} CANCELLED; cluster {job.cluster} " +
             ("removed" if job.destroyed else f"NOT fully removed: {job.reason}"))
+
+
+@jobs_app.command("resume", cls=usage.HelpCommand, epilog=usage.examples_of("jobs resume"))
+def resume_(job_id: int = typer.Argument(..., metavar="ID", help="A managed pipeline that did not succeed."),
+            detach: bool = typer.Option(False, "-d", "--detach", help="Return once it runs again; follow with `jobs logs`."),
+            output_format: str = OutputOption) -> None:
+    """Run a pipeline that failed (or was cancelled) again from its first stage that did not
+    succeed: the stages as they were launched; the stages that succeeded are kept, not run again."""
+    import json
+
+    from gpuctl.managed import freeze, launch, shared, stages
+    from gpuctl.managed.store import job_document, write_secrets
+    from gpuctl.provision.provisioner import cluster_exists
+
+    as_json = wants_json(output_format)
+    store = _store()
+    job = _job(store, job_id)
+    record = stages.of(job)
+    if record is None:
+        raise UserError(f"managed job {job_id} is one task, not a pipeline: `gpuctl jobs launch FILE` runs it again")
+    if not job.terminal:
+        raise UserError(f"managed job {job_id} is {job.status}: a pipeline resumes once it ended (`gpuctl jobs "
+                        f"cancel {job_id}` ends it)")
+    if job.status == "SUCCEEDED":
+        raise UserError(f"managed job {job_id} SUCCEEDED: every stage ran; nothing to resume")
+    kept = freeze.frozen_task(job)
+    if kept is None or not kept.is_file():
+        raise UserError(f"managed job {job_id}: the stages as launched are no longer kept here; launch the "
+                        "pipeline again")
+    found, missing = shared.missing_secrets(job.launch.get("secrets") or [])
+    if missing:  # a job's secrets are dropped when it ends: given again, by name, from the environment
+        raise UserError(f"managed job {job_id} needs {', '.join(missing)}: set {'it' if len(missing) == 1 else 'them'} "
+                        "in the environment (a job's secrets are not kept once it ended), then resume it")
+    resumed, first = stages.resumed(job.launch)
+    taken = set(record["clusters"])
+    cluster = launch.stage_cluster_name(job, first, lambda c: c in taken or cluster_exists(c))
+    resumed["pipeline"]["clusters"].append(cluster)
+    if found:
+        write_secrets(job.id, found)
+    store.update(job.id, launch=json.dumps(resumed), cluster=cluster, task_id=stages.task_id(record, first),
+                 status="PENDING", reason=None, exit_code=None, failed_rank=None, ended_at=None, cluster_job=None,
+                 cancel_requested=0, destroyed=0, supervisor_pid=None, supervisor_start=None, supervisor_runs=0)
+    pid = launch.spawn(job.id)
+    if not launch.wait_claimed(store, job.id, pid):
+        raise UserError(f"managed job {job.id}: its supervisor did not start; see {launch.supervisor_log(job.id)}")
+    stage = resumed["pipeline"]["stages"][first - 1]
+    say = (lambda text: typer.echo(text, err=True)) if as_json else typer.echo
+    say(f"Managed job {job.id} ({job.name}) resumes from stage {first} ({stage['name']})"
+        + (f"; stage(s) 1-{first - 1} succeeded and are kept" if first > 1 else ""))
+    if detach or as_json:
+        if as_json:
+            output.emit("jobs resume", {"ok": True, "job": job_document(store.get(job.id), store.events(job.id)),
+                                        "from_stage": first})
+        return
+    try:
+        final = follow_logs(store, job.id, attempt=None, follow=True, progress=Progress(job.id, sys.stderr,
+                                                                                       from_start=False))
+    except KeyboardInterrupt:
+        typer.echo(f"\nStopped following; managed job {job.id} goes on. Follow again: gpuctl jobs logs {job.id}",
+                   err=True)
+        raise typer.Exit(130) from None
+    _say_end(final)

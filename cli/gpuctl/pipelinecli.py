@@ -34,11 +34,14 @@ def validate(file: Path, text: str, *, load: Callable[[str], Any], request: Call
     rows = []
     for stage in pipeline.stages:
         req = requests[id(stage.task)]
+        warnings = [*stage.task.warnings, *get_provider(req.cloud).task_warnings(stage.task, req)]
+        for line in warnings:  # as validate says them of a task, each naming its stage
+            typer.echo(f"warning: stage {stage.index} ({stage.name}): {line}", err=True)
         price, _ = price_quote(req)
         rows.append({"stage": stage.index, "name": stage.name, "line": stage.line, "num_nodes": req.num_nodes,
                      "cloud": req.cloud, "region": req.region, "instance_type": get_provider(req.cloud).instance_type(req),
                      "accelerator": req.accelerator, "gpus_per_node": req.gpus_per_node,
-                     "job_recovery": stage.task.resources.job_recovery.describe()
+                     "warnings": warnings, "job_recovery": stage.task.resources.job_recovery.describe()
                      if stage.task.resources.job_recovery else None,
                      "price": costcli.document(price, req.num_nodes, req.use_spot)})
     if as_json:

@@ -263,6 +263,7 @@ EXAMPLES = {
         'gpuctl jobs logs 3',
         'gpuctl jobs logs 3 --attempt 2 --no-follow',
         'gpuctl jobs logs 3 --supervisor',
+        'gpuctl jobs logs 3 --stage 2',
     ),
     'jobs supervise': (
         'gpuctl jobs supervise --for 9m   (a scheduled CI job, every 10 minutes, with shared state)',
@@ -270,6 +271,10 @@ EXAMPLES = {
     ),
     'jobs cancel': (
         'gpuctl jobs cancel 3',
+    ),
+    'jobs resume': (
+        'gpuctl jobs resume 3',
+        'gpuctl jobs resume 3 -d',
     ),
     'version': (
         'gpuctl version',

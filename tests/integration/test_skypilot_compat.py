@@ -150,7 +150,7 @@ run: x
 
 def test_a_pipeline_validates_stage_by_stage_and_is_refused_where_it_would_run(tmp_path: Path) -> None:
     """SkyPilot's pipeline format (issue 39): validate checks each stage and names it in its errors, at
-    the file's own lines; apply (which runs one task) says what it is and what does run it."""
+    the file's own lines; apply (which runs one task) says what it is and what runs it."""
     pipe = ("name: pipe\nexecution: serial\n---\nname: train\nnum_nodes: 2\nresources:\n  infra: local\n"
             "run: echo a\n---\nname: eval\nresources:\n  infra: aws\n  accelerators: H100:8\nrun: echo b\n")
     out = ok(validate(pipe, tmp_path))
@@ -180,7 +180,7 @@ def test_a_pipeline_validates_stage_by_stage_and_is_refused_where_it_would_run(t
     proc = gpuctlfork.run(["apply", str(path)], cwd=tmp_path,
                           env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")}, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "a SkyPilot pipeline; `gpuctl validate" in proc.stderr and "does not run pipelines yet" in proc.stderr
+    assert "a SkyPilot pipeline; `gpuctl jobs launch" in proc.stderr and "one managed job" in proc.stderr
     assert not (tmp_path / "state" / "clusters").exists()  # nothing was made
 
 
@@ -309,3 +309,57 @@ def test_a_long_task_name_gets_a_cluster_name_aws_takes(tmp_path: Path) -> None:
     assert f"; cluster {name} (the task's name, shortened to 32 characters" in out
     short = ok(validate("name: My Task\nrun: x\n", tmp_path)).splitlines()[0]
     assert short.endswith("; cluster my-task"), short  # a name that fits is only cleaned
+
+
+# SkyPilot's own pipelines (examples/spot_pipeline/*, llm/gpt-2/gpt2-pipeline.yaml,
+# examples/chain_dag/2_jobs.yaml, tests/test_yamls/{pipeline,failed_run_pipeline}.yaml), in their
+# shape: their headers, stages, fields and layout as written there; long scripts cut to a line.
+SKYPILOT_PIPELINES = {
+    "bert_qa_train_eval.yaml": (
+        "name: bert_qa\n\n---\n\nname: train\n\nresources:\n    accelerators: V100:1\n\nworkdir: ~/transformers\n\n"
+        "file_mounts:\n    /checkpoint:\n        name: test-bert-train-eval # NOTE: Fill in your bucket name\n"
+        "        mode: MOUNT\n\nsetup: |\n    pip install -e .\n\nrun: |\n    python run_qa.py --run_name "
+        "$SKYPILOT_TASK_ID --output_dir /checkpoint/bert_qa/$SKYPILOT_TASK_ID\n\nenvs:\n    WANDB_API_KEY: # NOTE\n\n"
+        "---\n\nname: eval\n\nresources:\n    accelerators: T4:1\n\nworkdir: ~/transformers\n\nfile_mounts:\n"
+        "    /checkpoint:\n        name: test-bert-train-eval\n        mode: MOUNT\n\nrun: |\n"
+        "    FIRST_TASK_UNIQUE_ID=$(echo \"$SKYPILOT_TASK_IDS\" | sed -n 1p)\n\nenvs:\n    WANDB_API_KEY: # NOTE\n",
+        ["train", "eval"]),
+    "multi_jobs.yaml": (
+        "name: pipeline\n\n---\nname: train1\n\nresources:\n  accelerators: V100:1\n\nnum_nodes: 2\n\nsetup: |\n"
+        "  echo setup for train\n\nrun: |\n  echo train ends\n\n---\nname: train2\n\nresources:\n  accelerators: V100:1\n\n"
+        "run: |\n  echo train ends\n\n---\n\nname: eval1\n\nresources:\n  accelerators: T4:1\n\nrun: |\n  echo eval\n\n"
+        "---\n\nname: eval2\n\nresources:\n  accelerators: T4:4\n\nrun: |\n  echo eval ends\n",
+        ["train1", "train2", "eval1", "eval2"]),
+    "single.yaml": ("name: dag-name\n\n---\nname: simple-task\n\nresources:\n  cpus: 2+\n  memory: 8+\n\nsetup: |\n"
+                    "  echo setup for task 1\n\nrun: |\n  echo run for task 1\n\n", ["simple-task"]),
+    "gpt2-pipeline.yaml": (
+        "name: gpt2-data\n\nenvs:\n  BUCKET_NAME: # TODO: Fill in your bucket name\n  BUCKET_STORE: s3 # Can be s3, gcs\n\n"
+        "resources:\n  cpus: 8+\n\nfile_mounts:\n  /cache:\n    name: $BUCKET_NAME\n    store: $BUCKET_STORE\n"
+        "    mode: MOUNT\n\nrun: |\n  python dev/data/fineweb.py --version 10B\n---\nname: gpt2-train\n\nenvs:\n"
+        "  BUCKET_NAME: # TODO\n  BUCKET_STORE: s3\n\nresources:\n  accelerators: A100:8\n"
+        "  image_id: docker:nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04\n  any_of:\n    - infra: lambda\n"
+        "      image_id: null\n    - infra: aws\n    - infra: gcp\n    - infra: kubernetes\n  \nfile_mounts:\n"
+        "  ~/.cache/huggingface:\n    name: $BUCKET_NAME\n    store: $BUCKET_STORE\n    mode: COPY\n\nrun: |\n"
+        "  mpirun -np $SKYPILOT_NUM_GPUS_PER_NODE --allow-run-as-root ./train_gpt2cu\n", ["gpt2-data", "gpt2-train"]),
+    "2_jobs.yaml": ("name: pipeline\n\n---\nname: train\n\nresources:\n  accelerators: V100:1\n\nnum_nodes: 2\n\n"
+                    "run: |\n  echo train ends\n\n---\n\nname: eval\n\nresources:\n  accelerators: T4:1\n\nrun: |\n"
+                    "  echo eval ends\n", ["train", "eval"]),
+    "pipeline.yaml": ("name: pipeline\n\n---\nname: a\n\nresources:\n  cpus: 2+\n\nrun: |\n  echo train starts\n\n---\n"
+                      "name: b\n\nresources:\n  cpus: 2+\n\nsetup: |\n  echo setup\n\nrun: |\n  echo train\n\n---\n\n"
+                      "name: eval1\n\nresources:\n  cpus: 2+\n\nrun: |\n  echo eval\n\n---\n\nname: eval2\n\n"
+                      "resources:\n  cpus: 2+\n\nrun: |\n  echo eval ends\n", ["a", "b", "eval1", "eval2"]),
+    "failed_run_pipeline.yaml": (
+        "name: pipeline\n\n---\nname: train1\n\nnum_nodes: 2\n\nsetup: |\n  echo setup for train\n\nrun: |\n"
+        "  echo train ends\n\n---\nname: train2\n\nrun: |\n  echo train ends\n\n---\n\nname: eval1\n\nrun: |\n"
+        "  echo eval starts\n  exit 1\n\n---\n\nname: eval2\n\nrun: |\n  echo eval ends\n",
+        ["train1", "train2", "eval1", "eval2"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SKYPILOT_PIPELINES))
+def test_skypilots_pipelines_validate_stage_by_stage(tmp_path: Path, name: str) -> None:
+    text, stages = SKYPILOT_PIPELINES[name]
+    home = tmp_path / "home"
+    (home / "transformers").mkdir(parents=True)  # the bert example's workdir, as its comment asks
+    doc = json.loads(ok(validate(text, tmp_path, "-o", "json", name=name, home=home)))
+    assert [s["name"] for s in doc["stages"]] == stages, doc

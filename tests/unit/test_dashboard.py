@@ -287,3 +287,27 @@ def test_with_shared_state_the_dashboard_shows_every_runners_clusters(state_buck
     assert sync.last_error is None
     assert [r["name"] for r in readmodel.clusters(Registry()).rows] == ["team-run"]
     assert [(j["cluster"], j["id"]) for j in readmodel.jobs(Registry()).rows] == [("team-run", job.job_id)]
+
+
+def test_the_managed_job_page_shows_a_pipelines_stages():
+    from gpuctl.dashboard.app import Dashboard
+
+    stage = {"index": 1, "name": "prep", "line": 4, "status": "SUCCEEDED", "cluster": "pl-mj1", "reused": False,
+             "setup_skipped": False, "task_id": "t-1", "first_attempt": 1, "last_attempt": 1, "started_at": 10.0,
+             "ended_at": 70.0, "reason": None}
+    doc = {"id": 1, "name": "pl", "status": "RUNNING", "cluster": "pl-mj1", "task_id": "t-2", "attempt": 2,
+           "recoveries": 0, "transient_recoveries": 0, "restarts_on_errors": 0, "submitted_at": 1.0, "started_at": 5.0,
+           "ended_at": None, "reason": None, "exit_code": None, "failed_rank": None, "cluster_removed": None,
+           "supervisor_pid": 1, "events": [], "pipeline": "pl", "stage": 2, "detail": "", "attempts": [1, 2],
+           "duration_s": 90.0, "terminal": False,
+           "stages": [stage, {**stage, "index": 2, "name": "train", "status": "RUNNING", "reused": True,
+                              "setup_skipped": True, "first_attempt": 2, "last_attempt": 2, "ended_at": None},
+                      {**stage, "index": 3, "name": "eval", "status": "PENDING", "cluster": None,
+                       "first_attempt": None, "last_attempt": None, "started_at": None, "ended_at": None}]}
+    board = Dashboard(Guard(token="t", port=1, allowed_hosts=None))
+    html = board.env.get_template("managed_job.html").render(request=request(path="/managed/1"), m=doc, csrf="x",
+                                                            version="0", now=100.0, sync_error=None, shared=False,
+                                                            title="Managed job 1")
+    assert "Stages of pipeline pl" in html and html.count('class="current"') == 1
+    assert "pl-mj1</a> (reused)" in html and "setup skipped" in html and "1m 0s" in html
+    assert 'href="?stage=3"' in html

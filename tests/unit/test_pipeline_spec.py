@@ -30,7 +30,7 @@ def test_the_header_and_the_stages():
     pipe = load("name: p\nexecution: serial\n---\nname: train\nrun: x\n---\nrun: y\n")
     assert pipe.name == "p" and pipe.header_line == 1
     assert [(s.index, s.name, s.line, s.task.run) for s in pipe.stages] == [(1, "train", 4, "x"), (2, "stage-2", 7, "y")]
-    assert stage_env(pipe.stages[1]) == {"GPUCTL_STAGE": "2", "GPUCTL_STAGE_NAME": "stage-2"}
+    assert stage_env(pipe.stages[1].index, pipe.stages[1].name) == {"GPUCTL_STAGE": "2", "GPUCTL_STAGE_NAME": "stage-2"}
     headless = load("name: a\nrun: x\n---\nname: b\nrun: y\n")  # a task first: no header
     assert headless.name is None and [s.name for s in headless.stages] == ["a", "b"]
     assert [s.name for s in load("name: p\n---\n---\n").stages] == ["p"]  # one document: a task, no header

@@ -198,9 +198,10 @@ class Dashboard:
         return _sse(request, commands.lines_of(words), ended)
 
     async def managed_events(self, request: Request) -> Response:
-        attempt = request.query_params.get("attempt")
+        attempt, stage = request.query_params.get("attempt"), request.query_params.get("stage")
         words = commands.managed_logs_words(request.path_params["job_id"],
-                                            int(attempt) if attempt and attempt.isdigit() else None)
+                                            int(attempt) if attempt and attempt.isdigit() else None,
+                                            stage=int(stage) if stage and stage.isdigit() else None)
 
         def ended() -> dict[str, Any]:
             job = self.store.get(request.path_params["job_id"])

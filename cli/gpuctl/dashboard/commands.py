@@ -99,8 +99,9 @@ def logs_words(cluster: str, job_id: int, rank: int | None, *, follow: bool) -> 
     return words + ([] if follow else ["--no-follow"])
 
 
-def managed_logs_words(job_id: int, attempt: int | None) -> list[str]:
-    return ["jobs", "logs", str(int(job_id))] + ([] if attempt is None else ["--attempt", str(int(attempt))])
+def managed_logs_words(job_id: int, attempt: int | None, *, stage: int | None = None) -> list[str]:
+    return (["jobs", "logs", str(int(job_id))] + ([] if attempt is None else ["--attempt", str(int(attempt))])
+            + ([] if stage is None else ["--stage", str(int(stage))]))
 
 
 CHILD_ENV = "GPUCTL_DASHBOARD_CHILD"  # marks the dashboard's children (its port), for whoever looks

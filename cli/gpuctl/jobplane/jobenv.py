@@ -51,6 +51,7 @@ def _shared(
     gpus_per_node: int,
     envs: Mapping[str, str],
     attempt: int | None = None,
+    job_vars: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     ips = "\n".join(n.address for n in sorted(nodes, key=lambda n: n.rank))
     info = cluster_info(inv, nodes)
@@ -66,6 +67,7 @@ def _shared(
     }
     if attempt is not None:  # a managed job's attempt (1, 2, ...), as SLURM_RESTART_COUNT + 1
         env["GPUCTL_ATTEMPT"] = str(attempt)
+    env.update(job_vars or {})  # gpuctl's own, of this job (a pipeline's GPUCTL_STAGE, GPUCTL_STAGE_NAME)
     # The user's envs win over ours except for the names that define the job.
     for key, value in envs.items():
         if key in ("MASTER_ADDR", "MASTER_PORT") or not key.startswith(("GPUCTL_", "SKYPILOT_")):
@@ -74,11 +76,12 @@ def _shared(
 
 
 def setup_env(
-    inv: Inventory, *, task: str, gpus_per_node: int, envs: Mapping[str, str], attempt: int | None = None
+    inv: Inventory, *, task: str, gpus_per_node: int, envs: Mapping[str, str], attempt: int | None = None,
+    job_vars: Mapping[str, str] | None = None,
 ) -> StageEnv:
     """Setup runs on every node of the cluster."""
     nodes = inv.nodes
-    env = _shared(inv, nodes, task=task, gpus_per_node=gpus_per_node, envs=envs, attempt=attempt)
+    env = _shared(inv, nodes, task=task, gpus_per_node=gpus_per_node, envs=envs, attempt=attempt, job_vars=job_vars)
     env.update(
         {
             "SKYPILOT_NUM_NODES": env["GPUCTL_NUM_NODES"],
@@ -98,9 +101,11 @@ def run_env(
     gpus_per_node: int,
     envs: Mapping[str, str],
     attempt: int | None = None,
+    job_vars: Mapping[str, str] | None = None,
 ) -> StageEnv:
     """Run uses the job's nodes (the first K of the cluster); ranks are 0..K-1."""
-    env = _shared(inv, job_nodes, task=task, gpus_per_node=gpus_per_node, envs=envs, attempt=attempt)
+    env = _shared(inv, job_nodes, task=task, gpus_per_node=gpus_per_node, envs=envs, attempt=attempt,
+                  job_vars=job_vars)
     env.update(
         {
             "SKYPILOT_NODE_IPS": env["GPUCTL_NODE_IPS"],

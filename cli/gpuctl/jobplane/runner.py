@@ -80,6 +80,7 @@ class JobSpec:
     task_id: str | None = None
     epoch: int | None = None
     spot_notice: Mapping[str, object] | None = None
+    job_vars: Mapping[str, str] = field(default_factory=dict)  # gpuctl's own variables (a pipeline's stage)
 
     @classmethod
     def of_task(cls, task: Task, req: ClusterRequest) -> JobSpec:
@@ -323,9 +324,9 @@ class JobRunner:
                  rules: WorkdirFilter = WorkdirFilter()) -> dict:
         inv = self.inv
         setup_env = jobenv.setup_env(inv, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs,
-                                     attempt=spec.epoch)
+                                     attempt=spec.epoch, job_vars=spec.job_vars)
         run_env = jobenv.run_env(inv, job_nodes, task=task, gpus_per_node=spec.gpus_per_node, envs=spec.envs,
-                                 attempt=spec.epoch)
+                                 attempt=spec.epoch, job_vars=spec.job_vars)
         dests = [{"path": i.dest, "dir": i.is_dir,
                   "rsync_args": payload.workdir_rsync_args(rules) if i.dest == payload.WORKDIR_DEST else []}
                  for i in items]

@@ -103,13 +103,28 @@ def _local_source(value: Any, base: Path) -> Path | None:
     return path.resolve() if path.exists() else None
 
 
-def freeze(job_id: int, file: Path, text: str) -> dict[str, Any]:
-    """Keep the task and its local files for job `job_id`; what `launch` records of it."""
+def freeze(job_id: int, file: Path, text: str, *, stages: list[str] | None = None) -> dict[str, Any]:
+    """Keep the task and its local files for job `job_id`; what `launch` records of it. A pipeline's
+    `stages` (each stage's document, spec/pipeline.py) are kept in one file, a document each."""
+    base = file.resolve().parent
+    kept: list[str] = []
+    docs = [_kept_doc(file, t, base, kept) for t in (stages if stages is not None else [text])]
+    path = job_dir(job_id) / FROZEN_TASK
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"# managed job {job_id}: {file} as launched (local paths point at copies kept then)\n")
+        if stages is not None:  # a header, so that the first stage is never taken for one
+            fh.write("name: pipeline\nexecution: serial\n---\n")
+        yaml.safe_dump_all(docs, fh, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return {"task": str(path), "trees": sorted({_tree_of(p) for p in kept})}
+
+
+def _kept_doc(file: Path, text: str, base: Path, kept: list[str]) -> dict[str, Any]:
+    """One task's document with its local workdir and file_mounts kept (their copies' paths in it)
+    and its secrets' values out."""
     doc = yaml.safe_load(text)
     if not isinstance(doc, dict):
         raise UserError(f"{file}: a task YAML is a mapping")
-    base = file.resolve().parent
-    kept: list[str] = []
     if (src := _local_source(doc.get("workdir"), base)) is not None and src.is_dir():
         doc["workdir"] = str(keep(src, workdir=True))
         kept.append(doc["workdir"])
@@ -124,12 +139,7 @@ def freeze(job_id: int, file: Path, text: str) -> dict[str, Any]:
                 kept.append(mounts[dest]["source"])
     if isinstance(doc.get("secrets"), dict):  # values stay in secrets.json (0600), never in the kept task
         doc["secrets"] = {key: None for key in doc["secrets"]}
-    path = job_dir(job_id) / FROZEN_TASK
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"# managed job {job_id}: {file} as launched (local paths point at copies kept then)\n")
-        yaml.safe_dump(doc, fh, sort_keys=False, default_flow_style=False, allow_unicode=True)
-    return {"task": str(path), "trees": sorted({_tree_of(p) for p in kept})}
+    return doc
 
 
 def _tree_of(path: str) -> str:

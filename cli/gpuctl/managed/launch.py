@@ -21,10 +21,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from gpuctl.jobplane import joblogs
-from gpuctl.managed import freeze
+from gpuctl.managed import freeze, stages
 from gpuctl.managed.store import ManagedJob, Store, supervisor_log, write_secrets
 from gpuctl.spec.request import PORTABLE_NAME_MAX
 
@@ -50,10 +50,11 @@ def task_id(cluster: str, job_id: int, submitted_at: float) -> str:
 
 def create(*, name: str, file: Path, text: str, envs: Mapping[str, str], secrets: Mapping[str, str],
            infra: str | None, num_nodes: int | None, store: Store | None = None,
-           taken: Callable[[str], bool] = lambda name: False) -> ManagedJob:
+           taken: Callable[[str], bool] = lambda name: False, pipeline: Any = None) -> ManagedJob:
     """A PENDING job for FILE (`text`: the YAML as read and checked), with its task and local files
     kept (freeze.py) and its secrets in its private directory (never in the table); its cluster's
-    name is one that `taken` (an existing cluster, another job's) does not know."""
+    name is one that `taken` (an existing cluster, another job's) does not know. `pipeline`
+    (spec.pipeline.Pipeline): its stages run one after another, the first one first."""
     store = store or Store()
     now = time.time()
     # the directory it was launched from: a task's relative workdir is read from there, as apply reads it
@@ -70,11 +71,18 @@ def create(*, name: str, file: Path, text: str, envs: Mapping[str, str], secrets
     if secrets:
         write_secrets(job.id, dict(secrets))
     try:
-        frozen = freeze.freeze(job.id, file, text)
+        frozen = freeze.freeze(job.id, file, text,
+                               stages=[s.text for s in pipeline.stages] if pipeline is not None else None)
     except BaseException:  # refused (UserError) or interrupted: no job is left behind
         store.delete(job.id)
         raise
-    store.update(job.id, launch=json.dumps({**launch, "frozen": frozen}))
+    kept_launch: dict[str, Any] = {**launch, "frozen": frozen}
+    more: dict[str, Any] = {}
+    if pipeline is not None:
+        kept_launch["pipeline"] = stages.new(pipeline.name, [(s.name, s.line) for s in pipeline.stages],
+                                             job.cluster, job.task_id)
+        more["task_id"] = stages.task_id(kept_launch["pipeline"], 1)
+    store.update(job.id, launch=json.dumps(kept_launch), **more)
     kept = store.get(job.id) or job
     try:
         freeze.push(kept, store)  # shared state: for whichever runner takes the job over
@@ -91,6 +99,15 @@ def free_cluster_name(job_name: str, job_id: int, taken: Callable[[str], bool]) 
         if not taken(candidate := cluster_name(job_name, job_id, n)):
             return candidate
     raise RuntimeError(f"no free cluster name for managed job {job_id}")
+
+
+def stage_cluster_name(job: ManagedJob, stage: int, taken: Callable[[str], bool]) -> str:
+    """The cluster of a pipeline's stage that cannot run on the one before's: `<name>-mj<id>-<stage>`,
+    or the next free choice."""
+    for n in range(stage, stage + 1000):
+        if not taken(candidate := cluster_name(job.name, job.id, n)):
+            return candidate
+    raise RuntimeError(f"no free cluster name for stage {stage} of managed job {job.id}")
 
 
 def cluster_token() -> str:

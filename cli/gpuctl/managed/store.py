@@ -414,6 +414,10 @@ def job_document(job: ManagedJob, events: list[Event]) -> dict[str, Any]:
             "ended_at": job.ended_at, "reason": job.reason, "exit_code": job.exit_code,
             "failed_rank": job.failed_rank, "cluster_removed": job.destroyed if job.terminal else None,
             "supervisor_pid": job.supervisor_pid,
+            # a pipeline: its name, the stage that runs (or ran last), each stage's state, cluster, attempts
+            "pipeline": (job.launch.get("pipeline") or {}).get("name"),
+            "stage": (job.launch.get("pipeline") or {}).get("current"),
+            "stages": (job.launch.get("pipeline") or {}).get("stages"),
             "events": [{"attempt": e.attempt, "kind": e.kind, "cause": e.cause, "nodes": [int(n) for n in e.nodes],
                         "detected_at": e.detected_at, "resumed_at": e.resumed_at, "exit_code": e.exit_code,
                         "failed_rank": e.failed_rank} for e in events]}

@@ -20,6 +20,7 @@ the job's lease in the bucket (managed/shared.py), so that one on another runner
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -37,8 +38,8 @@ from gpuctl.common.paths import cluster_dir
 from gpuctl.jobplane import autostop, joblogs, replacement
 from gpuctl.jobplane.preparer import Preparer
 from gpuctl.jobplane.runner import JobRunner, JobSpec
-from gpuctl.managed import fencing, freeze, owner, shared
-from gpuctl.managed.launch import HAND_BACK_ENV, supervisor_alive
+from gpuctl.managed import fencing, freeze, owner, shared, stages
+from gpuctl.managed.launch import HAND_BACK_ENV, stage_cluster_name as launch_cluster_name, supervisor_alive
 from gpuctl.managed.policy import AttemptEnd, Decision, decide
 from gpuctl.managed.store import (
     Event, ManagedJob, Store, attempt_log, drop_secrets, kept_log, read_secrets, supervisor_log,
@@ -47,6 +48,7 @@ from gpuctl.providers import get_provider
 from gpuctl.provision import lifecycle, provisioner
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.autostop import Autostop
+from gpuctl.spec.pipeline import stage_env
 from gpuctl.spec.recovery import JobRecovery
 from gpuctl.state.registry import Registry
 
@@ -233,6 +235,7 @@ class Supervisor:
             task, req, recovery = self.load(job)
         except UserError as exc:  # its task cannot be read again: said once, not retried
             return self.finish("FAILED_SUPERVISOR", f"its task could not be loaded: {exc.message}")
+        self.sweep_stage_clusters(job)  # a pipeline's earlier stage's cluster, if a supervisor died removing it
         mine = owner.owns(job)
         if job.status == "PENDING":
             if provisioner.cluster_exists(job.cluster) and not mine:
@@ -240,7 +243,14 @@ class Supervisor:
                                    "job's; it was left untouched", take_down=False)
             owner.stamp(job)  # before anything is made: a half-made cluster is this job's too
             self.store.set_status(job.id, "STARTING")
-            inv = self.bring_up(req, task)
+            stage = stages.current(record) if (record := stages.of(job)) is not None else {}
+            if stage.get("reused") and mine and (inv := provisioner.load_inventory_of(job.cluster)) is not None:
+                self.say(f"stage {stage['index']} ({stage['name']}) runs on {job.cluster} as the stage before "
+                         "left it: nothing made again")
+                if self.lease is None:  # a supervisor that took the job over between the stages
+                    self.arm(inv)
+            else:
+                inv = self.bring_up(req, task)
         elif not mine:
             return self.gone(job, own=False)
         elif get_provider(req.cloud).removed_itself(cluster_dir(job.cluster)) is not None:
@@ -282,8 +292,8 @@ class Supervisor:
                 decision = self.decision(end, recovery)
                 if decision.action == "finish":
                     assert decision.status is not None
-                    return self.finish(decision.status, decision.cause, exit_code=decision.exit_code,
-                                       failed_rank=decision.failed_rank)
+                    return self.conclude(decision.status, decision.cause, exit_code=decision.exit_code,
+                                         failed_rank=decision.failed_rank)
                 inv = self.recover(inv, req, decision, attempt)
             attempt += 1
             self.check_cancel()
@@ -302,12 +312,23 @@ class Supervisor:
         kept = freeze.frozen_task(job)
         if kept is None and not Path(launch["file"]).is_file():
             raise UserError(f"{launch['file']} is gone (this job was launched before gpuctl kept a copy)")
-        task = load_task(kept or launch["file"], env_overrides=launch.get("envs") or {},
-                         secret_overrides=read_secrets(job.id), infra_override=launch.get("infra"),
-                         resources_check=resources_problem)
+
+        def load(source: Any, text: str | None = None) -> Any:
+            return load_task(source, env_overrides=launch.get("envs") or {}, secret_overrides=read_secrets(job.id),
+                             infra_override=launch.get("infra"), resources_check=resources_problem, text=text)
+        record = stages.of(job)
+        if record is not None:  # a pipeline: its current stage, from the kept pipeline
+            assert kept is not None
+            from gpuctl.spec.pipeline import load_pipeline
+
+            pipeline = load_pipeline(kept, load_stage=lambda source, text: load(source, text))
+            task = pipeline.stages[int(record["current"]) - 1].task
+        else:
+            task = load(kept or launch["file"])
         req = request_for(task, name=job.cluster, infra=launch.get("infra"), num_nodes=launch.get("num_nodes"),
                           base_dir=Path(launch["file"]).resolve().parent)
         self.req = replace(req, autodown=True)
+        self.task = task
         return task, self.req, task.resources.job_recovery or JobRecovery()
 
     # -- the cluster ---------------------------------------------------------------------------
@@ -361,12 +382,26 @@ class Supervisor:
         provider = get_provider(inv.cloud)
         spec = replace(JobSpec.of_task(task, req), task_id=job.task_id, epoch=attempt,
                        spot_notice=provider.spot_notice(provisioner.request_to_dict(req)))
+        run_setup = True
+        if (record := stages.of(job)) is not None:  # a pipeline's stage: it says which, and its start
+            launch = stages.started(job.launch, cluster=inv.cluster, attempt=attempt)
+            self.store.update(job.id, launch=json.dumps(launch))
+            stage = stages.current(launch["pipeline"])
+            spec = replace(spec, job_vars={**stage_env(stage["index"], stage["name"]),
+                                           # SkyPilot's: every stage's task id, one a line (a later stage
+                                           # finds an earlier one's outputs under its id)
+                                           "SKYPILOT_TASK_IDS": "\n".join(stages.task_id(record, s["index"])
+                                                                          for s in record["stages"])})
+            # the previous stage's setup ran on these very nodes: the first attempt skips it
+            run_setup = not (stage["setup_skipped"] and stage["first_attempt"] == attempt)
+            self.say(f"stage {stage['index']} ({stage['name']}) of {len(record['stages'])}"
+                     + ("; its setup ran for the stage before, on these nodes: skipped" if not run_setup else ""))
         self.say(f"attempt {attempt}: starting every rank on {len(inv.nodes)} node(s)")
         self.stop_attempt.clear()
         with open(attempt_log(job.id, attempt), "a", buffering=1) as log:
             runner = AttemptRunner(inv, reporter=Reporter(stream=log, plain=True), registry=self.registry)
             thread, result = _in_thread(f"attempt-{attempt}", lambda: runner.run(
-                spec, run_setup=True, sync_file_mounts=True, detach=False, stop=self.stop_attempt.is_set))
+                spec, run_setup=run_setup, sync_file_mounts=True, detach=False, stop=self.stop_attempt.is_set))
             lost = self.monitor(inv, thread, lambda: runner.job_id, attempt)
             thread.join()
             error = result.get("error")
@@ -570,6 +605,15 @@ class Supervisor:
             self.say(f"not ending the job {status}: this supervisor no longer holds its lease")
             return 0  # a runner that lost the job takes nothing down and writes nothing
         take_down = take_down and owner.owns(job)
+        record = stages.of(job)
+        if record is not None:
+            stage = stages.current(record)
+            if stage["status"] not in ("SUCCEEDED",) or status != "SUCCEEDED":
+                self.store.update(job.id, launch=json.dumps(stages.closed(job.launch, status, reason,
+                                                                          attempt=job.attempt)))
+            if status != "SUCCEEDED":
+                reason = f"stage {stage['index']} ({stage['name']}): {reason}" if reason else \
+                    f"stage {stage['index']} ({stage['name']}) ended {status}"
         if status == "CANCELLED":
             self.store.set_status(job.id, "CANCELLING")
         self.say(f"job ends {status}" + (f": {reason}" if reason else "")
@@ -578,16 +622,70 @@ class Supervisor:
             self.lease.__exit__(None, None, None)
             self.lease = None
         left = self.take_down(job.cluster) if take_down else None
+        if record is not None:
+            self.sweep_stage_clusters(self.store.get(job.id) or job)
         drop_secrets(job.id)
         if left:
             reason = f"{reason}; cluster NOT fully removed: {left}" if reason else f"cluster NOT fully removed: {left}"
         self.store.set_status(job.id, status, reason=reason, exit_code=exit_code, failed_rank=failed_rank,
                               destroyed=0 if left else 1)
         ended = self.store.get(job.id)
-        if ended is not None and ended.terminal:
-            freeze.release(ended, self.store)
+        if ended is not None and ended.terminal and (record is None or status == "SUCCEEDED"):
+            freeze.release(ended, self.store)  # a pipeline that did not succeed keeps them: `jobs resume`
         self.say(f"managed job {job.id}: {status}")
         return 0 if status == "SUCCEEDED" else 1
+
+    def conclude(self, status: str, reason: str | None, *, exit_code: int | None = None,
+                 failed_rank: int | None = None, take_down: bool = True) -> int:
+        """The attempts are over: the job's end, or, for a pipeline's stage that succeeded with more
+        to come, the next stage."""
+        job = self.job()
+        record = stages.of(job)
+        if record is None or status != "SUCCEEDED" or int(record["current"]) >= len(record["stages"]):
+            return self.finish(status, reason, exit_code=exit_code, failed_rank=failed_rank, take_down=take_down)
+        return self.next_stage(job, record)
+
+    def next_stage(self, job: ManagedJob, record: dict[str, Any]) -> int:
+        """Stage K succeeded: stage K+1 runs on the same cluster when it asks for the same one (its
+        setup skipped when it is the same), else on a cluster of its own, and K's goes. The stage that
+        succeeded and the next one's start are one write of the job's row."""
+        done = stages.closed(job.launch, "SUCCEEDED", None, attempt=job.attempt)
+        stage = stages.current(record)
+        prev_req, prev_task = self.req, self.task
+        probe = replace(job, launch=stages.advanced(done, cluster=job.cluster, setup_skipped=False))
+        task, req, _ = self.load(probe)
+        reuse = owner.owns(job) and stages.same_cluster(provisioner.request_to_dict(prev_req),
+                                                        provisioner.request_to_dict(req))
+        if reuse:
+            cluster = job.cluster
+        else:
+            taken = {c for c in record["clusters"]}
+            cluster = launch_cluster_name(job, stage["index"] + 1, lambda c: c in taken or provisioner.cluster_exists(c))
+        nxt = stage["index"] + 1
+        setup_same = reuse and bool(task.setup) and task.setup == prev_task.setup
+        launch = stages.advanced(done, cluster=cluster, reused=reuse, setup_skipped=setup_same)
+        self.store.update(job.id, launch=json.dumps(launch), cluster=cluster, status="PENDING",
+                          task_id=stages.task_id(record, nxt), cluster_job=None, reason=None)
+        self.say(f"stage {stage['index']} ({stage['name']}) succeeded; stage {nxt} "
+                 f"({launch['pipeline']['stages'][nxt - 1]['name']}) runs "
+                 + (f"on the same cluster {cluster}" if reuse else f"on a cluster of its own, {cluster}"))
+        if not reuse:
+            if self.lease is not None:
+                self.lease.__exit__(None, None, None)
+                self.lease = None
+            self.sweep_stage_clusters(self.job())
+        return self._run(self.job())
+
+    def sweep_stage_clusters(self, job: ManagedJob) -> None:
+        """A pipeline's clusters other than the current stage's (made for an earlier stage), taken
+        down: a supervisor that died between a stage's end and its cluster's removal leaves one."""
+        record = stages.of(job)
+        for cluster in (record or {}).get("clusters", []):
+            if cluster != job.cluster and owner.owns(replace(job, cluster=cluster)):
+                self.say(f"taking down {cluster}, an earlier stage's cluster")
+                left = self.take_down(cluster)
+                if left:
+                    self.say(f"cluster {cluster} NOT fully removed: {left}")
 
     def gone(self, job: ManagedJob, *, own: bool) -> int:
         """The job's cluster went while no supervisor watched (`gpuctl down`, its own autodown once
@@ -602,9 +700,9 @@ class Supervisor:
             codes = dict(record.returncodes or {})
             failed = record.failed_rank
             self.started_as(job, record)
-            return self.finish(record.status, None if record.status == "SUCCEEDED" else record.detail,
-                               exit_code=codes.get(failed) if failed is not None else None, failed_rank=failed,
-                               take_down=own)
+            return self.conclude(record.status, None if record.status == "SUCCEEDED" else record.detail,
+                                 exit_code=codes.get(failed) if failed is not None else None, failed_rank=failed,
+                                 take_down=own)
         how = "it removed itself once no supervisor renewed its lease" if own else "it was removed (`gpuctl down`)"
         return self.finish("LOST", f"its cluster {job.cluster} is gone ({how}) while the job was {job.status}; "
                            f"the outcome of attempt {job.attempt} is unknown", take_down=own)

@@ -91,9 +91,9 @@ def _compose(text: str, source: str) -> tuple[Any, dict[_Path, int], dict[_Path,
         mark = err.problem_mark or err.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         if isinstance(err, yaml.composer.ComposerError) and "single document" in str(err.context):
-            raise UserError(f"{where}: more than one YAML document (---): a SkyPilot pipeline; `gpuctl validate "
-                            f"{source}` checks its stages, but gpuctl does not run pipelines yet: give each stage a "
-                            "file of its own and launch them one after another") from None
+            raise UserError(f"{where}: more than one YAML document (---): a SkyPilot pipeline; `gpuctl jobs launch "
+                            f"{source}` runs its stages one after another as one managed job (`gpuctl validate` "
+                            "checks them)") from None
         hint = "; indent with spaces, not tabs" if "\\t" in str(err.problem) else ""
         raise UserError(f"{where}: YAML syntax error: {err.problem or err.context}{hint}") from None
     except yaml.YAMLError as err:

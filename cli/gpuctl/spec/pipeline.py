@@ -154,6 +154,6 @@ def load_pipeline(path: str | Path, *, text: str | None = None,
     return Pipeline(name, tuple(stages), header.line if header is not None else None)
 
 
-def stage_env(stage: Stage) -> Mapping[str, str]:
+def stage_env(index: int, name: str) -> Mapping[str, str]:
     """What a stage's ranks are told of it (beside SKYPILOT_TASK_ID)."""
-    return {"GPUCTL_STAGE": str(stage.index), "GPUCTL_STAGE_NAME": stage.name}
+    return {"GPUCTL_STAGE": str(index), "GPUCTL_STAGE_NAME": name}
