@@ -222,6 +222,9 @@ def launch_(file: Path = typer.Argument(..., metavar="FILE", help="Task YAML in 
 
     pipeline = None
     if is_pipeline(text):  # SkyPilot's pipeline: its stages, one after another, as one managed job
+        if num_nodes is not None:
+            raise UserError(f"--num-nodes {num_nodes}: {file} is a pipeline, whose stages ask for their own "
+                            "nodes; set num_nodes in each stage")
         pipeline = load_pipeline(file, text=text, load_stage=load, check_stage=check)
         tasks = [stage.task for stage in pipeline.stages]
         job_name = name or pipeline.name or file.stem

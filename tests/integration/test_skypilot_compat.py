@@ -182,6 +182,10 @@ def test_a_pipeline_validates_stage_by_stage_and_is_refused_where_it_would_run(t
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "a SkyPilot pipeline; `gpuctl jobs launch" in proc.stderr and "one managed job" in proc.stderr
     assert not (tmp_path / "state" / "clusters").exists()  # nothing was made
+    proc = gpuctlfork.run(["jobs", "launch", str(path), "--num-nodes", "3"], cwd=tmp_path,
+                          env={**os.environ, "GPUCTL_STATE_DIR": str(tmp_path / "state")}, timeout=60)
+    assert proc.returncode == 2 and "set num_nodes in each stage" in proc.stderr, proc.stderr
+    assert not (tmp_path / "state" / "managed").exists()  # no job was made
 
 
 def test_infra_flag_replaces_every_location_in_the_file(tmp_path: Path) -> None:
