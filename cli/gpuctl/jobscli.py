@@ -210,7 +210,7 @@ def launch_(file: Path = typer.Argument(..., metavar="FILE", help="Task YAML in 
         return load_task(source, env_overrides=envs, secret_overrides=secrets, infra_override=infra,
                          resources_check=resources_problem, text=stage_text)
 
-    def check(task: Any, stage_text: str = "") -> None:
+    def check(task: Any, _text: str = "") -> None:
         req = request_for(task, name=launch.cluster_name(name or task.name or file.stem, 0), infra=infra,
                           num_nodes=num_nodes, base_dir=file.resolve().parent)
         if not get_provider(req.cloud).provisions:
@@ -511,35 +511,45 @@ def resume_(job_id: int = typer.Argument(..., metavar="ID", help="A managed pipe
     from gpuctl.managed import freeze, launch, shared, stages
     from gpuctl.managed.store import job_document, write_secrets
     from gpuctl.provision.provisioner import cluster_exists
+    from gpuctl.state.registry import Registry
 
     as_json = wants_json(output_format)
     store = _store()
-    job = _job(store, job_id)
+    job = store.refresh(job_id) or _job(store, job_id)  # with shared state: as the bucket has it now
     record = stages.of(job)
     if record is None:
         raise UserError(f"managed job {job_id} is one task, not a pipeline: `gpuctl jobs launch FILE` runs it again")
+    if store.bucket is not None and (lease := shared.read_lease(store.bucket, job_id)) is not None \
+            and not lease.expired:
+        raise UserError(f"managed job {job_id} is supervised by {lease.text()}: resume it once that has ended")
     if not job.terminal:
         raise UserError(f"managed job {job_id} is {job.status}: a pipeline resumes once it ended (`gpuctl jobs "
                         f"cancel {job_id}` ends it)")
     if job.status == "SUCCEEDED":
         raise UserError(f"managed job {job_id} SUCCEEDED: every stage ran; nothing to resume")
     kept = freeze.frozen_task(job)
-    if kept is None or not kept.is_file():
-        raise UserError(f"managed job {job_id}: the stages as launched are no longer kept here; launch the "
-                        "pipeline again")
+    problem = freeze.pull(job, store)  # with shared state: the kept stages and files, from the bucket
+    if kept is None or not kept.is_file() or problem or freeze.missing_trees(job):
+        raise UserError(f"managed job {job_id}: the stages as launched are no longer kept here"
+                        + (f" ({problem})" if problem else "") + "; launch the pipeline again")
     found, missing = shared.missing_secrets(job.launch.get("secrets") or [])
     if missing:  # a job's secrets are dropped when it ends: given again, by name, from the environment
         raise UserError(f"managed job {job_id} needs {', '.join(missing)}: set {'it' if len(missing) == 1 else 'them'} "
                         "in the environment (a job's secrets are not kept once it ended), then resume it")
     resumed, first = stages.resumed(job.launch)
-    taken = set(record["clusters"])
-    cluster = launch.stage_cluster_name(job, first, lambda c: c in taken or cluster_exists(c))
+    registry = Registry()
+    taken = set(record["clusters"]) | {j.cluster for j in store.all() if j.id != job.id}
+    cluster = launch.stage_cluster_name(job, first, lambda c: c in taken or cluster_exists(c)
+                                        or registry.cluster(c) is not None)
     resumed["pipeline"]["clusters"].append(cluster)
     if found:
         write_secrets(job.id, found)
+    if store.bucket is not None:
+        shared.clear_cancel(store.bucket, job.id)  # a cancelled pipeline's cancel is not the resumed one's
     store.update(job.id, launch=json.dumps(resumed), cluster=cluster, task_id=stages.task_id(record, first),
                  status="PENDING", reason=None, exit_code=None, failed_rank=None, ended_at=None, cluster_job=None,
-                 cancel_requested=0, destroyed=0, supervisor_pid=None, supervisor_start=None, supervisor_runs=0)
+                 cancel_requested=0, destroyed=0, supervisor_pid=None, supervisor_start=None, supervisor_runs=0,
+                 restarts=0, transient=0)
     pid = launch.spawn(job.id)
     if not launch.wait_claimed(store, job.id, pid):
         raise UserError(f"managed job {job.id}: its supervisor did not start; see {launch.supervisor_log(job.id)}")

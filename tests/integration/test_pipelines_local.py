@@ -53,6 +53,7 @@ resources:
   infra: local
 run: |
   echo "run $GPUCTL_STAGE $GPUCTL_STAGE_NAME $SKYPILOT_TASK_ID $(hostname) $SKYPILOT_NUM_NODES" >> "$OUT/runs"
+  echo "$SKYPILOT_TASK_IDS" | sed -n 1p > "$OUT/first-task-id"
 """
 
 
@@ -135,6 +136,7 @@ def test_stages_run_in_order_reusing_the_cluster_and_a_killed_supervisor_reruns_
     assert len(pipe.runs(1)) == 1, runs  # stage 1 ran once, though its supervisor was replaced after it
     task_ids = {r[1]: r[3] for r in runs}
     assert len(set(task_ids.values())) == 3 and all(t.endswith(f"-{s}") for s, t in task_ids.items()), task_ids
+    assert (pipe.out / "first-task-id").read_text().strip() == task_ids["1"]  # SKYPILOT_TASK_IDS, as SkyPilot's
     # train read what prep left in the node's home: the same node, not made again
     assert (pipe.out / "train-read").read_text().strip() == "data-from-prep"
     assert pipe.runs(1)[0][4] == pipe.runs(2)[0][4]

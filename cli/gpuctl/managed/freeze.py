@@ -179,12 +179,23 @@ def pull(job: ManagedJob, store: Store) -> str | None:
     return shared.pull_frozen(store.bucket, job.id, task, kept_trees(job), trees_root())
 
 
+def resumable(job: ManagedJob) -> bool:
+    """A pipeline that ended without succeeding: `jobs resume` runs its kept stages again."""
+    return bool(job.launch.get("pipeline")) and job.terminal and job.status != "SUCCEEDED"
+
+
+def missing_trees(job: ManagedJob) -> list[str]:
+    """The kept trees of the job that are not on this machine."""
+    return [t for t in kept_trees(job) if not (trees_root() / t).is_dir()]
+
+
 def release(job: ManagedJob, store: Store | None = None) -> None:
     """Remove the trees of an ended job that no job still running refers to."""
     store = store or Store()
     store.pull()  # with shared state, other runners' jobs may use the same trees
     mine = set(kept_trees(job))
-    used = {t for other in store.all() if other.id != job.id and not other.terminal for t in kept_trees(other)}
+    used = {t for other in store.all() if other.id != job.id and (not other.terminal or resumable(other))
+            for t in kept_trees(other)}
     for tree in mine - used:
         shutil.rmtree(trees_root() / tree, ignore_errors=True)
     if store.bucket is not None:

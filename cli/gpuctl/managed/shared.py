@@ -284,6 +284,11 @@ def request_cancel(store: S3Store, job_id: int) -> None:
     store.put(_job_key(store, job_id, "cancel"), b"cancel requested\n")
 
 
+def clear_cancel(store: S3Store, job_id: int) -> None:
+    """`jobs resume` of a cancelled pipeline: the old cancel is not the resumed job's."""
+    store.delete(_job_key(store, job_id, "cancel"))
+
+
 def cancel_requested(store: S3Store, job_id: int) -> bool:
     return store.get(_job_key(store, job_id, "cancel")) is not None  # a GET: a tenth of a LIST's price
 

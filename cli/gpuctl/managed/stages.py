@@ -16,9 +16,8 @@ import time
 from typing import Any, Mapping
 
 from gpuctl.managed.store import ManagedJob
+from gpuctl.spec.pipeline import stage_env
 
-STAGE_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_NO_RESOURCE",
-                "FAILED_SUPERVISOR", "CANCELLED", "LOST", "SKIPPED")
 # what a cluster is made of: two stages asking the same run on one cluster, the next on the same nodes
 SHAPE_FIELDS = ("cloud", "region", "zone", "instance_type", "accelerator", "gpus_per_node", "cpus", "memory",
                 "use_spot", "disk_size", "image_id", "network_tier", "num_nodes", "inventory_path")
@@ -48,12 +47,20 @@ def task_id(record: Mapping[str, Any], index: int) -> str:
     return f"{record['task_id']}-{index}"
 
 
+def job_vars(record: Mapping[str, Any], stage: Mapping[str, Any]) -> dict[str, str]:
+    """What the stage's ranks are told of the pipeline: which stage they are, and (SkyPilot's
+    SKYPILOT_TASK_IDS) every stage's task id, one a line: a later stage finds an earlier one's
+    outputs under its id."""
+    return {**stage_env(stage["index"], stage["name"]),
+            "SKYPILOT_TASK_IDS": "\n".join(task_id(record, s["index"]) for s in record["stages"])}
+
+
 def started(launch: Mapping[str, Any], *, cluster: str, attempt: int) -> dict[str, Any]:
     """The current stage has begun (its first attempt is `attempt`, on `cluster`)."""
     out = copy.deepcopy(dict(launch))
     stage = current(out["pipeline"])
-    if stage["status"] == "PENDING":
-        stage.update(status="RUNNING", started_at=time.time())
+    if stage["status"] != "RUNNING":
+        stage.update(status="RUNNING", started_at=stage["started_at"] or time.time(), ended_at=None, reason=None)
     if stage["first_attempt"] is None:
         stage["first_attempt"] = attempt
     stage["last_attempt"] = attempt
@@ -88,6 +95,20 @@ def advanced(launch: Mapping[str, Any], *, cluster: str, reused: bool = False,
     if cluster not in record["clusters"]:
         record["clusters"].append(cluster)
     return out
+
+
+def not_reused(launch: Mapping[str, Any]) -> dict[str, Any]:
+    """The current stage's cluster was made again (the stage before's went meanwhile): its setup runs."""
+    out = copy.deepcopy(dict(launch))
+    current(out["pipeline"]).update(reused=False, setup_skipped=False)
+    return out
+
+
+def same_setup(before: Any, after: Any) -> bool:
+    """Whether a stage's setup would do on the nodes what the stage before's did (spec Tasks): the
+    same script, in the same environment, workdir, files and container."""
+    fields = ("setup", "envs", "workdir", "file_mounts", "container_image")
+    return all(getattr(before, f, None) == getattr(after, f, None) for f in fields)
 
 
 def resumed(launch: Mapping[str, Any]) -> tuple[dict[str, Any], int]:

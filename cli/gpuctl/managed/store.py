@@ -367,7 +367,7 @@ class Store:
         of this state dir's own, from before it shared its state (kept as it is)."""
         from gpuctl.managed import shared
 
-        if local is not None and local.task_id and local.task_id != doc["job"].get("task_id"):
+        if local is not None and not _same_job(local, doc["job"]):
             return False
         row = {k: v for k, v in doc["job"].items() if k in _COLUMNS}
         row["launch"] = json.dumps(row.get("launch") or {})
@@ -386,6 +386,15 @@ class Store:
                             e.get("exit_code"), e.get("failed_rank")))
             db.execute("COMMIT")
         return True
+
+
+def _same_job(local: ManagedJob, theirs: dict[str, Any]) -> bool:
+    """Whether the bucket's row is this job's: the token its launch drew (a pipeline's task id changes
+    with every stage), else, for a job launched before tokens, its task id."""
+    mine, token = local.launch.get("cluster_token"), (theirs.get("launch") or {}).get("cluster_token")
+    if mine and token:
+        return bool(mine == token)
+    return not local.task_id or local.task_id == theirs.get("task_id")
 
 
 _COLUMNS = frozenset(f.name for f in fields(ManagedJob))  # a row's columns are the job's fields (_job)

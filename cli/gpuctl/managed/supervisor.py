@@ -48,7 +48,6 @@ from gpuctl.providers import get_provider
 from gpuctl.provision import lifecycle, provisioner
 from gpuctl.provision.inventory import Inventory
 from gpuctl.spec.autostop import Autostop
-from gpuctl.spec.pipeline import stage_env
 from gpuctl.spec.recovery import JobRecovery
 from gpuctl.state.registry import Registry
 
@@ -244,12 +243,16 @@ class Supervisor:
             owner.stamp(job)  # before anything is made: a half-made cluster is this job's too
             self.store.set_status(job.id, "STARTING")
             stage = stages.current(record) if (record := stages.of(job)) is not None else {}
-            if stage.get("reused") and mine and (inv := provisioner.load_inventory_of(job.cluster)) is not None:
+            reused = (stage.get("reused") and mine and (inv := provisioner.load_inventory_of(job.cluster)) is not None
+                      and get_provider(req.cloud).removed_itself(cluster_dir(job.cluster)) is None)
+            if reused:
                 self.say(f"stage {stage['index']} ({stage['name']}) runs on {job.cluster} as the stage before "
                          "left it: nothing made again")
                 if self.lease is None:  # a supervisor that took the job over between the stages
                     self.arm(inv)
             else:
+                if stage.get("reused"):  # the cluster went meanwhile: made again, and setup runs on it
+                    self.store.update(job.id, launch=json.dumps(stages.not_reused(job.launch)))
                 inv = self.bring_up(req, task)
         elif not mine:
             return self.gone(job, own=False)
@@ -318,7 +321,8 @@ class Supervisor:
                              infra_override=launch.get("infra"), resources_check=resources_problem, text=text)
         record = stages.of(job)
         if record is not None:  # a pipeline: its current stage, from the kept pipeline
-            assert kept is not None
+            if kept is None:
+                raise UserError("the pipeline's kept stages are gone")
             from gpuctl.spec.pipeline import load_pipeline
 
             pipeline = load_pipeline(kept, load_stage=lambda source, text: load(source, text))
@@ -387,11 +391,7 @@ class Supervisor:
             launch = stages.started(job.launch, cluster=inv.cluster, attempt=attempt)
             self.store.update(job.id, launch=json.dumps(launch))
             stage = stages.current(launch["pipeline"])
-            spec = replace(spec, job_vars={**stage_env(stage["index"], stage["name"]),
-                                           # SkyPilot's: every stage's task id, one a line (a later stage
-                                           # finds an earlier one's outputs under its id)
-                                           "SKYPILOT_TASK_IDS": "\n".join(stages.task_id(record, s["index"])
-                                                                          for s in record["stages"])})
+            spec = replace(spec, job_vars=stages.job_vars(record, stage))
             # the previous stage's setup ran on these very nodes: the first attempt skips it
             run_setup = not (stage["setup_skipped"] and stage["first_attempt"] == attempt)
             self.say(f"stage {stage['index']} ({stage['name']}) of {len(record['stages'])}"
@@ -606,11 +606,10 @@ class Supervisor:
             return 0  # a runner that lost the job takes nothing down and writes nothing
         take_down = take_down and owner.owns(job)
         record = stages.of(job)
-        if record is not None:
+        closing: dict[str, Any] = {}
+        if record is not None:  # written with the job's end, one write: never SKIPPED stages of a job going on
             stage = stages.current(record)
-            if stage["status"] not in ("SUCCEEDED",) or status != "SUCCEEDED":
-                self.store.update(job.id, launch=json.dumps(stages.closed(job.launch, status, reason,
-                                                                          attempt=job.attempt)))
+            closing["launch"] = json.dumps(stages.closed(job.launch, status, reason, attempt=job.attempt))
             if status != "SUCCEEDED":
                 reason = f"stage {stage['index']} ({stage['name']}): {reason}" if reason else \
                     f"stage {stage['index']} ({stage['name']}) ended {status}"
@@ -623,12 +622,14 @@ class Supervisor:
             self.lease = None
         left = self.take_down(job.cluster) if take_down else None
         if record is not None:
-            self.sweep_stage_clusters(self.store.get(job.id) or job)
+            earlier = self.sweep_stage_clusters(self.store.get(job.id) or job)
+            if earlier:
+                left = "; ".join([left, *earlier] if left else earlier)
         drop_secrets(job.id)
         if left:
             reason = f"{reason}; cluster NOT fully removed: {left}" if reason else f"cluster NOT fully removed: {left}"
         self.store.set_status(job.id, status, reason=reason, exit_code=exit_code, failed_rank=failed_rank,
-                              destroyed=0 if left else 1)
+                              destroyed=0 if left else 1, **closing)
         ended = self.store.get(job.id)
         if ended is not None and ended.terminal and (record is None or status == "SUCCEEDED"):
             freeze.release(ended, self.store)  # a pipeline that did not succeed keeps them: `jobs resume`
@@ -651,21 +652,28 @@ class Supervisor:
         succeeded and the next one's start are one write of the job's row."""
         done = stages.closed(job.launch, "SUCCEEDED", None, attempt=job.attempt)
         stage = stages.current(record)
+        nxt = stage["index"] + 1
         prev_req, prev_task = self.req, self.task
-        probe = replace(job, launch=stages.advanced(done, cluster=job.cluster, setup_skipped=False))
-        task, req, _ = self.load(probe)
-        reuse = owner.owns(job) and stages.same_cluster(provisioner.request_to_dict(prev_req),
-                                                        provisioner.request_to_dict(req))
+        try:
+            task, req, _ = self.load(replace(job, launch=stages.advanced(done, cluster=job.cluster)))
+        except UserError as exc:  # the next stage cannot be read again: it, not the one that succeeded, failed
+            self.store.update(job.id, launch=json.dumps(stages.advanced(done, cluster=job.cluster)))
+            return self.finish("FAILED_SUPERVISOR", f"its task could not be loaded: {exc.message}")
+        reuse = (owner.owns(job) and stages.same_cluster(provisioner.request_to_dict(prev_req),
+                                                         provisioner.request_to_dict(req))
+                 and get_provider(req.cloud).removed_itself(cluster_dir(job.cluster)) is None)
         if reuse:
             cluster = job.cluster
         else:
-            taken = {c for c in record["clusters"]}
-            cluster = launch_cluster_name(job, stage["index"] + 1, lambda c: c in taken or provisioner.cluster_exists(c))
-        nxt = stage["index"] + 1
-        setup_same = reuse and bool(task.setup) and task.setup == prev_task.setup
+            taken = set(record["clusters"]) | {j.cluster for j in self.store.all() if j.id != job.id}
+            cluster = launch_cluster_name(job, nxt, lambda c: c in taken or provisioner.cluster_exists(c)
+                                          or self.registry.cluster(c) is not None)
+        # what the setup sees is the same as for the stage before: skipped on the same nodes
+        setup_same = reuse and bool(task.setup) and stages.same_setup(prev_task, task)
         launch = stages.advanced(done, cluster=cluster, reused=reuse, setup_skipped=setup_same)
+        # each stage has its own recovery budgets, as a managed job of its own would
         self.store.update(job.id, launch=json.dumps(launch), cluster=cluster, status="PENDING",
-                          task_id=stages.task_id(record, nxt), cluster_job=None, reason=None)
+                          task_id=stages.task_id(record, nxt), cluster_job=None, reason=None, restarts=0, transient=0)
         self.say(f"stage {stage['index']} ({stage['name']}) succeeded; stage {nxt} "
                  f"({launch['pipeline']['stages'][nxt - 1]['name']}) runs "
                  + (f"on the same cluster {cluster}" if reuse else f"on a cluster of its own, {cluster}"))
@@ -676,16 +684,22 @@ class Supervisor:
             self.sweep_stage_clusters(self.job())
         return self._run(self.job())
 
-    def sweep_stage_clusters(self, job: ManagedJob) -> None:
+    def sweep_stage_clusters(self, job: ManagedJob) -> list[str]:
         """A pipeline's clusters other than the current stage's (made for an earlier stage), taken
-        down: a supervisor that died between a stage's end and its cluster's removal leaves one."""
-        record = stages.of(job)
-        for cluster in (record or {}).get("clusters", []):
-            if cluster != job.cluster and owner.owns(replace(job, cluster=cluster)):
+        down: a supervisor that died between a stage's end and its cluster's removal leaves one.
+        What could not be removed, said."""
+        left = []
+        for cluster in (stages.of(job) or {}).get("clusters", []):
+            if cluster == job.cluster:
+                continue
+            if self.registry.remote is not None:
+                self.registry.adopt(cluster)  # made by another runner's supervisor: its records are in the bucket
+            if owner.owns(replace(job, cluster=cluster)):
                 self.say(f"taking down {cluster}, an earlier stage's cluster")
-                left = self.take_down(cluster)
-                if left:
-                    self.say(f"cluster {cluster} NOT fully removed: {left}")
+                if (what := self.take_down(cluster)) is not None:
+                    self.say(f"cluster {cluster} NOT fully removed: {what}")
+                    left.append(f"{cluster}: {what}")
+        return left
 
     def gone(self, job: ManagedJob, *, own: bool) -> int:
         """The job's cluster went while no supervisor watched (`gpuctl down`, its own autodown once
