@@ -510,7 +510,6 @@ def resume_(job_id: int = typer.Argument(..., metavar="ID", help="A managed pipe
 
     from gpuctl.managed import freeze, launch, shared, stages
     from gpuctl.managed.store import job_document, write_secrets
-    from gpuctl.provision.provisioner import cluster_exists
     from gpuctl.state.registry import Registry
 
     as_json = wants_json(output_format)
@@ -537,10 +536,7 @@ def resume_(job_id: int = typer.Argument(..., metavar="ID", help="A managed pipe
         raise UserError(f"managed job {job_id} needs {', '.join(missing)}: set {'it' if len(missing) == 1 else 'them'} "
                         "in the environment (a job's secrets are not kept once it ended), then resume it")
     resumed, first = stages.resumed(job.launch)
-    registry = Registry()
-    taken = set(record["clusters"]) | {j.cluster for j in store.all() if j.id != job.id}
-    cluster = launch.stage_cluster_name(job, first, lambda c: c in taken or cluster_exists(c)
-                                        or registry.cluster(c) is not None)
+    cluster = launch.stage_cluster_name(job, first, store, Registry())
     resumed["pipeline"]["clusters"].append(cluster)
     if found:
         write_secrets(job.id, found)

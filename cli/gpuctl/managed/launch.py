@@ -92,22 +92,26 @@ def create(*, name: str, file: Path, text: str, envs: Mapping[str, str], secrets
     return kept
 
 
-def free_cluster_name(job_name: str, job_id: int, taken: Callable[[str], bool]) -> str:
-    """`<name>-mj<id>`, or the next choice when a cluster (the user's own `gpuctl apply`) or another
-    job already has that name: a managed job never runs on, nor removes, a cluster it did not make."""
-    for n in range(1, 1000):
+def free_cluster_name(job_name: str, job_id: int, taken: Callable[[str], bool], *, start: int = 1) -> str:
+    """`<name>-mj<id>` (from the `start`th choice on: `<name>-mj<id>-<start>`), or the next choice when
+    a cluster (the user's own `gpuctl apply`) or another job already has that name: a managed job
+    never runs on, nor removes, a cluster it did not make."""
+    for n in range(start, start + 1000):
         if not taken(candidate := cluster_name(job_name, job_id, n)):
             return candidate
     raise RuntimeError(f"no free cluster name for managed job {job_id}")
 
 
-def stage_cluster_name(job: ManagedJob, stage: int, taken: Callable[[str], bool]) -> str:
+def stage_cluster_name(job: ManagedJob, stage: int, store: Store, registry: Any) -> str:
     """The cluster of a pipeline's stage that cannot run on the one before's: `<name>-mj<id>-<stage>`,
-    or the next free choice."""
-    for n in range(stage, stage + 1000):
-        if not taken(candidate := cluster_name(job.name, job.id, n)):
-            return candidate
-    raise RuntimeError(f"no free cluster name for stage {stage} of managed job {job.id}")
+    or the next choice that no cluster of the pipeline's, of another job's, of the registry's or on
+    the platform has."""
+    from gpuctl.provision.provisioner import cluster_exists  # a stage's hand-over only
+
+    record = stages.of(job) or {}
+    used = set(record.get("clusters", [])) | {j.cluster for j in store.all() if j.id != job.id}
+    return free_cluster_name(job.name, job.id, lambda c: c in used or cluster_exists(c)
+                             or registry.cluster(c) is not None, start=stage)
 
 
 def cluster_token() -> str:

@@ -665,9 +665,7 @@ class Supervisor:
         if reuse:
             cluster = job.cluster
         else:
-            taken = set(record["clusters"]) | {j.cluster for j in self.store.all() if j.id != job.id}
-            cluster = launch_cluster_name(job, nxt, lambda c: c in taken or provisioner.cluster_exists(c)
-                                          or self.registry.cluster(c) is not None)
+            cluster = launch_cluster_name(job, nxt, self.store, self.registry)
         # what the setup sees is the same as for the stage before: skipped on the same nodes
         setup_same = reuse and bool(task.setup) and stages.same_setup(prev_task, task)
         launch = stages.advanced(done, cluster=cluster, reused=reuse, setup_skipped=setup_same)
