@@ -182,7 +182,9 @@ class Dashboard:
             doc = build(request)
             if doc is None:
                 return JSONResponse({"ok": False, "error": "not found"}, status_code=404)
-            return JSONResponse(json.loads(json.dumps({"ok": True, **doc}, default=_page_json)))
+            # JSONResponse's own encoding, with the pages (read-model Pages) rendered in the same pass
+            return Response(json.dumps({"ok": True, **doc}, default=_page_json, ensure_ascii=False, allow_nan=False,
+                                       separators=(",", ":")).encode(), media_type="application/json")
         return endpoint
 
     # -- live output -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gpuctl.common.paths import cluster_dir
 from gpuctl.configplane import fabricrecord
@@ -98,26 +98,31 @@ def clusters(registry: Registry, *, query: str = "", status: str = "", sort: str
 def _cluster_extras(name: str, idle: Callable[[str], dict[str, Any] | None] | None, now: float) -> dict[str, Any]:
     """A listed cluster's fabric, health summary and autostop (with time left, where a head said)."""
     cdir = cluster_dir(name)
-    fabric = fabricrecord.load_fabric(cdir) or {}
-    summary = None
     try:
         inv = load_inventory_of(name)
     except Exception:  # noqa: BLE001 - an unreadable inventory is shown as none, not as a broken page
         inv = None
-    if inv is not None:
-        verdicts = health.last_verdicts(cdir, inv)
-        if verdicts:
-            counts: dict[str, int] = {}
-            for entry in verdicts.values():
-                counts[entry["verdict"]] = counts.get(entry["verdict"], 0) + 1
-            summary = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items()))
+    return {"fabric": (fabricrecord.load_fabric(cdir) or {}).get("kind"),
+            "health": _health_summary(health.last_verdicts(cdir, inv) if inv is not None else {}),
+            **_autostop_view(name, idle, now)}
+
+
+def _health_summary(verdicts: Mapping[int, Mapping[str, Any]]) -> str | None:
+    """"2 healthy, 1 unhealthy": how many nodes had each verdict at the last check; None if never checked."""
+    counts: dict[str, int] = {}
+    for entry in verdicts.values():
+        counts[entry["verdict"]] = counts.get(entry["verdict"], 0) + 1
+    return ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items())) or None
+
+
+def _autostop_view(name: str, idle: Callable[[str], dict[str, Any] | None] | None, now: float) -> dict[str, Any]:
+    """The cluster's autostop setting, and the time left as its head last said (headwatch)."""
     setting = autostop.saved(name)
     seen = idle(name) if idle is not None and setting is not None else None
     left = None
     if setting is not None and seen and seen.get("idle_s") is not None:
         left = max(0.0, setting.idle_minutes * autostop.minute_seconds() - seen["idle_s"] - (now - seen["at"]))
-    return {"fabric": fabric.get("kind"), "health": summary,
-            "autostop": setting.describe() if setting is not None else None,
+    return {"autostop": setting.describe() if setting is not None else None,
             "autostop_left_s": left, "autostop_seen_at": seen.get("at") if seen else None}
 
 
@@ -198,7 +203,7 @@ def cluster(registry: Registry, name: str, *, idle: Callable[[str], dict[str, An
     }
     if rec is not None:
         doc.update(costs.cluster_cost(name, registry, rec.created_at, now))
-        doc.update(_cluster_extras(name, idle, now))
+        doc.update(_autostop_view(name, idle, now), health=_health_summary(verdicts))  # the files read above
     return doc
 
 
