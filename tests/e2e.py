@@ -145,6 +145,33 @@ def gpuctl_python(code: str, *args: str, env: dict[str, str], timeout: float = 3
                           capture_output=True, text=True, timeout=timeout)
 
 
+class ManagedJobs:
+    """A state dir's managed jobs as a test sees them: gpuctl run against it, its store, a job's
+    supervisor log (tests/integration/test_managed_local.py, test_pipelines_local.py)."""
+
+    def __init__(self, root: Path) -> None:
+        from gpuctl.managed.store import Store
+
+        self.root = root
+        self.state = root / "state"
+        self.store = Store(self.state / "managed.db")
+
+    def gpuctl(self, *args: str, timeout: float = 300) -> Result:
+        return run_gpuctl(*args, state_dir=self.state, timeout=timeout)
+
+    def job(self, job_id: int):  # noqa: ANN201 - a ManagedJob
+        return self.store.get(job_id)
+
+    def wait_status(self, job_id: int, statuses: tuple[str, ...], timeout: float = 180):  # noqa: ANN201
+        return wait_for(f"managed job {job_id} in {statuses}",
+                        lambda: (j := self.job(job_id)) is not None and j.status in statuses and j, timeout,
+                        interval=0.1)
+
+    def supervisor_log(self, job_id: int) -> str:
+        path = self.state / "managed" / str(job_id) / "supervisor.log"
+        return path.read_text() if path.exists() else "(no supervisor log)"
+
+
 class Watched:
     """gpuctl started in its own process group (signalled as a whole, as a terminal's Ctrl-C
     does), its stdout and stderr read line by line; `seen` is set once a stdout line

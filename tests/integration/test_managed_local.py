@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from e2e import Cluster, kill_dead, needs_local_nodes, queue_rows, run_gpuctl, wait_for
+from e2e import Cluster, ManagedJobs, kill_dead, needs_local_nodes, queue_rows, run_gpuctl, wait_for
 
 from gpuctl.managed.store import Store
 
@@ -47,11 +47,10 @@ echo "end $GPUCTL_NODE_RANK $GPUCTL_ATTEMPT $(date +%s.%N)" >> "$CKPT/events"
 """
 
 
-class Managed:
+class Managed(ManagedJobs):
     def __init__(self, root: Path, ckpt: Path) -> None:
-        self.root, self.ckpt = root, ckpt
-        self.state = root / "state"
-        self.store = Store(self.state / "managed.db")
+        super().__init__(root)
+        self.ckpt = ckpt
 
     def task(self, nodes: int, *, steps: int = 40, recovery: str = "{}", envs: dict[str, str] | None = None) -> Path:
         path = self.root / "task.yaml"
@@ -61,20 +60,9 @@ class Managed:
                         f"envs:\n{env_lines}run: |\n{textwrap.indent(RANK_SCRIPT.strip(), '  ')}\n")
         return path
 
-    def gpuctl(self, *args: str, timeout: float = 300):
-        return run_gpuctl(*args, state_dir=self.state, timeout=timeout)
-
     def launch(self, task: Path) -> int:
         res = self.gpuctl("jobs", "launch", str(task), "-d", "-o", "json").check()
         return int(json.loads(res.stdout)["job"]["id"])
-
-    def job(self, job_id: int):
-        return self.store.get(job_id)
-
-    def wait_status(self, job_id: int, statuses: tuple[str, ...], timeout: float):
-        return wait_for(f"managed job {job_id} in {statuses}",
-                        lambda: (j := self.job(job_id)) is not None and j.status in statuses and j, timeout,
-                        interval=0.1)
 
     def cluster(self, job_id: int) -> Cluster:
         return Cluster(self.job(job_id).cluster, self.state)
@@ -96,9 +84,6 @@ class Managed:
         res = self.gpuctl("jobs", "queue", "-o", "json").check()
         return next(j for j in json.loads(res.stdout)["jobs"] if j["id"] == job_id)
 
-    def supervisor_log(self, job_id: int) -> str:
-        path = self.state / "managed" / str(job_id) / "supervisor.log"
-        return path.read_text() if path.exists() else "(no supervisor log)"
 
 
 @pytest.fixture

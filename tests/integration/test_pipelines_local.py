@@ -17,10 +17,9 @@ from typing import Iterator
 
 import pytest
 
-from e2e import Cluster, kill_dead, needs_local_nodes, run_gpuctl, wait_for
+from e2e import Cluster, ManagedJobs, kill_dead, needs_local_nodes, wait_for
 
 from gpuctl.managed.launch import supervisor_alive
-from gpuctl.managed.store import Store
 from gpuctl.state.registry import Registry
 
 pytestmark = [pytest.mark.integration, needs_local_nodes]
@@ -57,31 +56,19 @@ run: |
 """
 
 
-class Pipe:
+class Pipe(ManagedJobs):
     def __init__(self, root: Path, out: Path) -> None:
-        self.root, self.out = root, out
-        self.state = root / "state"
-        self.store = Store(self.state / "managed.db", remote=None)
+        super().__init__(root)
+        self.out = out
         self.file = root / "pipeline.yaml"
         self.file.write_text(PIPELINE)
-
-    def gpuctl(self, *args: str, timeout: float = 300):
-        return run_gpuctl(*args, state_dir=self.state, timeout=timeout)
 
     def launch(self) -> int:
         res = self.gpuctl("jobs", "launch", str(self.file), "-d", "-o", "json", "--env", f"OUT={self.out}").check()
         return int(json.loads(res.stdout)["job"]["id"])
 
-    def job(self, job_id: int):
-        return self.store.get(job_id)
-
     def stages(self, job_id: int) -> list[dict]:
         return self.job(job_id).launch["pipeline"]["stages"]
-
-    def wait_status(self, job_id: int, statuses: tuple[str, ...], timeout: float = 180):
-        return wait_for(f"managed job {job_id} in {statuses}",
-                        lambda: (j := self.job(job_id)) is not None and j.status in statuses and j, timeout,
-                        interval=0.1)
 
     def wait_stage_running(self, job_id: int, index: int, timeout: float = 120) -> None:
         wait_for(f"stage {index} running", lambda: self.runs(index) and self.job(job_id).status == "RUNNING",
@@ -91,10 +78,6 @@ class Pipe:
         path = self.out / "runs"
         rows = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
         return [r for r in rows if stage is None or r[1] == str(stage)]
-
-    def supervisor_log(self, job_id: int) -> str:
-        path = self.state / "managed" / str(job_id) / "supervisor.log"
-        return path.read_text() if path.exists() else "(no supervisor log)"
 
     def clusters_left(self) -> list[str]:
         root = self.state / "clusters"
